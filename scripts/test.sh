@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test command: set the environment up from nothing if needed, then run the suite.
+# Extra arguments go to pytest (e.g. scripts/test.sh -k parity, or -m gpu on a GPU machine).
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+"$repo/scripts/setup_env.sh"
+cd "$repo"
+# Loopback-only discovery and a DDS domain of this run's own (test/conftest.py picks one per run).
+export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
+exec "$repo/.venv/bin/python" -m pytest "$@"

@@ -1,0 +1,27 @@
+"""Shared test setup: DDS isolation per run, and the `gpu` marker's skip rule."""
+import os
+import random
+
+import pytest
+
+# Keep discovery on loopback, and give every test run its own DDS domain so
+# parallel runs on one machine never see each other's nodes.
+os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+os.environ.setdefault("ROS_DOMAIN_ID", str(random.Random(os.getpid()).randint(1, 101)))
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (gpu marker)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
