@@ -1,0 +1,420 @@
+"""The ROS-free control loop: intake -> RTC-scheduled inference on a worker -> action timer.
+
+The node calls ``on_image``/``on_state``/``on_joint_state``/``on_instruction`` from its
+subscriptions and ``tick()`` from a timer at 1/dt.  ``tick`` never waits for inference: it
+takes one short lock (microseconds of bookkeeping), adopts a chunk the worker may have
+left, emits an action, and when the RTC trigger fires takes an observation snapshot and
+submits a job without blocking.  The worker runs the policy outside any lock and only
+swaps a pointer to hand the chunk over.  Bad input, stale data, policy exceptions, bad
+chunks, clock jumps and callback exceptions are counted and reported, never raised.
+
+Threads: ``on_chunk`` and inference-related events run on the worker thread (the thread
+calling ``ManualExecutor.run_pending`` in tests); ``on_margin`` and tick-related events run
+on the thread calling ``tick``; input-related events on the thread calling ``on_*``.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .chunk import ActionChunk
+from .clock import Clock, MonotonicClock, s_to_ns
+from .margin import LatencyRecord, MarginMonitor, MarginReport, required_samples
+from .observation import (JointStateMapper, ObservationBuffer, ObservationError, ObservationSnapshot,
+                          StaleObservation)
+from .rtc import RTC_MODES, SCHEDULES, DelayEstimator, RtcRequest, make_request, should_trigger
+from .timer import DEADLINE_POLICIES, ActionTimer, Emission
+from .worker import Executor, InferenceWorker
+
+Policy = Callable[[ObservationSnapshot, Optional[RtcRequest]], np.ndarray]
+
+COUNTERS = (
+    "ticks", "ticks_without_chunk", "duplicate_ticks", "deadline_misses", "inferences_started", "chunks",
+    "stale_snapshots", "inference_errors", "bad_chunks", "late_chunks", "expired_chunks",
+    "discarded_after_reset", "clock_jumps", "out_of_order", "future_stamp", "bad_image", "bad_state",
+    "missing_joint", "unknown_camera", "bad_input", "callback_errors", "worker_busy", "worker_crashes",
+)
+
+
+@dataclass
+class ControlConfig:
+    """Times in seconds (converted to int ns inside).  See module docs of rtc/timer/margin."""
+
+    dt: float
+    horizon: int
+    action_dim: int
+    cameras: Sequence[str] = ()            # required camera slots
+    optional_cameras: Sequence[str] = ()   # maskable slots (missing/stale -> image None, mask False)
+    state_dim: Optional[int] = None        # None: no state (or len(state_joint_names))
+    state_joint_names: Optional[Sequence[str]] = None  # policy state order for on_joint_state
+    image_hw: Optional[Sequence[int]] = None  # expected (H, W) of decoded frames; None: any
+    max_observation_age: float = 0.2       # camera (and, by default, state) older than this -> stale
+    max_state_age: Optional[float] = None  # None: max_observation_age
+    default_instruction: str = ""
+    require_instruction: bool = False      # True: no inference until a non-empty instruction is set
+    rtc_mode: str = "guided"               # guided | trained | off
+    rtc_schedule: str = "exp"              # exp | linear (soft mask, computed by the adapter)
+    rtc_overlap: int = 5                   # DESIGN's s: trigger when remaining <= d_est + rtc_overlap
+    delay_quantile: float = 0.95
+    delay_window: int = 50
+    initial_delay_ticks: int = 3           # d_est until a warm delay sample exists
+    cold_start_inferences: int = 1         # first N inferences: no delay sample, no margin sample
+    enforce_frozen_prefix: bool = True     # overwrite the returned chunk's first d actions with Y[:d]
+    deadline_policy: str = "hold_last"     # hold_last | stop | extrapolate_tail
+    extrapolate_max_ticks: int = 5
+    clock_jump_tolerance: float = 0.1      # now < last now - this => clock jump back (bag loop)
+    future_stamp_tolerance: float = 0.5    # reject stamps further than this ahead of now
+    margin_window: int = 200
+    eps: float = 0.05                      # target P(M_ctrl >= 0) >= 1 - eps
+    confidence: float = 0.9                # one-sided Wilson lower bound level
+    min_samples: int = 20
+    error_p_threshold: float = 0.8
+    error_consecutive_misses: int = 3
+    history_size: int = 1000
+    model_id: str = ""
+
+    def __post_init__(self):
+        if self.state_joint_names is not None:
+            self.state_joint_names = tuple(self.state_joint_names)
+            if self.state_dim is None:
+                self.state_dim = len(self.state_joint_names)
+            elif self.state_dim != len(self.state_joint_names):
+                raise ValueError("state_dim != len(state_joint_names)")
+        self.cameras = tuple(self.cameras)
+        self.optional_cameras = tuple(self.optional_cameras)
+        checks = [
+            (self.dt > 0, "dt must be > 0"),
+            (self.horizon >= 1, "horizon must be >= 1"),
+            (self.action_dim >= 1, "action_dim must be >= 1"),
+            (self.rtc_mode in RTC_MODES, f"rtc_mode must be one of {RTC_MODES}"),
+            (self.rtc_schedule in SCHEDULES, f"rtc_schedule must be one of {SCHEDULES}"),
+            (self.deadline_policy in DEADLINE_POLICIES, f"deadline_policy must be one of {DEADLINE_POLICIES}"),
+            (0 <= self.rtc_overlap < self.horizon, "rtc_overlap must be in [0, horizon)"),
+            (0.0 < self.delay_quantile <= 1.0, "delay_quantile must be in (0, 1]"),
+            (self.initial_delay_ticks >= 0 and self.extrapolate_max_ticks >= 0 and self.cold_start_inferences >= 0,
+             "initial_delay_ticks, extrapolate_max_ticks, cold_start_inferences must be >= 0"),
+            (self.max_observation_age > 0, "max_observation_age must be > 0"),
+            (0.0 < self.eps < 1.0, "eps must be in (0, 1)"),
+            (0.5 <= self.confidence < 1.0, "confidence must be in [0.5, 1)"),
+            (self.margin_window >= 1 and self.delay_window >= 1, "windows must be >= 1"),
+            (self.cameras or self.optional_cameras or self.state_dim, "no observation source configured"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(msg)
+        need = max(required_samples(self.eps, self.confidence), self.min_samples)
+        if self.margin_window < need:
+            raise ValueError(f"margin_window={self.margin_window} can never demonstrate P(M>=0) >= {1 - self.eps} "
+                             f"at confidence {self.confidence}: needs >= {need} samples")
+
+    @property
+    def dt_ns(self) -> int:
+        return s_to_ns(self.dt)
+
+
+class _InferenceJob:
+    """One inference: snapshot + RTC request in, chunk out.  Instants on the stamp clock."""
+
+    def __init__(self, loop: "ControlLoop", snapshot: ObservationSnapshot, rtc: Optional[RtcRequest], t0_ns: int,
+                 cover_end_ns: Optional[int], remaining: int, epoch: int, cold: bool):
+        self.loop, self.snapshot, self.rtc, self.t0_ns = loop, snapshot, rtc, t0_ns
+        self.cover_end_ns, self.remaining, self.epoch, self.cold = cover_end_ns, remaining, epoch, cold
+        self.result = self.error = None
+        self.start_ns = self.end_ns = None
+        self.wall_ns = 0
+
+    def infer(self) -> None:
+        clk = self.loop.clock
+        self.start_ns = clk.now()
+        m0 = clk.monotonic()
+        try:
+            self.result = self.loop.policy(self.snapshot, self.rtc)
+        except Exception as e:  # noqa: BLE001 - a policy failure must not kill the loop
+            self.error = e
+        self.end_ns = clk.now()
+        self.wall_ns = clk.monotonic() - m0
+
+    def deliver(self) -> None:
+        try:
+            self.loop._deliver(self)
+        finally:
+            self.loop._job_finished()
+
+    def run(self) -> None:
+        self.infer()
+        self.deliver()
+
+
+class ControlLoop:
+    def __init__(self, config: ControlConfig, policy: Policy, clock: Optional[Clock] = None,
+                 executor: Optional[Executor] = None,
+                 on_chunk: Optional[Callable[[ActionChunk], None]] = None,
+                 on_margin: Optional[Callable[[MarginReport], None]] = None,
+                 on_event: Optional[Callable[[str, str], None]] = None):
+        self.config = cfg = config
+        self.policy = policy
+        self.clock = clock if clock is not None else MonotonicClock()
+        self.on_chunk, self.on_margin, self.on_event = on_chunk, on_margin, on_event
+        self.dt_ns = cfg.dt_ns
+        self._lock = threading.RLock()
+        self._counters: Dict[str, int] = {k: 0 for k in COUNTERS}
+        self.buffer = ObservationBuffer(
+            cfg.cameras, cfg.optional_cameras, state_dim=cfg.state_dim, max_age_ns=s_to_ns(cfg.max_observation_age),
+            image_hw=tuple(cfg.image_hw) if cfg.image_hw is not None else None,
+            future_tolerance_ns=s_to_ns(cfg.future_stamp_tolerance), default_instruction=cfg.default_instruction,
+            max_state_age_ns=None if cfg.max_state_age is None else s_to_ns(cfg.max_state_age),
+            require_instruction=cfg.require_instruction)
+        self.joint_mapper = JointStateMapper(cfg.state_joint_names) if cfg.state_joint_names else None
+        self.timer = ActionTimer(self.dt_ns, cfg.deadline_policy, cfg.extrapolate_max_ticks, cfg.history_size)
+        self.delay = DelayEstimator(cfg.delay_quantile, cfg.delay_window, cfg.initial_delay_ticks,
+                                    max_ticks=cfg.horizon)
+        self.margin = MarginMonitor(cfg.margin_window, cfg.eps, cfg.confidence, cfg.min_samples,
+                                    cfg.error_p_threshold, cfg.error_consecutive_misses)
+        self._owns_executor = executor is None
+        self.executor = executor if executor is not None else InferenceWorker(on_crash=self._worker_crashed)
+        self._pending: Optional[ActionChunk] = None
+        self._in_flight = False
+        self._epoch = 0
+        self._next_seq = 0
+        self._last_now: Optional[int] = None
+        self.last_report: Optional[MarginReport] = None
+
+    # ----------------------------------------------------------------- public API
+    def counters(self) -> Dict[str, int]:
+        with self._lock:
+            return dict(self._counters)
+
+    @property
+    def history(self) -> List[Emission]:
+        with self._lock:
+            return list(self.timer.history)
+
+    @property
+    def current_chunk(self) -> Optional[ActionChunk]:
+        return self.timer.current
+
+    @property
+    def inference_in_flight(self) -> bool:
+        return self._in_flight
+
+    def delay_estimate(self) -> int:
+        with self._lock:
+            return self.delay.estimate()
+
+    def on_image(self, slot: str, image, stamp_ns: int) -> bool:
+        return self._intake(lambda now: self.buffer.put_image(slot, image, int(stamp_ns), now))
+
+    def on_state(self, state, stamp_ns: int) -> bool:
+        """State vector already in policy order."""
+        return self._intake(lambda now: self.buffer.put_state(state, int(stamp_ns), now))
+
+    def on_joint_state(self, names: Sequence[str], positions: Sequence[float], stamp_ns: int) -> bool:
+        """sensor_msgs/JointState fields; mapped with ``config.state_joint_names``."""
+        def put(now):
+            if self.joint_mapper is None:
+                raise ObservationError("state_joint_names not configured")
+            self.buffer.put_state(self.joint_mapper.map(names, positions), int(stamp_ns), now)
+        return self._intake(put)
+
+    def on_instruction(self, text: str) -> bool:
+        return self._intake(lambda now: self.buffer.set_instruction(text))
+
+    def report_bad_input(self, kind: str, detail: str = "") -> None:
+        """For failures the node detects itself (e.g. image decode): counted under ``kind``
+        if it is a known counter, else under ``bad_input``."""
+        cbs: list = []
+        with self._lock:
+            self._count(kind if kind in self._counters else "bad_input", cbs, kind, detail)
+        self._fire(cbs)
+
+    def tick(self) -> Optional[Emission]:
+        """Call at 1/dt.  Returns the emission (``.action`` float32 [D]) or None when there
+        is nothing to publish (no chunk yet, or ``stop`` on a deadline miss)."""
+        now = self.clock.now()
+        cbs: list = []
+        with self._lock:
+            self._counters["ticks"] += 1
+            self._check_clock(now, cbs)
+            if self._pending is not None:
+                chunk, self._pending = self._pending, None
+                self._adopt(chunk, now, cbs)
+            was_miss = self.timer.in_miss
+            em = self.timer.emit(now)
+            if em is None:
+                self._counters["ticks_without_chunk"] += 1
+            elif em.kind == "duplicate":
+                self._counters["duplicate_ticks"] += 1
+            elif em.is_miss:
+                self._counters["deadline_misses"] += 1
+                if not was_miss:
+                    cbs.append((self.on_event, ("deadline_miss", f"chunk {em.chunk_seq} ran out; policy {em.kind}")))
+            if em is None or em.kind != "duplicate":
+                self._maybe_trigger(now, cbs)
+        self._fire(cbs)
+        return em if em is not None and em.action is not None else None
+
+    def close(self, timeout: float = 1.0) -> None:
+        if self._owns_executor:
+            self.executor.close(timeout)
+
+    # ----------------------------------------------------------------- internals
+    def _count(self, key: str, cbs: list, event: Optional[str] = None, detail: str = "") -> None:
+        self._counters[key] = self._counters.get(key, 0) + 1
+        if event is not None:
+            cbs.append((self.on_event, (event, detail)))
+
+    def _fire(self, cbs: list) -> None:
+        for fn, args in cbs:
+            if fn is None:
+                continue
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - a bad callback must not kill the loop
+                with self._lock:
+                    self._counters["callback_errors"] += 1
+
+    def _intake(self, put) -> bool:
+        now = self.clock.now()
+        cbs: list = []
+        ok = False
+        with self._lock:
+            self._check_clock(now, cbs)
+            try:
+                put(now)
+                ok = True
+            except ObservationError as e:
+                self._count(e.kind, cbs, e.kind, str(e))
+            except Exception as e:  # noqa: BLE001 - malformed input of any sort
+                self._count("bad_input", cbs, "bad_input", f"{type(e).__name__}: {e}")
+        self._fire(cbs)
+        return ok
+
+    def _check_clock(self, now: int, cbs: list) -> None:
+        last = self._last_now
+        if last is not None and now < last - s_to_ns(self.config.clock_jump_tolerance):
+            self.buffer.reset()
+            self.timer.reset()
+            self._pending = None
+            self._epoch += 1  # an inference in flight is discarded on delivery
+            self._count("clock_jumps", cbs, "clock_jump", f"stamp clock jumped back {(last - now) / 1e9:.3f} s; "
+                        "observations and chunk timeline reset")
+            self._last_now = now
+        elif last is None or now > last:
+            self._last_now = now
+
+    def _maybe_trigger(self, now: int, cbs: list) -> None:
+        if self._in_flight or self._pending is not None:
+            return
+        cfg = self.config
+        timer = self.timer
+        cur = timer.current
+        d_est = self.delay.estimate()
+        remaining = timer.remaining()
+        if cur is not None and not should_trigger(remaining, d_est, cfg.rtc_overlap):
+            return
+        snap = self.buffer.snapshot(now)
+        if isinstance(snap, StaleObservation):
+            self._count("stale_snapshots", cbs, "stale_observation", str(snap))
+            return
+        rtc = None
+        if cur is not None:
+            nxt = timer.next_index(now)
+            t0 = cur.time_of(nxt)
+            if cfg.rtc_mode != "off" and nxt < cur.horizon:
+                rtc = make_request(cur.actions[max(nxt, 0):], d_est, mode=cfg.rtc_mode, schedule=cfg.rtc_schedule,
+                                   horizon=cfg.horizon, t0_ns=t0, dt_ns=self.dt_ns)
+        else:
+            t0 = timer.next_slot_ns(now)
+        cold = self._counters["inferences_started"] < cfg.cold_start_inferences
+        job = _InferenceJob(self, snap, rtc, t0, cur.end_ns if cur is not None else None, remaining,
+                            self._epoch, cold)
+        self._in_flight = True
+        if self.executor.submit(job):
+            self._counters["inferences_started"] += 1
+        else:
+            self._in_flight = False
+            self._count("worker_busy", cbs, "worker_busy", "executor refused the job")
+
+    def _deliver(self, job: _InferenceJob) -> None:
+        cfg = self.config
+        cbs: list = []
+        chunk = None
+        if job.error is not None:
+            with self._lock:
+                self._count("inference_errors", cbs, "inference_error",
+                            f"{type(job.error).__name__}: {job.error}")
+            self._fire(cbs)
+            return
+        try:
+            actions = np.array(job.result, dtype=np.float32)  # owned copy
+            if actions.shape != (cfg.horizon, cfg.action_dim):
+                raise ValueError(f"chunk shape {list(actions.shape)} != [{cfg.horizon}, {cfg.action_dim}]")
+            if not np.all(np.isfinite(actions)):
+                raise ValueError("chunk has non-finite actions")
+        except Exception as e:  # noqa: BLE001
+            with self._lock:
+                self._count("bad_chunks", cbs, "bad_chunk", f"{type(e).__name__}: {e}")
+            self._fire(cbs)
+            return
+        rtc = job.rtc
+        d = rtc.d if rtc is not None else 0
+        prefix_error = None
+        if d > 0:
+            prefix_error = float(np.max(np.abs(actions[:d] - rtc.prefix[:d])))
+            if cfg.enforce_frozen_prefix:
+                actions[:d] = rtc.prefix[:d]
+        actions.flags.writeable = False
+        with self._lock:
+            if job.epoch != self._epoch:
+                self._count("discarded_after_reset", cbs, "discarded_after_reset",
+                            "chunk computed before a clock jump was dropped")
+            else:
+                snap = job.snapshot
+                rec = LatencyRecord(
+                    stamp_ns=snap.stamp_ns, recv_ns=snap.anchor_recv_ns, snapshot_ns=snap.taken_ns,
+                    start_ns=job.start_ns, end_ns=job.end_ns, ready_ns=self.clock.now(),
+                    cover_end_ns=job.cover_end_ns, remaining_at_trigger=job.remaining,
+                    inference_wall_ns=job.wall_ns, cold=job.cold)
+                chunk = ActionChunk(
+                    seq=self._next_seq, t0_ns=job.t0_ns, dt_ns=self.dt_ns, actions=actions, d=d,
+                    n_prefix=rtc.n if rtc is not None else 0, rtc_mode=rtc.mode if rtc is not None else "off",
+                    observation_stamp_ns=snap.stamp_ns, latency=rec, model_id=cfg.model_id,
+                    prefix_error=prefix_error, epoch=job.epoch)
+                self._next_seq += 1
+                self._pending = chunk
+                self._counters["chunks"] += 1
+                cbs.append((self.on_chunk, (chunk,)))
+        self._fire(cbs)
+
+    def _job_finished(self) -> None:
+        with self._lock:
+            self._in_flight = False
+
+    def _worker_crashed(self, e: BaseException) -> None:
+        cbs: list = []
+        with self._lock:
+            self._in_flight = False
+            self._count("worker_crashes", cbs, "worker_crash", f"{type(e).__name__}: {e}")
+        self._fire(cbs)
+
+    def _adopt(self, chunk: ActionChunk, now: int, cbs: list) -> None:
+        ad = self.timer.adopt(chunk, now)
+        consumed = min(ad.first_index, chunk.horizon)
+        self.delay.add(consumed, cold=chunk.latency.cold)
+        if chunk.n_prefix > 0 and consumed > chunk.d:
+            self._count("late_chunks", cbs, "late_chunk",
+                        f"chunk {chunk.seq}: {consumed} actions consumed > frozen prefix {chunk.d}")
+        if not ad.accepted:
+            self._count("expired_chunks", cbs, "expired_chunk", f"chunk {chunk.seq} arrived after its last action")
+        if ad.cycle_control_ns is not None:
+            self.margin.add_cycle(ad.cycle_env_ns, ad.cycle_control_ns,
+                                  chunk.latency.end_ns - chunk.latency.start_ns)
+        report = self.margin.add_chunk(chunk.latency, seq=chunk.seq, consumed=consumed, now_ns=now)
+        self.last_report = report
+        cbs.append((self.on_margin, (report,)))
+
+
+__all__ = ["ControlConfig", "ControlLoop", "Policy", "COUNTERS"]

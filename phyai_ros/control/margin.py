@@ -1,0 +1,249 @@
+"""Latency decomposition and control-margin statistics.
+
+Definitions (all instants on the stamp clock, int ns; reported durations in seconds):
+
+* anchor sensor = the sensor whose stamp is the snapshot stamp (the oldest one used).
+* ``L_observe``  = anchor receive time - anchor sensor stamp.
+* ``L_transfer`` = snapshot taken - anchor receive time (time the data waited in the
+  buffer for the RTC trigger; in-process hand-over to the worker is by reference, so no
+  separate copy segment exists).
+* ``L_queue``    = inference start (worker begins the policy call) - snapshot taken.
+* ``L_inference``= policy return - inference start.
+* ``L_actuate``  = chunk handed to the action timer - policy return (validation, prefix
+  enforcement, stitching).
+* ``cover_end`` = ``t0 + H*dt`` of the chunk being executed when the snapshot was taken:
+  the first tick that chunk can no longer serve.
+* ``B_ctrl = cover_end - anchor stamp``: the time the current chunk still covers, measured
+  from the observation the new chunk is computed from.  Then with
+  ``L_critical = sum of the five = ready - anchor stamp`` the margin
+  ``M_ctrl = B_ctrl - (L_inference + L_noninf) = cover_end - ready`` exactly, so
+  ``M_ctrl >= 0`` iff the new chunk is with the timer before the old one runs out, i.e.
+  iff that chunk causes no deadline miss (ticks on the dt grid).
+* Startup chunks (nothing executing at the trigger: B undefined) and cold-start
+  inferences are reported but kept out of the statistics window.
+
+Statistics over a sliding window of the last ``window`` margins:
+
+* ``p50/p95/p99`` are *guaranteed* margins: the margin met by 50/95/99 % of chunks, i.e.
+  the 50th/5th/1st percentiles of M (the low tail is the dangerous one; with a fixed B
+  this equals ``B - latency p95`` etc.).
+* ``p_nonneg = k/n`` with ``k = #(M >= 0)``; ``p_nonneg_lower`` = one-sided Wilson score
+  lower bound at ``confidence`` (closed form, behaves at k = n where Wald fails; no scipy).
+* Status: ERROR if the last ``error_consecutive_misses`` chunks all missed, or (n >=
+  ``min_samples``) ``p_nonneg < error_p_threshold``; else OK if n >= ``min_samples`` and
+  ``p_nonneg_lower >= 1 - eps``; else WARN (target not demonstrated: too few samples or
+  too many misses).  Since all-hits gives the bound ``n/(n+z^2)``, the window must hold at
+  least ``required_samples(eps, confidence)`` chunks or OK is unreachable (checked in the
+  loop config).
+
+Control-time roofline, per chunk cycle (chunk k-1's reign, ended by adopting chunk k):
+``L_env = ticks that emitted chunk k-1 actions * dt`` (time the environment ran on the
+chunk), ``L_control = all ticks of the cycle * dt = L_env + exposed inference time``
+(deadline-miss ticks, i.e. the robot waiting on inference), ``L_inference`` = chunk k's
+inference segment (the inference overlapped with that cycle).  Reported over the window as
+ratios of sums: ``X = sum L_env / sum L_inference``, ``Y = sum L_env / sum L_control``,
+``Y_seq = X/(1+X)`` (fully sequential), ``Y_roof = min(X, 1)`` (perfect overlap).
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Optional
+
+import numpy as np
+
+OK, WARN, ERROR = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class LatencyRecord:
+    """Instants (int ns, stamp clock) of one chunk's critical path; durations in seconds."""
+
+    stamp_ns: int
+    recv_ns: int
+    snapshot_ns: int
+    start_ns: int
+    end_ns: int
+    ready_ns: int
+    cover_end_ns: Optional[int]
+    remaining_at_trigger: int = 0
+    inference_wall_ns: int = 0
+    cold: bool = False
+
+    @property
+    def startup(self) -> bool:
+        return self.cover_end_ns is None
+
+    @property
+    def observe(self) -> float:
+        return (self.recv_ns - self.stamp_ns) / 1e9
+
+    @property
+    def transfer(self) -> float:
+        return (self.snapshot_ns - self.recv_ns) / 1e9
+
+    @property
+    def queue(self) -> float:
+        return (self.start_ns - self.snapshot_ns) / 1e9
+
+    @property
+    def inference(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def actuate(self) -> float:
+        return (self.ready_ns - self.end_ns) / 1e9
+
+    @property
+    def critical(self) -> float:
+        return (self.ready_ns - self.stamp_ns) / 1e9
+
+    @property
+    def noninf(self) -> float:
+        return self.critical - self.inference
+
+    @property
+    def B_ctrl(self) -> float:
+        return math.nan if self.cover_end_ns is None else (self.cover_end_ns - self.stamp_ns) / 1e9
+
+    @property
+    def margin(self) -> float:
+        return math.nan if self.cover_end_ns is None else (self.cover_end_ns - self.ready_ns) / 1e9
+
+
+@dataclass(frozen=True)
+class MarginReport:
+    """One report per chunk offered to the timer (made on the tick that adopts it, or finds
+    it expired); what the node turns into the ControlMargin message.  Times in seconds
+    (float), ``stamp_ns`` int ns (tick time).  NaN where undefined (startup chunk, empty
+    window).  ``B_ctrl..margin`` are this chunk's; ``p*``, ``p_nonneg*``, ``n``, ``level``
+    are over the window; ``X, Y, Y_seq, Y_roof`` are window ratios of sums; ``L_env`` and
+    ``L_control`` are the cycle this chunk just ended; ``consumed`` = actions of the chunk
+    already in the past when adopted; ``in_window`` False for startup/cold chunks."""
+
+    stamp_ns: int
+    chunk_seq: int
+    B_ctrl: float
+    L_observe: float
+    L_transfer: float
+    L_queue: float
+    L_inference: float
+    L_actuate: float
+    margin: float
+    p50: float
+    p95: float
+    p99: float
+    p_nonneg: float
+    p_nonneg_lower: float
+    target: float
+    n: int
+    level: int
+    message: str
+    X: float
+    Y: float
+    Y_seq: float
+    Y_roof: float
+    L_env: float
+    L_control: float
+    consumed: int
+    in_window: bool
+
+
+def z_value(confidence: float) -> float:
+    return NormalDist().inv_cdf(confidence)
+
+
+def wilson_lower(k: int, n: int, confidence: float) -> float:
+    """One-sided Wilson score lower bound on a binomial proportion (NaN for n = 0)."""
+    if n <= 0:
+        return math.nan
+    z = z_value(confidence)
+    p = k / n
+    z2 = z * z
+    centre = p + z2 / (2 * n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return max(0.0, (centre - half) / (1 + z2 / n))
+
+
+def required_samples(eps: float, confidence: float) -> int:
+    """Smallest n for which n hits out of n reach a Wilson lower bound >= 1 - eps."""
+    z2 = z_value(confidence) ** 2
+    return int(math.ceil(z2 * (1 - eps) / eps - 1e-9))
+
+
+class MarginMonitor:
+    def __init__(self, window: int = 200, eps: float = 0.05, confidence: float = 0.9,
+                 min_samples: int = 20, error_p_threshold: float = 0.8, error_consecutive_misses: int = 3):
+        self.window = int(window)
+        self.eps = float(eps)
+        self.confidence = float(confidence)
+        self.min_samples = int(min_samples)
+        self.error_p_threshold = float(error_p_threshold)
+        self.error_consecutive_misses = int(error_consecutive_misses)
+        self._margins: deque = deque(maxlen=self.window)
+        self._cycles: deque = deque(maxlen=self.window)  # (L_env_ns, L_control_ns, L_inf_ns)
+        self._last_cycle = (math.nan, math.nan)
+
+    @property
+    def target(self) -> float:
+        return 1.0 - self.eps
+
+    def add_cycle(self, env_ns: int, control_ns: int, inference_ns: int) -> None:
+        self._cycles.append((int(env_ns), int(control_ns), int(inference_ns)))
+        self._last_cycle = (env_ns / 1e9, control_ns / 1e9)
+
+    def margins(self) -> np.ndarray:
+        return np.array(self._margins, dtype=np.float64)
+
+    def status(self) -> tuple:
+        """(p_hat, lower, level, message) for the current window."""
+        m = self.margins()
+        n = len(m)
+        k_miss = self.error_consecutive_misses
+        if n == 0:
+            return math.nan, math.nan, WARN, "no margin samples yet"
+        k = int(np.count_nonzero(m >= 0))
+        p = k / n
+        lo = wilson_lower(k, n, self.confidence)
+        tgt = self.target
+        if k_miss > 0 and n >= k_miss and bool(np.all(m[-k_miss:] < 0)):
+            return p, lo, ERROR, f"last {k_miss} chunks missed their deadline"
+        if n >= self.min_samples and p < self.error_p_threshold:
+            return p, lo, ERROR, f"P(M>=0)={p:.3f} < error threshold {self.error_p_threshold:.3f} (n={n})"
+        if n >= self.min_samples and lo >= tgt:
+            return p, lo, OK, f"P(M>=0) >= {lo:.3f} at {self.confidence:.0%} confidence (target {tgt:.3f}, n={n})"
+        if n < self.min_samples:
+            return p, lo, WARN, f"insufficient samples (n={n} < {self.min_samples})"
+        return p, lo, WARN, (f"P(M>=0) lower bound {lo:.3f} < target {tgt:.3f} "
+                             f"(P-hat={p:.3f}, n={n})")
+
+    def add_chunk(self, rec: LatencyRecord, *, seq: int, consumed: int, now_ns: int) -> MarginReport:
+        in_window = not rec.startup and not rec.cold
+        if in_window:
+            self._margins.append(rec.margin)
+        m = self.margins()
+        if len(m):
+            p50, p95, p99 = (float(v) for v in np.percentile(m, [50.0, 5.0, 1.0]))
+        else:
+            p50 = p95 = p99 = math.nan
+        p, lo, level, msg = self.status()
+        if self._cycles:
+            env, ctl, inf = (sum(c[i] for c in self._cycles) for i in range(3))
+            X = env / inf if inf > 0 else math.inf
+            Y = env / ctl if ctl > 0 else math.nan
+        else:
+            X = Y = math.nan
+        return MarginReport(
+            stamp_ns=int(now_ns), chunk_seq=int(seq), B_ctrl=rec.B_ctrl, L_observe=rec.observe,
+            L_transfer=rec.transfer, L_queue=rec.queue, L_inference=rec.inference, L_actuate=rec.actuate,
+            margin=rec.margin, p50=p50, p95=p95, p99=p99, p_nonneg=p, p_nonneg_lower=lo, target=self.target,
+            n=len(m), level=level, message=msg, X=X, Y=Y,
+            Y_seq=(X / (1 + X) if math.isfinite(X) else (1.0 if X == math.inf else math.nan)),
+            Y_roof=(min(X, 1.0) if not math.isnan(X) else math.nan),
+            L_env=self._last_cycle[0], L_control=self._last_cycle[1], consumed=int(consumed), in_window=in_window)
+
+
+__all__ = ["OK", "WARN", "ERROR", "LatencyRecord", "MarginReport", "MarginMonitor", "wilson_lower",
+           "required_samples", "z_value"]

@@ -1,0 +1,255 @@
+"""Observation intake: newest frame per camera, newest state, current instruction.
+
+Inputs are validated on arrival so bad data is rejected (and counted by the loop) at the
+edge rather than surfacing as an exception inside inference.  A snapshot takes the newest
+of each source; its stamp is the oldest sensor stamp it uses, and it is stale when a
+required source is missing or older than ``max_observation_age`` (no inference on stale
+data).  Arrays are stored as read-only views, so a snapshot is immutable without copying.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+
+class ObservationError(ValueError):
+    """Bad input; ``kind`` is the counter name the loop increments."""
+
+    kind = "bad_input"
+
+
+class BadImageError(ObservationError):
+    kind = "bad_image"
+
+
+class BadStateError(ObservationError):
+    kind = "bad_state"
+
+
+class MissingJointError(BadStateError):
+    kind = "missing_joint"
+
+
+class UnknownCameraError(ObservationError):
+    kind = "unknown_camera"
+
+
+class OutOfOrderStampError(ObservationError):
+    kind = "out_of_order"
+
+
+class FutureStampError(ObservationError):
+    kind = "future_stamp"
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def validate_image(image, expected_hw: Optional[tuple] = None) -> np.ndarray:
+    """Decoded RGB frame: ndarray uint8 [H, W, 3], non-empty, optional expected (H, W)."""
+    if not isinstance(image, np.ndarray):
+        raise BadImageError(f"image must be a numpy array, got {type(image).__name__}")
+    if image.dtype != np.uint8:
+        raise BadImageError(f"image dtype must be uint8, got {image.dtype}")
+    if image.ndim != 3 or image.shape[2] != 3 or image.shape[0] == 0 or image.shape[1] == 0:
+        raise BadImageError(f"image shape must be [H, W, 3], got {list(image.shape)}")
+    if expected_hw is not None and tuple(image.shape[:2]) != tuple(expected_hw):
+        raise BadImageError(f"image size {list(image.shape[:2])} != expected {list(expected_hw)}")
+    return image
+
+
+def validate_state(state, dim: int) -> np.ndarray:
+    """State vector in policy order: 1-D, length ``dim``, finite -> float32 copy."""
+    try:
+        v = np.asarray(state, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise BadStateError(f"state not numeric: {e}") from None
+    if v.ndim != 1 or v.shape[0] != dim:
+        raise BadStateError(f"state length must be {dim}, got shape {list(v.shape)}")
+    if not np.all(np.isfinite(v)):
+        raise BadStateError(f"state has non-finite values at {np.flatnonzero(~np.isfinite(v)).tolist()}")
+    return v.copy()
+
+
+class JointStateMapper:
+    """Maps (names, positions) as in sensor_msgs/JointState to the policy's state order.
+    Missing joints are an error (the policy would read garbage); extra joints are ignored."""
+
+    def __init__(self, policy_order: Sequence[str]):
+        if len(set(policy_order)) != len(policy_order):
+            raise ValueError("policy joint order has duplicates")
+        self.order = tuple(policy_order)
+
+    def map(self, names: Sequence[str], positions: Sequence[float]) -> np.ndarray:
+        if len(names) != len(positions):
+            raise BadStateError(f"{len(names)} joint names but {len(positions)} positions")
+        index = {n: i for i, n in enumerate(names)}
+        missing = [n for n in self.order if n not in index]
+        if missing:
+            raise MissingJointError(f"joints missing from state: {missing}")
+        try:
+            out = np.array([float(positions[index[n]]) for n in self.order], dtype=np.float32)
+        except (TypeError, ValueError) as e:
+            raise BadStateError(f"joint position not numeric: {e}") from None
+        if not np.all(np.isfinite(out)):
+            bad = [self.order[i] for i in np.flatnonzero(~np.isfinite(out))]
+            raise BadStateError(f"non-finite joint positions: {bad}")
+        return out
+
+
+@dataclass(frozen=True)
+class ObservationSnapshot:
+    """What one inference sees.  All stamps int ns (stamp time).
+
+    ``stamp_ns`` is the oldest sensor stamp used; ``anchor_recv_ns`` is the receive time
+    of that same sensor (so observe/transfer segments telescope); ``taken_ns`` is when
+    the snapshot was taken.  Optional cameras that are missing/stale have ``None`` image
+    and ``image_mask[name] = False``."""
+
+    images: Mapping[str, Optional[np.ndarray]]
+    image_mask: Mapping[str, bool]
+    image_stamps_ns: Mapping[str, Optional[int]]
+    state: Optional[np.ndarray]
+    state_stamp_ns: Optional[int]
+    instruction: str
+    stamp_ns: int
+    anchor_recv_ns: int
+    taken_ns: int
+
+
+@dataclass(frozen=True)
+class StaleObservation:
+    """Why no snapshot: ``reason`` 'missing' | 'too_old'; ``source`` camera slot or 'state'."""
+
+    reason: str
+    source: str
+    age_s: Optional[float] = None
+
+    def __str__(self) -> str:
+        if self.reason == "missing":
+            return f"{self.source}: no data"
+        return f"{self.source}: {self.age_s:.3f} s old"
+
+
+@dataclass(frozen=True)
+class _Item:
+    value: np.ndarray
+    stamp_ns: int
+    recv_ns: int
+
+
+class ObservationBuffer:
+    """Newest message per source.  Thread-safe (callbacks may run on several threads)."""
+
+    def __init__(self, cameras: Sequence[str], optional_cameras: Sequence[str] = (), *,
+                 state_dim: Optional[int], max_age_ns: int, image_hw: Optional[tuple] = None,
+                 future_tolerance_ns: int = 500_000_000, default_instruction: str = "",
+                 max_state_age_ns: Optional[int] = None, require_instruction: bool = False):
+        names = list(cameras) + list(optional_cameras)
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate camera slots: {names}")
+        self.required = tuple(cameras)
+        self.optional = tuple(optional_cameras)
+        self.state_dim = state_dim  # None: the policy takes no state
+        self.max_age_ns = int(max_age_ns)
+        self.max_state_age_ns = int(max_age_ns if max_state_age_ns is None else max_state_age_ns)
+        self.image_hw = tuple(image_hw) if image_hw is not None else None
+        self.future_tolerance_ns = int(future_tolerance_ns)
+        self.default_instruction = default_instruction
+        self.require_instruction = bool(require_instruction)
+        self._lock = threading.Lock()
+        self._instruction = default_instruction
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget frames and state, keep the instruction (used after a clock jump back)."""
+        with self._lock:
+            self._images: dict = {}
+            self._state: Optional[_Item] = None
+
+    def _check_stamp(self, held: Optional[_Item], stamp_ns: int, now_ns: int, what: str) -> None:
+        if stamp_ns > now_ns + self.future_tolerance_ns:
+            raise FutureStampError(f"{what}: stamp {(stamp_ns - now_ns) / 1e9:.3f} s in the future")
+        if held is not None and stamp_ns < held.stamp_ns:
+            raise OutOfOrderStampError(f"{what}: stamp {(held.stamp_ns - stamp_ns) / 1e9:.3f} s older than held")
+
+    def put_image(self, slot: str, image, stamp_ns: int, now_ns: int) -> None:
+        if slot not in self.required and slot not in self.optional:
+            raise UnknownCameraError(f"unknown camera slot {slot!r}")
+        img = validate_image(image, self.image_hw)
+        with self._lock:
+            self._check_stamp(self._images.get(slot), int(stamp_ns), now_ns, slot)
+            self._images[slot] = _Item(_readonly(img), int(stamp_ns), int(now_ns))
+
+    def put_state(self, state, stamp_ns: int, now_ns: int) -> None:
+        if self.state_dim is None:
+            raise BadStateError("this policy takes no state")
+        v = validate_state(state, self.state_dim)
+        with self._lock:
+            self._check_stamp(self._state, int(stamp_ns), now_ns, "state")
+            self._state = _Item(_readonly(v), int(stamp_ns), int(now_ns))
+
+    def set_instruction(self, text: str) -> None:
+        if not isinstance(text, str):
+            raise ObservationError(f"instruction must be str, got {type(text).__name__}")
+        with self._lock:
+            self._instruction = text
+
+    @property
+    def instruction(self) -> str:
+        return self._instruction
+
+    def snapshot(self, now_ns: int) -> Union[ObservationSnapshot, StaleObservation]:
+        with self._lock:
+            images, mask, stamps = {}, {}, {}
+            used = []  # (stamp, recv)
+            for slot in self.required:
+                it = self._images.get(slot)
+                if it is None:
+                    return StaleObservation("missing", slot)
+                age = now_ns - it.stamp_ns
+                if age > self.max_age_ns:
+                    return StaleObservation("too_old", slot, age / 1e9)
+                images[slot], mask[slot], stamps[slot] = it.value, True, it.stamp_ns
+                used.append((it.stamp_ns, it.recv_ns))
+            for slot in self.optional:
+                it = self._images.get(slot)
+                if it is None or now_ns - it.stamp_ns > self.max_age_ns:
+                    images[slot], mask[slot], stamps[slot] = None, False, None
+                else:
+                    images[slot], mask[slot], stamps[slot] = it.value, True, it.stamp_ns
+                    used.append((it.stamp_ns, it.recv_ns))
+            state = state_stamp = None
+            if self.state_dim is not None:
+                st = self._state
+                if st is None:
+                    return StaleObservation("missing", "state")
+                age = now_ns - st.stamp_ns
+                if age > self.max_state_age_ns:
+                    return StaleObservation("too_old", "state", age / 1e9)
+                state, state_stamp = st.value, st.stamp_ns
+                used.append((st.stamp_ns, st.recv_ns))
+            if not used:
+                return StaleObservation("missing", "any sensor")
+            if self.require_instruction and not self._instruction:
+                return StaleObservation("missing", "instruction")
+            anchor = min(used)  # oldest stamp; ties -> earliest receive
+            return ObservationSnapshot(
+                images=MappingProxyType(images), image_mask=MappingProxyType(mask),
+                image_stamps_ns=MappingProxyType(stamps), state=state, state_stamp_ns=state_stamp,
+                instruction=self._instruction, stamp_ns=anchor[0], anchor_recv_ns=anchor[1],
+                taken_ns=int(now_ns))
+
+
+__all__ = [
+    "ObservationError", "BadImageError", "BadStateError", "MissingJointError", "UnknownCameraError",
+    "OutOfOrderStampError", "FutureStampError", "validate_image", "validate_state", "JointStateMapper",
+    "ObservationSnapshot", "StaleObservation", "ObservationBuffer",
+]

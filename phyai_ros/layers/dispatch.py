@@ -1,0 +1,157 @@
+"""The layer ops the models call where a fused kernel may replace torch.
+
+Each function here asks the operator selector which candidate runs (see
+selector.py): the fused Triton kernels of ``phyai_ros.kernels`` on CUDA where
+Triton works, the torch reference of ``ops`` otherwise. Signatures follow the
+reference ops; the Triton wrappers' row layout is adapted here, once.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from phyai_ros.kernels import _common as _triton_common
+from phyai_ros.layers import ops
+from phyai_ros.layers.selector import SELECTOR, Candidate, shape_key
+
+Tensor = torch.Tensor
+_CUDA = ("cuda",)
+
+
+def _triton_ok() -> bool:
+    return _triton_common.HAVE_TRITON
+
+
+# ----------------------------------------------------------------------------- torch references
+def _torch_add_rms_norm(x, residual, weight, eps):
+    r = x + residual
+    return ops.rms_norm(r, weight, eps), r
+
+
+def _torch_gated_ada(h, y, gate, scale, shift, eps):
+    h = ops.gated_residual(h, y, gate)
+    return h, ops.ada_rms_norm(h, scale, shift, eps)
+
+
+def _torch_geglu(gate_up):
+    m = gate_up.shape[-1] // 2
+    return ops.gelu_tanh_mul(gate_up[..., :m], gate_up[..., m:])
+
+
+def _torch_attention_with_prefix(q, k_prefix, v_prefix, k_suffix, v_suffix, mask):
+    return ops.attention(q, torch.cat([k_prefix, k_suffix], dim=2), torch.cat([v_prefix, v_suffix], dim=2), mask)
+
+
+def _sdpa(q, k, v, mask):
+    """torch SDPA (flash / memory-efficient / cuDNN backends chosen by torch); GQA by expanding K/V views."""
+    b, hq, _, d = q.shape
+    if k.shape[1] != hq:
+        k = k.expand(b, hq, k.shape[2], d) if k.shape[1] == 1 else k.repeat_interleave(hq // k.shape[1], 1)
+        v = v.expand(b, hq, v.shape[2], d) if v.shape[1] == 1 else v.repeat_interleave(hq // v.shape[1], 1)
+    if mask is not None:
+        mask = mask.to(q.dtype)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+# ----------------------------------------------------------------------------- Triton adapters
+def _mod_rows(t: Tensor, width: int) -> Tensor:
+    """Modulation [B|1, 1, W] (broadcast over tokens) -> [B|1, W] rows, no copy."""
+    return t.reshape(-1, width)
+
+
+def _triton_ada(x, scale, shift, eps):
+    from phyai_ros.kernels.ada_rms_norm import ada_rms_norm
+    w = x.shape[-1]
+    sc, sh = _mod_rows(scale, w), _mod_rows(shift, w)
+    return ada_rms_norm(x, sc, sh, tokens_per_item=x.numel() // w // sc.shape[0], eps=eps)
+
+
+def _triton_gated_ada(h, y, gate, scale, shift, eps):
+    from phyai_ros.kernels.ada_rms_norm import gated_residual_ada_rms_norm
+    w = h.shape[-1]
+    g, sc, sh = _mod_rows(gate, w), _mod_rows(scale, w), _mod_rows(shift, w)
+    return gated_residual_ada_rms_norm(h, y.to(h.dtype), g, sc, sh, tokens_per_item=h.numel() // w // g.shape[0],
+                                       eps=eps)
+
+
+def _triton_rms(x, weight, eps):
+    from phyai_ros.kernels.rms_norm import rms_norm
+    return rms_norm(x, weight, eps)
+
+
+def _triton_add_rms(x, residual, weight, eps):
+    from phyai_ros.kernels.rms_norm import add_rms_norm
+    return add_rms_norm(x, residual, weight, eps)
+
+
+def _triton_geglu(gate_up):
+    from phyai_ros.kernels.geglu import geglu
+    return geglu(gate_up)
+
+
+def _triton_attention_with_prefix(q, k_prefix, v_prefix, k_suffix, v_suffix, mask):
+    from phyai_ros.kernels.split_kv_attention import split_kv_attention
+    return split_kv_attention(q, k_prefix, v_prefix, k_suffix, v_suffix, mask)
+
+
+def _triton_attention(q, k, v, mask):
+    from phyai_ros.kernels.split_kv_attention import split_kv_attention
+    return split_kv_attention(q, k, v, None, None, mask)
+
+
+_REGISTRY = {
+    "rms_norm": [Candidate("triton", _triton_rms, _CUDA, available=_triton_ok), Candidate("torch", ops.rms_norm)],
+    "add_rms_norm": [Candidate("triton", _triton_add_rms, _CUDA, available=_triton_ok),
+                     Candidate("torch", _torch_add_rms_norm)],
+    "ada_rms_norm": [Candidate("triton", _triton_ada, _CUDA, available=_triton_ok),
+                     Candidate("torch", ops.ada_rms_norm)],
+    "gated_ada_rms_norm": [Candidate("triton", _triton_gated_ada, _CUDA, available=_triton_ok),
+                           Candidate("torch", _torch_gated_ada)],
+    "geglu": [Candidate("triton", _triton_geglu, _CUDA, available=_triton_ok), Candidate("torch", _torch_geglu)],
+    "attention_with_prefix": [Candidate("triton", _triton_attention_with_prefix, _CUDA, available=_triton_ok),
+                              Candidate("torch", _torch_attention_with_prefix)],
+    # Long-query attention (SigLIP, the prefix): SDPA first; the split-KV kernel is a profiled option.
+    "attention": [Candidate("sdpa", _sdpa, _CUDA), Candidate("triton", _triton_attention, _CUDA,
+                                                            available=_triton_ok),
+                  Candidate("torch", ops.attention)],
+}
+for _op, _cands in _REGISTRY.items():
+    for _c in _cands:
+        SELECTOR.register(_op, _c)
+
+
+# ----------------------------------------------------------------------------- what the models call
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return SELECTOR.call("rms_norm", shape_key(x), x.device, x, weight, eps)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Tuple[Tensor, Tensor]:
+    """(rms_norm(x + residual), x + residual)."""
+    return SELECTOR.call("add_rms_norm", shape_key(x), x.device, x, residual, weight, eps)
+
+
+def ada_rms_norm(x: Tensor, scale: Tensor, shift: Tensor, eps: float) -> Tensor:
+    return SELECTOR.call("ada_rms_norm", shape_key(x), x.device, x, scale, shift, eps)
+
+
+def gated_ada_rms_norm(h: Tensor, y: Tensor, gate: Tensor, scale: Tensor, shift: Tensor, eps: float
+                       ) -> Tuple[Tensor, Tensor]:
+    """(h + y * gate, ada_rms_norm(h + y * gate, scale, shift))."""
+    return SELECTOR.call("gated_ada_rms_norm", shape_key(h), h.device, h, y, gate, scale, shift, eps)
+
+
+def geglu(gate_up: Tensor) -> Tensor:
+    """gelu_tanh(gate) * up for gate_up = [gate | up] along the last dim."""
+    return SELECTOR.call("geglu", shape_key(gate_up), gate_up.device, gate_up)
+
+
+def attention_with_prefix(q: Tensor, k_prefix: Tensor, v_prefix: Tensor, k_suffix: Tensor, v_suffix: Tensor,
+                          mask: Optional[Tensor]) -> Tensor:
+    """Attention over [prefix cache; suffix] keys without concatenating them where a kernel can."""
+    return SELECTOR.call("attention_with_prefix", shape_key(q, k_prefix), q.device, q, k_prefix, v_prefix,
+                         k_suffix, v_suffix, mask)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    return SELECTOR.call("attention", shape_key(q, k), q.device, q, k, v, mask)

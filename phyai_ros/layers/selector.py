@@ -1,0 +1,100 @@
+"""Operator selection: per op, candidates chosen by (shape, dtype, device capability).
+
+Each op the layers use has an ordered list of candidates (fused Triton kernels,
+plain torch). A candidate is *usable* where its backend imports and runs on the
+tensor's device, and, while a CUDA graph is being captured, only if it is
+capture-safe. Which usable candidate runs comes from a per-device profile
+(written by ``scripts/profile_ops.py`` on the target, e.g. a Jetson Thor) keyed by
+op and shape; without an entry the first usable candidate in preference order
+runs. A candidate that raises is disabled for that key and the call falls back
+to the torch candidate, so a platform whose Triton cannot build a kernel still
+runs (the warm-up before graph capture meets any such failure first).
+
+``PHYAI_OPS=torch`` forces the torch candidates everywhere (A/B measurements).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    fn: Callable
+    devices: tuple = ("cpu", "cuda")
+    capture_safe: bool = True
+    available: Callable[[], bool] = lambda: True
+
+
+def device_signature(device: torch.device) -> str:
+    """'cuda:sm90:NVIDIA H200' style key of a profile; 'cpu' on the CPU."""
+    if device.type != "cuda":
+        return "cpu"
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"cuda:sm{major}{minor}:{torch.cuda.get_device_name(device)}"
+
+
+def shape_key(*tensors: torch.Tensor) -> str:
+    """Shapes and dtype of the op's main operands, e.g. '1x50x1024|bfloat16'."""
+    dims = ",".join("x".join(str(d) for d in t.shape) for t in tensors)
+    return f"{dims}|{str(tensors[0].dtype).replace('torch.', '')}"
+
+
+@dataclass
+class OperatorSelector:
+    candidates: dict = field(default_factory=dict)       # op -> [Candidate] in preference order
+    profile: dict = field(default_factory=dict)          # device signature -> {op: {shape key: name}}
+    disabled: set = field(default_factory=set)           # (op, key, name) that raised
+    forced: Optional[str] = None                          # a candidate name to use everywhere, if usable
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def register(self, op: str, candidate: Candidate) -> None:
+        self.candidates.setdefault(op, []).append(candidate)
+
+    def load_profile(self, path) -> None:
+        data = json.loads(Path(path).read_text())
+        for signature, table in data.get("devices", {}).items():
+            self.profile.setdefault(signature, {}).update(table)
+
+    def usable(self, op: str, key: str, device: torch.device) -> list[Candidate]:
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        return [c for c in self.candidates[op]
+                if device.type in c.devices and (op, key, c.name) not in self.disabled
+                and (c.capture_safe or not capturing) and c.available()]
+
+    def choose(self, op: str, key: str, device: torch.device) -> Candidate:
+        usable = self.usable(op, key, device)
+        if not usable:
+            raise RuntimeError(f"no usable candidate for {op} on {device}")
+        wanted = self.forced or self.profile.get(device_signature(device), {}).get(op, {}).get(key)
+        for c in usable:
+            if c.name == wanted:
+                return c
+        return usable[0]
+
+    def call(self, op: str, key: str, device: torch.device, *args, **kwargs):
+        c = self.choose(op, key, device)
+        try:
+            return c.fn(*args, **kwargs)
+        except Exception as exc:  # a backend that cannot run here: fall back, never fail the policy
+            if c.name == "torch":
+                raise
+            with self._lock:
+                self.disabled.add((op, key, c.name))
+            log.warning("operator %s candidate %s failed for %s (%s); falling back", op, c.name, key, exc)
+            return self.call(op, key, device, *args, **kwargs)
+
+
+SELECTOR = OperatorSelector(forced="torch" if os.environ.get("PHYAI_OPS") == "torch" else None)
+if os.environ.get("PHYAI_OP_PROFILE"):
+    SELECTOR.load_profile(os.environ["PHYAI_OP_PROFILE"])

@@ -1,0 +1,102 @@
+"""Generic parts of loading / writing pi-family checkpoints in the LeRobot layout (config.json +
+model.safetensors): sizes resolution (model_dims.json or tensor shapes), config.json's robot interface
+(cameras, state / action dims) and flow settings, and the config.json written for random checkpoints.
+
+Why: pi0 and pi0.5 share all of this; their own checkpoint modules add only their action-side keys.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .checkpoint_io import CheckpointError, count_layers
+from .config import GemmaConfig, SiglipConfig
+from .paligemma import LM, VIS
+
+IMAGE_PREFIX = "observation.images."
+SIGLIP_HEADS_BY_WIDTH = {1152: 16}  # So400m; other widths need model_dims.json
+_FLOW_KEYS = {"chunk_size": "chunk_size", "num_inference_steps": "num_steps", "tokenizer_max_length": "token_budget",
+              "max_action_dim": "max_action_dim", "max_state_dim": "max_state_dim", "min_period": "min_period",
+              "max_period": "max_period"}
+
+
+def strip_image_prefix(name: str) -> str:
+    return name[len(IMAGE_PREFIX):] if name.startswith(IMAGE_PREFIX) else name
+
+
+def parse_features(lr: dict) -> Tuple[List[str], Optional[int], Optional[int]]:
+    """config.json -> (camera names in config order without 'observation.images.', state dim, action dim)."""
+    feats = lr.get("input_features") or {}
+    cams = [strip_image_prefix(k) for k, f in feats.items() if (f or {}).get("type") == "VISUAL"]
+    state = (feats.get("observation.state") or {}).get("shape")
+    action = ((lr.get("output_features") or {}).get("action") or {}).get("shape")
+    return cams, (state[0] if state else None), (action[0] if action else None)
+
+
+def find_model_dims(ckpt_dir: Path, policy_type: str) -> Optional[dict]:
+    """model_dims.json next to config.json, else in the parent directory (parity-fixture layout)."""
+    for cand in (ckpt_dir / "model_dims.json", ckpt_dir.parent / "model_dims.json"):
+        if cand.is_file():
+            d = json.loads(cand.read_text())
+            if d.get("policy_type", policy_type) == policy_type:
+                return d
+    return None
+
+
+def flow_overrides(lr: dict) -> dict:
+    """Flow settings from config.json as config-dataclass field names."""
+    return {ours: lr[theirs] for theirs, ours in _FLOW_KEYS.items() if theirs in lr}
+
+
+def _shape(sd: Dict[str, torch.Tensor], k: str) -> tuple:
+    if k not in sd:
+        raise CheckpointError(f"cannot infer model sizes: missing key {k}")
+    return tuple(sd[k].shape)
+
+
+def gemma_from_shapes(sd: Dict[str, torch.Tensor], prefix: str) -> GemmaConfig:
+    """Gemma sizes from `prefix`layers.* shapes (assumes 1 kv head, as every pi-family Gemma has)."""
+    q, w = _shape(sd, prefix + "layers.0.self_attn.q_proj.weight")
+    hd = _shape(sd, prefix + "layers.0.self_attn.k_proj.weight")[0]
+    return GemmaConfig(width=w, depth=count_layers(sd, prefix + "layers."),
+                       mlp_dim=_shape(sd, prefix + "layers.0.mlp.gate_proj.weight")[0], num_heads=q // hd,
+                       num_kv_heads=1, head_dim=hd)
+
+
+def prefix_dims_from_shapes(sd: Dict[str, torch.Tensor]) -> dict:
+    """vlm / siglip / vocab_size inferred from tensor shapes (kwargs for the config dataclasses)."""
+    ws, _, p, _ = _shape(sd, VIS + "embeddings.patch_embedding.weight")
+    if ws not in SIGLIP_HEADS_BY_WIDTH:
+        raise CheckpointError(f"cannot infer the SigLIP head count for width {ws}: put a model_dims.json "
+                              "(fixture schema) next to config.json or pass dims=")
+    n = _shape(sd, VIS + "embeddings.position_embedding.weight")[0]
+    sig = SiglipConfig(width=ws, depth=count_layers(sd, VIS + "encoder.layers."), num_heads=SIGLIP_HEADS_BY_WIDTH[ws],
+                       mlp_dim=_shape(sd, VIS + "encoder.layers.0.mlp.fc1.weight")[0], patch_size=p,
+                       image_size=int(round(n ** 0.5)) * p)
+    return {"vlm": gemma_from_shapes(sd, LM), "siglip": sig, "vocab_size": _shape(sd, LM + "embed_tokens.weight")[0]}
+
+
+def lerobot_config_json(policy_type: str, cfg, camera_names: Sequence[str], state_dim: int, action_dim: int,
+                        dtype: torch.dtype, norm: str) -> dict:
+    """A LeRobot-style config.json for a random checkpoint (norm: 'QUANTILES' or 'MEAN_STD')."""
+    size = cfg.siglip.image_size
+    feats = {IMAGE_PREFIX + c: {"type": "VISUAL", "shape": [3, size, size]} for c in camera_names}
+    feats["observation.state"] = {"type": "STATE", "shape": [state_dim]}
+    return {"type": policy_type, "n_obs_steps": 1, "input_features": feats,
+            "output_features": {"action": {"type": "ACTION", "shape": [action_dim]}},
+            "paligemma_variant": "gemma_2b", "action_expert_variant": "gemma_300m",
+            "dtype": "bfloat16" if dtype == torch.bfloat16 else "float32",
+            "chunk_size": cfg.chunk_size, "n_action_steps": cfg.chunk_size, "max_state_dim": cfg.max_state_dim,
+            "max_action_dim": cfg.max_action_dim, "num_inference_steps": cfg.num_steps,
+            "min_period": cfg.min_period, "max_period": cfg.max_period, "image_resolution": [size, size],
+            "empty_cameras": 0, "tokenizer_max_length": cfg.token_budget,
+            "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": norm, "ACTION": norm}}
+
+
+def random_state_dict(shapes: Dict[str, tuple], seed: int, std: float, dtype: torch.dtype) -> Dict[str, torch.Tensor]:
+    """Every tensor i.i.d. N(0, std), in sorted key order from one seeded generator."""
+    gen = torch.Generator().manual_seed(seed)
+    return {k: (torch.randn(s, generator=gen) * std).to(dtype) for k, s in sorted(shapes.items())}

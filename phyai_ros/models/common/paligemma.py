@@ -1,0 +1,120 @@
+"""The PaliGemma prefix shared by pi0 and pi0.5: SigLIP image tokens + scaled language embeddings, and the
+Gemma LM pass that turns them into the per-layer K/V cache the action expert attends to.
+
+Why shared: both policies build the prefix identically (LeRobot 0.6.1): camera slots of 256 tokens
+(SigLIP -> projector, not rescaled) then the language tokens (embedding * sqrt(width)); bidirectional
+attention among valid tokens; RoPE positions cumsum(pad) - 1. Also holds the LeRobot key layout of these
+parts and their loader, so each policy's checkpoint module only adds its own action-side keys.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Mapping, Tuple
+
+import torch
+from torch import nn
+
+from phyai_ros.layers import ops
+
+from .checkpoint_io import gemma_key_shapes, load_gemma_layers, load_siglip, siglip_key_shapes
+from .config import GemmaConfig, SiglipConfig
+from .gemma import GemmaLayer, attn_out, mlp, qkv_rope, rope_inv_freq
+from .siglip import SiglipEncoder
+
+Tensor = torch.Tensor
+PrefixKV = List[Tuple[Tensor, Tensor]]
+
+# LeRobot key layout (PI0Policy / PI05Policy state dicts).
+PG = "model.paligemma_with_expert."
+LM = PG + "paligemma.model.language_model."
+VIS = PG + "paligemma.model.vision_tower.vision_model."
+PROJ = PG + "paligemma.model.multi_modal_projector.linear."
+EXP = PG + "gemma_expert.model."
+# Unused at inference: both lm_heads, and the LM's final norm (the prefix pass only produces K/V).
+UNUSED_KEYS = (PG + "paligemma.lm_head.weight", PG + "gemma_expert.lm_head.weight", LM + "norm.weight")
+
+
+def prefix_positions(prefix_pad: Tensor) -> Tensor:
+    """RoPE positions of the prefix: cumsum(pad) - 1 (pad tokens do not advance the position)."""
+    return torch.cumsum(prefix_pad.long(), dim=1) - 1
+
+
+class PaliGemmaPrefix(nn.Module):
+    """Base module of the pi-family models: owns the vision tower, projector, token embedding and LM layers.
+
+    cfg needs .vlm (GemmaConfig), .siglip (SiglipConfig), .vocab_size."""
+
+    def __init__(self, cfg, dtype: torch.dtype = torch.float32, device=None):
+        super().__init__()
+        self.cfg = cfg
+        self.dtype = dtype
+        v, s = cfg.vlm, cfg.siglip
+        self.vision = SiglipEncoder(s, dtype, device)
+        self.register_buffer("proj_w", torch.empty((v.width, s.width), dtype=dtype, device=device))
+        self.register_buffer("proj_b", torch.empty((v.width,), dtype=dtype, device=device))
+        self.register_buffer("embed_tokens", torch.empty((cfg.vocab_size, v.width), dtype=dtype, device=device))
+        self.vlm_layers = nn.ModuleList(GemmaLayer(v, dtype, device) for _ in range(v.depth))
+        self.register_buffer("vlm_inv_freq", rope_inv_freq(v, device))
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.device
+
+    def embed_prefix(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor
+                     ) -> Tuple[Tensor, Tensor]:
+        """images [B,S,3,224,224], image_masks [B,S], tokens/token_masks [B,L] -> prefix_embs [B,S*256+L,W],
+        prefix_pad [B,S*256+L]: camera slots (SigLIP + projector) in slot order, then language embeddings
+        scaled by sqrt(width); pad = slot mask broadcast over its tokens, then token mask. Masked slots and
+        pad tokens are embedded too (static shapes)."""
+        b, n_slots = images.shape[:2]
+        size = self.cfg.siglip.image_size
+        img = self.vision(images.reshape(b * n_slots, 3, size, size))
+        img = ops.linear(img, self.proj_w, self.proj_b)
+        n_tok = img.shape[1]
+        img = img.reshape(b, n_slots * n_tok, -1)
+        lang = ops.embedding(tokens, self.embed_tokens) * math.sqrt(self.cfg.vlm.width)
+        embs = torch.cat([img, lang.to(img.dtype)], dim=1)
+        img_pad = image_masks[:, :, None].expand(b, n_slots, n_tok).reshape(b, n_slots * n_tok)
+        return embs, torch.cat([img_pad, token_masks], dim=1)
+
+    def prefix_kv(self, prefix_embs: Tensor, prefix_pad: Tensor) -> PrefixKV:
+        """LM pass over the prefix (bidirectional among valid tokens) -> each layer's (k, v) [B,Hkv,P,hd],
+        keys after RoPE. The last layer's attention/MLP and the final norm are skipped: nothing reads them."""
+        cfg = self.cfg.vlm
+        cos, sin = ops.rope_cos_sin(prefix_positions(prefix_pad), self.vlm_inv_freq, prefix_embs.dtype)
+        mask = ops.bool_to_additive_mask(prefix_pad[:, :, None] & prefix_pad[:, None, :])
+        h = prefix_embs
+        kv: PrefixKV = []
+        last = len(self.vlm_layers) - 1
+        for i, layer in enumerate(self.vlm_layers):
+            x = ops.rms_norm(h, layer.in_norm_w, cfg.rms_eps)
+            q, k, v = qkv_rope(x, layer, cfg, cos, sin)
+            kv.append((k, v))
+            if i == last:
+                break
+            h = h + attn_out(ops.attention(q, k, v, mask), layer)
+            h = h + mlp(ops.rms_norm(h, layer.post_norm_w, cfg.rms_eps), layer, cfg)
+        return kv
+
+
+def paligemma_key_shapes(vlm: GemmaConfig, siglip: SiglipConfig, vocab_size: int) -> Dict[str, tuple]:
+    s = {LM + "embed_tokens.weight": (vocab_size, vlm.width),
+         PROJ + "weight": (vlm.width, siglip.width), PROJ + "bias": (vlm.width,)}
+    s.update(gemma_key_shapes(LM, vlm))
+    s.update(siglip_key_shapes(VIS, siglip))
+    return s
+
+
+def unused_key_shapes(cfg) -> Dict[str, tuple]:
+    """Shapes of UNUSED_KEYS (written by random checkpoints for layout fidelity)."""
+    return {UNUSED_KEYS[0]: (cfg.vocab_size, cfg.vlm.width), UNUSED_KEYS[1]: (cfg.vocab_size, cfg.expert.width),
+            UNUSED_KEYS[2]: (cfg.vlm.width,)}
+
+
+@torch.no_grad()
+def load_paligemma(model: PaliGemmaPrefix, sd: Mapping[str, Tensor]) -> None:
+    model.embed_tokens.copy_(sd[LM + "embed_tokens.weight"])
+    model.proj_w.copy_(sd[PROJ + "weight"])
+    model.proj_b.copy_(sd[PROJ + "bias"])
+    load_gemma_layers(model.vlm_layers, sd, LM, adarms=False)
+    load_siglip(model.vision, sd, VIS)

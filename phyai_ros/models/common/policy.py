@@ -1,0 +1,266 @@
+"""Shared adapter machinery of the pi-family policies (see pi05/adapter.py for the node-facing API).
+
+Why a base class: pi0 and pi0.5 handle cameras, state validation, tokenization, noise, RTC and action
+conversion identically; they differ in the prompt (pi0.5 writes the discretized state into it), the
+normalization (quantiles vs mean/std) and the model's stage order, which subclasses provide through
+`build_prompts` and `sample_actions`.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from . import solver
+from .image import check_uint8_hwc, preprocess_uint8_images
+from .lerobot_checkpoint import strip_image_prefix
+from .tokenizer import PromptTokenizer
+
+Tensor = torch.Tensor
+ImageLike = Union[np.ndarray, Tensor, None]
+
+
+class PromptTruncatedWarning(UserWarning):
+    """The prompt did not fit the token budget and was cut (BOS + prompt truncated to the budget)."""
+
+
+@dataclass
+class RtcRequest:
+    """RTC guidance for one `predict` call. prev_left_over: [n, action_dim] UNNORMALIZED actions of the
+    previous chunk that will not have been executed when this inference starts (n may be < H)."""
+    prev_left_over: np.ndarray
+    inference_delay: int
+    execution_horizon: int
+    schedule: str = "linear"
+    max_guidance: float = 10.0
+    jacobian: str = "identity"      # "identity" (LeRobot) or "vjp" (paper; one backward pass per step)
+
+
+@dataclass
+class RtcParams:
+    """Tensor-level RTC parameters: prev_left_over [B, n, D] or [n, D] in NORMALIZED action space."""
+    prev_left_over: Tensor
+    inference_delay: int
+    execution_horizon: int
+    schedule: str = "linear"
+    max_guidance: float = 10.0
+    jacobian: str = "identity"
+
+
+@dataclass
+class PolicyInputs:
+    """Preprocessed model inputs (on the policy's device) plus host-side bookkeeping."""
+    images: Tensor            # [B, S, 3, 224, 224] float32 in [-1, 1]
+    image_masks: Tensor       # [B, S] bool
+    tokens: Tensor            # [B, L] int64
+    token_masks: Tensor       # [B, L] bool
+    state_normalized: Tensor  # [B, state_dim] float32 (CPU)
+    prompts: List[str] = field(default_factory=list)
+    slot_names: List[str] = field(default_factory=list)
+    truncated: List[bool] = field(default_factory=list)
+
+
+def _as_tensor(img) -> Tensor:
+    """numpy (possibly read-only or negatively strided, e.g. a BGR->RGB view) or tensor -> tensor."""
+    if isinstance(img, Tensor):
+        return img
+    img = np.ascontiguousarray(img)
+    return torch.from_numpy(img if img.flags.writeable else img.copy())
+
+
+def resolve_cameras(checkpoint_cams: Sequence[str], camera_names: Optional[Sequence[str]]) -> List[str]:
+    """Slot names (checkpoint order). camera_names must be a non-empty subset of the checkpoint's cameras."""
+    slots = list(checkpoint_cams)
+    wanted = [strip_image_prefix(c) for c in camera_names] if camera_names is not None else list(slots)
+    if not slots:
+        slots = wanted
+    if not wanted or any(c not in slots for c in wanted):
+        raise ValueError(f"camera_names {list(camera_names or [])} must be a non-empty subset of the "
+                         f"checkpoint's cameras {slots}")
+    return slots
+
+
+def check_dims(ckpt_state_dim, ckpt_action_dim, state_norm, action_norm, action_dim=None) -> None:
+    if ckpt_state_dim is not None and ckpt_state_dim != state_norm.dim:
+        raise ValueError(f"state dim: config.json says {ckpt_state_dim}, stats have {state_norm.dim}")
+    adim = action_dim if action_dim is not None else (ckpt_action_dim or action_norm.dim)
+    if adim != action_norm.dim:
+        raise ValueError(f"action dim {adim} does not match the action stats ({action_norm.dim} dims)")
+
+
+class FlowPolicy:
+    """Base adapter. Subclasses set nothing but `build_prompts` and `sample_actions`."""
+
+    def __init__(self, model, tokenizer: PromptTokenizer, state_norm, action_norm, camera_names: Sequence[str],
+                 device="cpu", dtype: torch.dtype = torch.float32):
+        self.model = model
+        self.config = model.cfg
+        self.tokenizer = tokenizer
+        self.state_norm = state_norm
+        self.action_norm = action_norm.to(device)
+        self.camera_names = list(camera_names)
+        self.device = torch.device(device)
+        self.dtype = dtype
+        if tokenizer.max_length != self.config.token_budget:
+            raise ValueError(f"tokenizer max_length {tokenizer.max_length} != token budget {self.config.token_budget}")
+        if tokenizer.vocab_size > self.config.vocab_size:
+            raise ValueError(f"tokenizer has {tokenizer.vocab_size} pieces but the model embeds only "
+                             f"{self.config.vocab_size}")
+        if self.action_dim > self.config.max_action_dim:
+            raise ValueError(f"action_dim {self.action_dim} > model max_action_dim {self.config.max_action_dim}")
+
+    # ---------------------------------------------------------------- to override
+    def build_prompts(self, tasks: List[str], state_normalized: np.ndarray) -> List[str]:
+        raise NotImplementedError
+
+    def sample_actions(self, inputs: PolicyInputs, noise=None, rtc: Optional[RtcParams] = None,
+                       trace: Optional[Dict[str, list]] = None) -> Tensor:
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- dims
+    @property
+    def state_dim(self) -> int:
+        return self.state_norm.dim
+
+    @property
+    def action_dim(self) -> int:
+        return self.action_norm.dim
+
+    @property
+    def chunk_size(self) -> int:
+        return self.config.chunk_size
+
+    # ---------------------------------------------------------------- preprocessing
+    def _state_array(self, state, batch: Optional[int]) -> np.ndarray:
+        s = np.asarray(state.detach().cpu().numpy() if isinstance(state, Tensor) else state)
+        if s.dtype.kind not in "fiu":
+            raise ValueError(f"state must be numeric, got dtype {s.dtype}")
+        s = s.astype(np.float32)
+        if s.ndim == 1:
+            s = s[None]
+        if s.ndim != 2 or s.shape[1] != self.state_dim or (batch is not None and s.shape[0] != batch):
+            raise ValueError(f"state must have shape [{self.state_dim}] (or [B, {self.state_dim}]), got "
+                             f"{list(np.shape(state))}")
+        if not np.isfinite(s).all():
+            raise ValueError("state contains NaN or inf")
+        return s
+
+    def prepare(self, images: Mapping[str, ImageLike], state, tasks: Union[str, Sequence[str]]) -> PolicyInputs:
+        """Raw observation -> model inputs. images: name -> uint8 [B, H, W, 3] or [H, W, 3] (or None);
+        state [B, D] or [D] raw; tasks one string or B strings."""
+        unknown = [k for k in images if strip_image_prefix(k) not in self.camera_names]
+        if unknown:
+            raise ValueError(f"unknown camera(s) {unknown}; this policy's cameras are {self.camera_names}")
+        imgs = {strip_image_prefix(k): v for k, v in images.items() if v is not None}
+        if not imgs:
+            raise ValueError("at least one camera image is required")
+        batch = None
+        for name, img in imgs.items():
+            check_uint8_hwc(img, name)
+            b = img.shape[0] if img.ndim == 4 else 1
+            if img.ndim not in (3, 4) or (batch is not None and b != batch):
+                raise ValueError(f"camera '{name}': expected [H, W, 3] or [B, H, W, 3] with one batch size for "
+                                 f"all cameras, got shape {tuple(img.shape)}")
+            batch = b
+        if isinstance(tasks, str):
+            tasks = [tasks] * batch
+        tasks = list(tasks)
+        if len(tasks) != batch:
+            raise ValueError(f"got {len(tasks)} tasks for a batch of {batch}")
+        for t in tasks:
+            if not isinstance(t, str) or not t.strip():
+                raise ValueError(f"task must be a non-empty string, got {t!r}")
+        state_np = self._state_array(state, batch)
+
+        # Slots: present cameras in checkpoint order, then the absent ones (all -1, masked), as LeRobot.
+        size = self.config.siglip.image_size
+        present = [c for c in self.camera_names if c in imgs]
+        absent = [c for c in self.camera_names if c not in imgs]
+        slots = []
+        for name in present:
+            x = _as_tensor(imgs[name]).to(self.device)
+            slots.append(preprocess_uint8_images(x if x.dim() == 4 else x[None], size))
+        for _ in absent:
+            slots.append(torch.full((batch, 3, size, size), -1.0, device=self.device))
+        images_t = torch.stack(slots, dim=1)
+        masks = torch.tensor([[True] * len(present) + [False] * len(absent)] * batch, device=self.device)
+
+        state_n = self.state_norm.normalize(torch.from_numpy(state_np))
+        prompts = self.build_prompts(tasks, state_n.numpy())
+        truncated = [self.tokenizer.encode(p)[1] for p in prompts]
+        if any(truncated):
+            warnings.warn(f"prompt longer than the {self.config.token_budget}-token budget; truncated (BOS + "
+                          "prompt cut to the budget, as LeRobot)", PromptTruncatedWarning, stacklevel=2)
+        tokens, tmasks = self.tokenizer.batch(prompts)
+        return PolicyInputs(images_t, masks, torch.from_numpy(tokens).to(self.device),
+                            torch.from_numpy(tmasks).to(self.device), state_n, prompts, present + absent, truncated)
+
+    # ---------------------------------------------------------------- inference helpers
+    def make_noise(self, batch: int, generator: Optional[torch.Generator] = None) -> Tensor:
+        cfg = self.config
+        return torch.randn(batch, cfg.chunk_size, cfg.max_action_dim, generator=generator,
+                           dtype=torch.float32).to(self.device)
+
+    def _noise(self, noise, batch: int) -> Tensor:
+        if noise is None:
+            return self.make_noise(batch)
+        n = torch.as_tensor(noise, dtype=torch.float32, device=self.device)
+        if n.dim() == 2:
+            n = n[None]
+        want = (batch, self.config.chunk_size, self.config.max_action_dim)
+        if tuple(n.shape) != want:
+            raise ValueError(f"noise must have shape {list(want)}, got {list(n.shape)}")
+        return n
+
+    def rtc_guide(self, rtc: RtcParams, batch: int) -> solver.RtcGuide:
+        prev = torch.as_tensor(rtc.prev_left_over, dtype=torch.float32, device=self.device)
+        if prev.dim() == 2:
+            prev = prev[None].expand(batch, -1, -1)
+        if prev.dim() != 3 or prev.shape[0] != batch or prev.shape[2] > self.config.max_action_dim:
+            raise ValueError(f"RTC prev_left_over must be [n, D] or [{batch}, n, D], got {list(prev.shape)}")
+        cfg = self.config
+        return solver.build_rtc_guide(prev, rtc.inference_delay, rtc.execution_horizon, cfg.chunk_size,
+                                      cfg.max_action_dim, cfg.num_steps, rtc.schedule, rtc.max_guidance,
+                                      rtc.jacobian)
+
+    def unnormalize_actions(self, actions_model: Tensor) -> Tensor:
+        """[B, H, A] normalized padded -> [B, H, action_dim] robot units."""
+        return self.action_norm.unnormalize(actions_model[..., : self.action_dim])
+
+    def normalize_actions(self, actions: Tensor) -> Tensor:
+        return self.action_norm.normalize(actions)
+
+    # ---------------------------------------------------------------- public prediction
+    def predict_batch(self, images: Mapping[str, ImageLike], state, tasks, noise=None,
+                      rtc: Optional[RtcParams] = None) -> Tensor:
+        """Batched raw -> unnormalized actions [B, H, action_dim] float32 (rtc in normalized space)."""
+        inputs = self.prepare(images, state, tasks)
+        return self.unnormalize_actions(self.sample_actions(inputs, noise, rtc))
+
+    def predict(self, images: Mapping[str, ImageLike], state: np.ndarray, task: str, noise=None,
+                rtc: Optional[RtcRequest] = None) -> np.ndarray:
+        """One observation -> np.float32 [H, action_dim] unnormalized (see pi05/adapter.py docstring)."""
+        for name, img in images.items():
+            if img is not None:
+                check_uint8_hwc(img, name)
+                if img.ndim != 3:
+                    raise ValueError(f"camera '{name}': expected one HxWx3 image, got shape {tuple(img.shape)}")
+        if np.ndim(state) != 1:
+            raise ValueError(f"state must be a vector of length {self.state_dim}, got shape {list(np.shape(state))}")
+        if not isinstance(task, str):
+            raise ValueError(f"task must be a non-empty string, got {task!r}")
+        params = None
+        if rtc is not None:
+            prev = np.asarray(rtc.prev_left_over, dtype=np.float32)
+            if prev.ndim != 2 or prev.shape[1] != self.action_dim:
+                raise ValueError(f"RTC prev_left_over must be [n, {self.action_dim}], got {list(prev.shape)}")
+            if not np.isfinite(prev).all():
+                raise ValueError("RTC prev_left_over contains NaN or inf")
+            prev_n = self.normalize_actions(torch.from_numpy(prev).to(self.device))
+            params = RtcParams(prev_n, rtc.inference_delay, rtc.execution_horizon, rtc.schedule,
+                               rtc.max_guidance, rtc.jacobian)
+        out = self.predict_batch(images, state, [task], noise, params)
+        return out[0].detach().to("cpu", torch.float32).numpy()

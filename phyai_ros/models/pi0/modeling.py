@@ -1,0 +1,94 @@
+"""pi0 network as stateless stage functions (prefix shared with pi0.5 via PaliGemmaPrefix).
+
+  embed_prefix / prefix_kv                     as pi0.5 (common/paligemma.py)
+  embed_state(state_padded [B,32]) -> [B,1,We] the state token (once per observation)
+  time_bias(t [N]) -> [N,We]                   time half of action_time_mlp_in: W_t sincos(t) + b; depends on
+                                               t only, so the runner precomputes it for all solver steps
+  suffix_context(prefix_pad) -> SuffixContext  51 suffix tokens: the state token sees prefix + itself, the
+                                               50 action tokens see prefix + all suffix tokens
+  denoise_velocity(x_t [B,H,A], kv, state_emb, prefix_pad=None, *, t=None | time_bias=..., ctx=None)
+      -> v [B,H,A] float32
+
+action_time_mlp_in's weight [We, 2We] is split at load time into its action and time halves, so the time
+half is one precomputed vector per step instead of a GEMM over 50 tokens (same math, LeRobot concatenates
+[action_emb, time_emb] first). Expert norms are plain Gemma RMSNorms. Precision policy as pi0.5.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from phyai_ros.layers import ops
+from phyai_ros.models.common.gemma import GemmaLayer, attn_out, mlp, qkv_rope, rope_inv_freq
+from phyai_ros.models.common.paligemma import PaliGemmaPrefix, PrefixKV, prefix_positions
+from phyai_ros.models.common.suffix import SuffixContext, suffix_context
+from phyai_ros.models.common.time_embedding import sinusoidal_time_embedding
+
+from .config import Pi0Config
+
+Tensor = torch.Tensor
+__all__ = ["Pi0Model", "SuffixContext", "PrefixKV", "prefix_positions"]
+
+
+class Pi0Model(PaliGemmaPrefix):
+    def __init__(self, cfg: Pi0Config, dtype: torch.dtype = torch.float32, device=None):
+        super().__init__(cfg, dtype, device)
+        e = lambda shape: torch.empty(shape, dtype=torch.float32, device=device)  # noqa: E731
+        x, w = cfg.expert, cfg.expert.width
+        self.expert_layers = nn.ModuleList(GemmaLayer(x, dtype, device) for _ in range(x.depth))
+        self.register_buffer("final_norm_w", e((w,)))
+        self.register_buffer("state_w", e((w, cfg.max_state_dim)))
+        self.register_buffer("state_b", e((w,)))
+        self.register_buffer("action_in_w", e((w, cfg.max_action_dim)))
+        self.register_buffer("action_in_b", e((w,)))
+        self.register_buffer("action_out_w", e((cfg.max_action_dim, w)))
+        self.register_buffer("action_out_b", e((cfg.max_action_dim,)))
+        self.register_buffer("atm_in_action_w", e((w, w)))
+        self.register_buffer("atm_in_time_w", e((w, w)))
+        self.register_buffer("atm_in_b", e((w,)))
+        self.register_buffer("atm_out_w", e((w, w)))
+        self.register_buffer("atm_out_b", e((w,)))
+        self.register_buffer("expert_inv_freq", rope_inv_freq(x, device))
+
+    def embed_state(self, state_padded: Tensor) -> Tensor:
+        """Normalized state zero-padded to max_state_dim [B, 32] -> state token [B, 1, We] (float32)."""
+        return ops.linear(state_padded.to(torch.float32), self.state_w, self.state_b)[:, None, :]
+
+    def time_bias(self, t: Tensor) -> Tensor:
+        """t [N] -> [N, We] float32: the time half of action_time_mlp_in plus its bias."""
+        emb = sinusoidal_time_embedding(t.reshape(-1), self.cfg.expert.width, self.cfg.min_period,
+                                        self.cfg.max_period)
+        return ops.linear(emb, self.atm_in_time_w, self.atm_in_b)
+
+    def suffix_context(self, prefix_pad: Tensor) -> SuffixContext:
+        return suffix_context(prefix_pad, self.cfg.chunk_size, 1, self.expert_inv_freq, self.dtype)
+
+    def embed_suffix(self, x_t: Tensor, state_emb: Tensor, time_bias: Tensor) -> Tensor:
+        """[state token, action_time_mlp_out(silu(W_a action_in_proj(x_t) + time_bias))] -> [B, 1+H, We] float32.
+        time_bias: [We] (shared by the batch) or [B, We]."""
+        a = ops.linear(x_t.to(torch.float32), self.action_in_w, self.action_in_b)
+        tb = time_bias if time_bias.dim() == 2 else time_bias[None]
+        h = ops.silu(ops.linear(a, self.atm_in_action_w) + tb[:, None, :])
+        h = ops.linear(h, self.atm_out_w, self.atm_out_b)
+        return torch.cat([state_emb.expand(h.shape[0], -1, -1), h], dim=1)
+
+    def denoise_velocity(self, x_t: Tensor, kv: PrefixKV, state_emb: Tensor, prefix_pad: Optional[Tensor] = None,
+                         *, t: Optional[Tensor] = None, time_bias: Optional[Tensor] = None,
+                         ctx: Optional[SuffixContext] = None) -> Tensor:
+        """Velocity [B,H,A] float32. Give t [B] or a precomputed time_bias ([We] or [B, We]); ctx or prefix_pad."""
+        cfg = self.cfg.expert
+        if ctx is None:
+            ctx = self.suffix_context(prefix_pad)
+        if time_bias is None:
+            time_bias = self.time_bias(t)
+        h = self.embed_suffix(x_t, state_emb, time_bias).to(self.dtype)
+        for i, layer in enumerate(self.expert_layers):
+            q, k, v = qkv_rope(ops.rms_norm(h, layer.in_norm_w, cfg.rms_eps), layer, cfg, ctx.cos, ctx.sin)
+            pk, pv = kv[i]
+            a = ops.attention(q, torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), ctx.mask)
+            h = h + attn_out(a, layer)
+            h = h + mlp(ops.rms_norm(h, layer.post_norm_w, cfg.rms_eps), layer, cfg)
+        x = ops.rms_norm(h[:, -self.cfg.chunk_size:], self.final_norm_w, cfg.rms_eps)
+        return ops.linear(x.to(torch.float32), self.action_out_w, self.action_out_b)

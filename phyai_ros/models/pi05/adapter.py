@@ -1,0 +1,100 @@
+"""pi0.5 policy adapter: robot observation in, action chunk out.
+
+Owns policy semantics on top of the stateless model stages (modeling.py): image / state / prompt
+preprocessing, normalization, stage order, the solver update (Euler, RTC guidance), action conversion and
+checkpoint loading. It allocates no graphs and picks no kernels: the runtime's runner can drive the same
+stages (`policy.model.*`) and solver pieces (`phyai_ros.models.common.solver`) itself, in the order of
+`Pi05Policy.sample_actions`.
+
+API used by the onboard node (batch 1, numpy in / numpy out)::
+
+    policy = Pi05Policy.from_files(checkpoint_dir, tokenizer_path, norm_stats_path, camera_names,
+                                   device="cpu", dtype=torch.float32, action_dim=None)
+    actions = policy.predict(images={"base_0_rgb": rgb_uint8_HxWx3, "left_wrist_0_rgb": None, ...},
+                             state=np.float32[state_dim], task="pick up the cup",
+                             noise=None,                     # or a tensor [H, 32] / [1, H, 32] (x at t=1)
+                             rtc=RtcRequest(prev_left_over=np.float32[n, action_dim],
+                                            inference_delay=3, execution_horizon=10,
+                                            schedule="linear", max_guidance=10.0))
+    # -> np.float32 [H, action_dim], UNNORMALIZED (robot units)
+
+- images: camera name -> uint8 HxWx3 RGB (any size: resized with pad to 224x224) or None / missing when
+  that camera has no frame (its slot is masked). At least one camera is required; unknown names are an
+  error. Slot order follows the checkpoint's config (present cameras first, then absent, as LeRobot).
+- state: raw robot units, length state_dim, finite. task: non-empty text.
+- Prompts longer than the token budget are truncated like LeRobot (BOS + prompt, tail cut to the budget)
+  and a PromptTruncatedWarning is issued.
+- RTC: `RtcRequest.prev_left_over` is the previous chunk's not-yet-executed actions in UNNORMALIZED robot
+  units (what the node holds); the adapter normalizes them with the action statistics. The tensor-level
+  path (`sample_actions` with `RtcParams`) takes them already normalized (as the LeRobot fixtures do).
+  inference_delay d: leading actions frozen to the old chunk (weight 1); execution_horizon s (clamped to n):
+  actions >= s are free (weight 0); in between the schedule ramps ('linear' or 'exp').
+- Errors: ValueError for bad inputs (image dtype/shape, state length, NaN/inf, empty task, bad noise / RTC
+  shapes); FileNotFoundError / CheckpointError at load time.
+
+Batched tensor-level path (parity tests, offline prediction, rollouts):
+`prepare(images_batched, state [B, D], tasks) -> Pi05Inputs`, `sample_actions(inputs, noise, rtc) ->
+normalized padded actions [B, H, 32]`, `predict_batch(...) -> unnormalized [B, H, action_dim]`.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from phyai_ros.models.common import solver
+from phyai_ros.models.common.normalize import ACTION, STATE, QuantileNormalizer, load_norm_stats
+from phyai_ros.models.common.policy import (FlowPolicy, PolicyInputs, PromptTruncatedWarning, RtcParams,
+                                            RtcRequest, check_dims, resolve_cameras)
+from phyai_ros.models.common.tokenizer import PromptTokenizer
+
+from .checkpoint import load_pi05_checkpoint
+from .preprocess import build_prompts
+
+Tensor = torch.Tensor
+Pi05Inputs = PolicyInputs
+
+__all__ = ["Pi05Policy", "Pi05Inputs", "RtcRequest", "RtcParams", "PromptTruncatedWarning"]
+
+
+class Pi05Policy(FlowPolicy):
+    @classmethod
+    def from_files(cls, checkpoint_dir, tokenizer_path, norm_stats_path=None,
+                   camera_names: Optional[Sequence[str]] = None, device="cpu", dtype: torch.dtype = torch.float32,
+                   action_dim: Optional[int] = None, dims=None) -> "Pi05Policy":
+        """Load checkpoint (LeRobot layout), tokenizer (SentencePiece .model) and normalization stats
+        (norm_stats.json / normalizer .safetensors; default: the normalizer file in checkpoint_dir).
+
+        camera_names: the cameras the caller will provide, a subset of the checkpoint's VISUAL features
+        (prefix 'observation.images.' optional); None = all of them. Slots the caller never provides stay
+        masked. action_dim: override for the number of real action dims (default: config / stats).
+        dims: model sizes (model_dims.json path / dict / Pi05Config) when the checkpoint dir has none."""
+        ckpt = load_pi05_checkpoint(checkpoint_dir, device=device, dtype=dtype, dims=dims)
+        tok = PromptTokenizer(tokenizer_path, ckpt.config.token_budget)
+        stats = load_norm_stats(norm_stats_path if norm_stats_path is not None else checkpoint_dir)
+        state_norm = QuantileNormalizer.from_stats(stats, STATE)
+        action_norm = QuantileNormalizer.from_stats(stats, ACTION)
+        check_dims(ckpt.state_dim, ckpt.action_dim, state_norm, action_norm, action_dim)
+        slots = resolve_cameras(ckpt.camera_keys, camera_names)
+        return cls(ckpt.model, tok, state_norm, action_norm, slots, device=device, dtype=dtype)
+
+    def build_prompts(self, tasks: List[str], state_normalized: np.ndarray) -> List[str]:
+        return build_prompts(tasks, state_normalized)
+
+    @torch.no_grad()
+    def sample_actions(self, inputs: PolicyInputs, noise=None, rtc: Optional[RtcParams] = None,
+                       trace: Optional[Dict[str, list]] = None) -> Tensor:
+        """Stage order: prefix embed -> prefix KV -> time tables + suffix context -> Euler loop (optional
+        RTC). Returns x at t=0: normalized actions padded to max_action_dim, [B, H, A] float32."""
+        m = self.model
+        batch = inputs.tokens.shape[0]
+        x0 = self._noise(noise, batch)
+        embs, pad = m.embed_prefix(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
+        kv = m.prefix_kv(embs, pad)
+        t_table, _ = solver.euler_schedule(self.config.num_steps, device=self.device)
+        mods = m.time_modulation(t_table)
+        ctx = m.suffix_context(pad)
+        guide = self.rtc_guide(rtc, batch) if rtc is not None else None
+        return solver.sample(lambda x, k: m.denoise_velocity(x, kv, ctx=ctx, modulation=mods[k]), x0,
+                             self.config.num_steps, guide, trace, t_table)

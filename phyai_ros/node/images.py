@@ -1,0 +1,56 @@
+"""Camera messages to RGB uint8 arrays, with clear errors for bad frames.
+
+cv_bridge does the decoding (the distro's on the robot, the PyPI port here); this
+module checks what cv_bridge would otherwise turn into a crash or a garbled image:
+unknown encodings, a data buffer that does not match width/height/step, and
+undecodable compressed payloads.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cv_bridge import CvBridge
+
+# Encodings whose conversion to rgb8 is well defined for a policy camera.
+_CHANNELS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1}
+
+
+class ImageDecodeError(ValueError):
+    """A camera frame that cannot be turned into an RGB image."""
+
+
+class ImageConverter:
+    """Converts sensor_msgs Image / CompressedImage to HxWx3 uint8 RGB."""
+
+    def __init__(self) -> None:
+        self._bridge = CvBridge()
+
+    def from_image(self, msg) -> np.ndarray:
+        encoding = msg.encoding.lower()
+        channels = _CHANNELS.get(encoding)
+        if channels is None:
+            raise ImageDecodeError(
+                f"unsupported image encoding '{msg.encoding}' (supported: {', '.join(sorted(_CHANNELS))})")
+        if msg.width == 0 or msg.height == 0:
+            raise ImageDecodeError(f"empty image {msg.width}x{msg.height}")
+        if msg.step < msg.width * channels:
+            raise ImageDecodeError(f"step {msg.step} too small for {msg.width} px of {encoding}")
+        if len(msg.data) != msg.step * msg.height:
+            raise ImageDecodeError(
+                f"image data has {len(msg.data)} bytes, expected step*height = {msg.step}*{msg.height}")
+        try:
+            rgb = self._bridge.imgmsg_to_cv2(msg, desired_encoding="rgb8")
+        except Exception as exc:  # cv_bridge raises several unrelated types
+            raise ImageDecodeError(f"cv_bridge could not convert {encoding}: {exc}") from exc
+        return np.ascontiguousarray(rgb)
+
+    def from_compressed(self, msg) -> np.ndarray:
+        if len(msg.data) == 0:
+            raise ImageDecodeError("empty compressed image")
+        try:
+            rgb = self._bridge.compressed_imgmsg_to_cv2(msg, desired_encoding="rgb8")
+        except Exception as exc:
+            raise ImageDecodeError(f"could not decode compressed image (format '{msg.format}'): {exc}") from exc
+        if rgb is None or rgb.ndim != 3 or rgb.shape[2] != 3:
+            raise ImageDecodeError(f"compressed image (format '{msg.format}') did not decode to RGB")
+        return np.ascontiguousarray(rgb)

@@ -1,0 +1,238 @@
+"""The onboard policy node: topics in, time-stamped chunks and per-tick commands out.
+
+A thin rclpy shell around ``phyai_ros.control.ControlLoop``: subscriptions feed the
+loop, a timer at 1/dt calls ``tick()`` and publishes the action whose time it is, the
+loop's worker thread runs the policy and hands chunks back through ``on_chunk``.
+Everything that can go wrong with inputs is counted by the loop and reported on
+/diagnostics; nothing here raises into the executor.
+
+Run: ``python -m phyai_ros.node.main --ros-args --params-file config/pi05_cpu_test.yaml``
+(``ros2 run phyai_ros onboard_node`` on a ROS install).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Optional
+
+import numpy as np
+import rclpy
+from builtin_interfaces.msg import Duration
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import (DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy,
+                       qos_profile_sensor_data)
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import Float64MultiArray, MultiArrayDimension, String
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from phyai_ros.control import CallableClock, ControlConfig, ControlLoop, stamp_to_ns
+from phyai_ros.messages import ChunkData, chunk_to_msg, margin_to_msg, ns_to_time
+from phyai_ros.msg import ActionChunk, ControlMargin
+from phyai_ros.node.images import ImageConverter, ImageDecodeError
+from phyai_ros.node.parameters import declare_and_read
+from phyai_ros.policies import build_policy
+
+NODE_NAME = "phyai_policy"
+RELIABLE = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST,
+                     durability=DurabilityPolicy.TRANSIENT_LOCAL)
+_LEVEL_BYTES = {0: DiagnosticStatus.OK, 1: DiagnosticStatus.WARN, 2: DiagnosticStatus.ERROR}
+# Counters whose growth during a diagnostics period turns the input status to WARN.
+_INPUT_PROBLEMS = ("stale_snapshots", "bad_image", "bad_state", "missing_joint", "unknown_camera", "bad_input",
+                   "out_of_order", "future_stamp", "clock_jumps", "inference_errors", "bad_chunks",
+                   "deadline_misses", "callback_errors")
+
+
+def control_config(p: dict) -> ControlConfig:
+    """Node parameters -> the control loop's configuration."""
+    slots, required = p["cameras.slots"], p["cameras.required"]
+    return ControlConfig(
+        dt=p["control.dt"], horizon=p["control.horizon"], action_dim=len(p["control.action_names"]),
+        cameras=[s for s, r in zip(slots, required) if r],
+        optional_cameras=[s for s, r in zip(slots, required) if not r],
+        state_joint_names=list(p["state.joint_names"]),
+        max_observation_age=p["max_observation_age"], max_state_age=p["state.max_age"],
+        default_instruction=p["instruction.default"], require_instruction=True,
+        rtc_mode=p["rtc.mode"], rtc_schedule=p["rtc.schedule"], rtc_overlap=p["rtc.overlap"],
+        delay_quantile=p["rtc.delay_quantile"],
+        cold_start_inferences=0 if p["model.warmup_runs"] > 0 else 1,
+        deadline_policy=p["control.deadline_policy"],
+        margin_window=p["margin.window"], eps=p["margin.eps"], confidence=p["margin.confidence"],
+        min_samples=p["margin.min_samples"], error_p_threshold=p["margin.error_probability"],
+        error_consecutive_misses=p["margin.error_consecutive_misses"], model_id=p["model.id"],
+    )
+
+
+class PolicyNode(Node):
+    def __init__(self, **kwargs):
+        super().__init__(NODE_NAME, **kwargs)
+        self.p = declare_and_read(self)
+        self._names = list(self.p["control.action_names"])
+        self._images = ImageConverter()
+        self._event_log_times: dict[str, float] = {}
+        self._last_counters: dict[str, int] = {}
+        self._publish_lock = threading.Lock()
+
+        t = time.monotonic()
+        self.policy = build_policy(self.p, logger=self.get_logger())
+        self.get_logger().info(f"policy {self.p['model.id']} ready in {time.monotonic() - t:.1f} s "
+                               f"({self.p['model.device']}, {self.p['model.dtype']})")
+
+        self._make_publishers()
+        self.loop = ControlLoop(control_config(self.p), self.policy,
+                                clock=CallableClock(lambda: self.get_clock().now().nanoseconds),
+                                on_chunk=self._publish_chunk, on_margin=self._publish_margin,
+                                on_event=self._on_event)
+        self._make_subscriptions()
+        self.create_timer(self.p["control.dt"], self._tick)
+        self.create_timer(self.p["diagnostics.period"], self._publish_diagnostics)
+
+    # -- wiring ---------------------------------------------------------------------------------
+    def _make_publishers(self) -> None:
+        p = self.p
+        command_type = JointTrajectory if p["output.command_type"] == "joint_trajectory" else Float64MultiArray
+        self.command_pub = self.create_publisher(command_type, p["output.command_topic"], RELIABLE)
+        self.chunk_pub = self.create_publisher(ActionChunk, p["output.chunk_topic"], RELIABLE)
+        self.chunk_traj_pub = (self.create_publisher(JointTrajectory, p["output.chunk_trajectory_topic"], RELIABLE)
+                               if p["output.chunk_trajectory_topic"] else None)
+        self.margin_pub = self.create_publisher(ControlMargin, p["output.margin_topic"], RELIABLE)
+        self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", RELIABLE)
+
+    def _make_subscriptions(self) -> None:
+        p = self.p
+        for slot, topic, compressed in zip(p["cameras.slots"], p["cameras.topics"], p["cameras.compressed"]):
+            msg_type = CompressedImage if compressed else Image
+            self.create_subscription(msg_type, topic, self._camera_callback(slot, compressed),
+                                     qos_profile_sensor_data)
+        self.create_subscription(JointState, p["state.topic"], self._on_joint_state, qos_profile_sensor_data)
+        self.create_subscription(String, p["instruction.topic"], self._on_instruction, LATCHED)
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def _camera_callback(self, slot: str, compressed: bool):
+        decode = self._images.from_compressed if compressed else self._images.from_image
+
+        def callback(msg) -> None:
+            try:
+                rgb = decode(msg)
+            except ImageDecodeError as exc:
+                self.loop.report_bad_input("bad_image", f"{slot}: {exc}")
+                return
+            self.loop.on_image(slot, rgb, stamp_to_ns(msg.header.stamp.sec, msg.header.stamp.nanosec))
+
+        return callback
+
+    def _on_joint_state(self, msg: JointState) -> None:
+        if len(msg.position) != len(msg.name):
+            self.loop.report_bad_input("bad_state", f"JointState has {len(msg.name)} names and "
+                                                    f"{len(msg.position)} positions")
+            return
+        self.loop.on_joint_state(list(msg.name), np.asarray(msg.position, dtype=np.float64),
+                                 stamp_to_ns(msg.header.stamp.sec, msg.header.stamp.nanosec))
+
+    def _on_instruction(self, msg: String) -> None:
+        self.loop.on_instruction(msg.data)
+
+    # -- outputs --------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        emission = self.loop.tick()
+        if emission is None:
+            return
+        action = emission.action.astype(np.float64)
+        if isinstance(self.command_pub.msg_type(), JointTrajectory):
+            msg = JointTrajectory()
+            msg.header.stamp = ns_to_time(max(0, emission.slot_ns))
+            msg.joint_names = self._names
+            msg.points = [JointTrajectoryPoint(positions=action.tolist(), time_from_start=Duration())]
+        else:
+            msg = Float64MultiArray()
+            msg.layout.dim = [MultiArrayDimension(label="action", size=len(action), stride=len(action))]
+            msg.data = action.tolist()
+        self.command_pub.publish(msg)
+
+    def _publish_chunk(self, chunk) -> None:
+        """Runs on the inference worker thread, right after the chunk is handed to the timer."""
+        data = ChunkData(seq=chunk.seq, t0_ns=chunk.t0_ns, observation_ns=chunk.observation_stamp_ns,
+                         dt=chunk.dt_ns * 1e-9, actions=chunk.actions, frozen_prefix=chunk.d,
+                         action_names=tuple(self._names), model_id=chunk.model_id,
+                         inference_latency=chunk.latency.inference)
+        with self._publish_lock:
+            self.chunk_pub.publish(chunk_to_msg(data))
+            if self.chunk_traj_pub is not None:
+                self.chunk_traj_pub.publish(self._chunk_trajectory(chunk))
+
+    def _chunk_trajectory(self, chunk) -> JointTrajectory:
+        msg = JointTrajectory()
+        msg.header.stamp = ns_to_time(chunk.t0_ns)
+        msg.joint_names = self._names
+        for i, row in enumerate(chunk.actions.astype(np.float64)):
+            sec, nanosec = divmod(i * chunk.dt_ns, 1_000_000_000)
+            msg.points.append(JointTrajectoryPoint(positions=row.tolist(),
+                                                   time_from_start=Duration(sec=sec, nanosec=nanosec)))
+        return msg
+
+    def _publish_margin(self, r) -> None:
+        values = dict(budget=r.B_ctrl, latency_observe=r.L_observe, latency_transfer=r.L_transfer,
+                      latency_queue=r.L_queue, latency_inference=r.L_inference, latency_actuate=r.L_actuate,
+                      margin=r.margin, margin_p50=r.p50, margin_p95=r.p95, margin_p99=r.p99,
+                      window_size=r.n, p_nonnegative=r.p_nonneg, p_nonnegative_lower=r.p_nonneg_lower,
+                      target=r.target, level=r.level, message=r.message, roofline_x=r.X, roofline_y=r.Y)
+        with self._publish_lock:
+            self.margin_pub.publish(margin_to_msg(max(0, r.stamp_ns), values))
+
+    def _on_event(self, kind: str, detail: str) -> None:
+        """Log each kind of event at most every 2 s (counters keep the exact numbers)."""
+        now = time.monotonic()
+        if now - self._event_log_times.get(kind, -1e9) >= 2.0:
+            self._event_log_times[kind] = now
+            self.get_logger().warning(f"{kind}: {detail}")
+
+    def _publish_diagnostics(self) -> None:
+        counters = self.loop.counters()
+        report = self.loop.last_report
+        grown = [k for k in _INPUT_PROBLEMS if counters.get(k, 0) > self._last_counters.get(k, 0)]
+        self._last_counters = counters
+
+        margin = DiagnosticStatus(name=f"{NODE_NAME}: control margin", hardware_id=self.p["model.id"])
+        if report is None:
+            margin.level, margin.message = DiagnosticStatus.WARN, "no chunk yet"
+        else:
+            margin.level, margin.message = _LEVEL_BYTES[report.level], report.message
+            margin.values = [KeyValue(key=k, value=f"{v:.6g}") for k, v in (
+                ("margin_s", report.margin), ("margin_p50_s", report.p50), ("margin_p99_s", report.p99),
+                ("p_nonnegative", report.p_nonneg), ("p_nonnegative_lower", report.p_nonneg_lower),
+                ("target", report.target), ("inference_s", report.L_inference), ("roofline_x", report.X),
+                ("roofline_y", report.Y))]
+        inputs = DiagnosticStatus(name=f"{NODE_NAME}: inputs and loop", hardware_id=self.p["model.id"])
+        inputs.level = DiagnosticStatus.WARN if grown else DiagnosticStatus.OK
+        inputs.message = ("problems this period: " + ", ".join(grown)) if grown else "ok"
+        inputs.values = [KeyValue(key=k, value=str(v)) for k, v in counters.items()]
+        array = DiagnosticArray(status=[margin, inputs])
+        array.header.stamp = self.get_clock().now().to_msg()
+        with self._publish_lock:
+            self.diag_pub.publish(array)
+
+    def destroy_node(self) -> None:
+        self.loop.close()
+        super().destroy_node()
+
+
+def main(args: Optional[list] = None) -> None:
+    rclpy.init(args=args)
+    node = None
+    try:
+        node = PolicyNode()
+        executor = SingleThreadedExecutor()
+        executor.add_node(node)
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None:
+            node.destroy_node()
+        rclpy.try_shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The node's parameters: one table with type, default, range and description.
+
+Declaring from a table keeps the YAML files, the launch file and the docs honest:
+every parameter is typed and documented where it is declared, and read-only
+parameters (those that size buffers or pick the model) cannot change under a
+running node.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+
+
+@dataclass(frozen=True)
+class Spec:
+    default: Any
+    description: str
+    range: Optional[tuple[float, float]] = None
+    choices: tuple[str, ...] = ()
+
+
+# name -> spec; dotted names become nested YAML keys under ros__parameters.
+SPECS: dict[str, Spec] = {
+    # Model
+    "model.type": Spec("pi05", "policy adapter to load", choices=("pi05",)),
+    "model.id": Spec("pi05", "model id written into every ActionChunk"),
+    "model.checkpoint": Spec("", "LeRobot/openpi checkpoint folder (config.json + model.safetensors); "
+                                 "empty with model.random_init runs random weights for tests"),
+    "model.tokenizer": Spec("", "SentencePiece tokenizer.model file"),
+    "model.norm_stats": Spec("", "normalization stats (norm_stats.json); empty: checkpoint folder's"),
+    "model.device": Spec("cuda", "torch device", choices=("cuda", "cpu")),
+    "model.dtype": Spec("bfloat16", "weights/activations dtype", choices=("bfloat16", "float32")),
+    "model.cuda_graphs": Spec(True, "replay prefix and denoising loop from CUDA graphs (cuda only)"),
+    "model.noise_seed": Spec(0, "seed of the flow-matching noise generator", range=(0, 2**31 - 1)),
+    "model.warmup_runs": Spec(2, "inferences run before the node starts acting (graph capture, cold start)",
+                              range=(0, 100)),
+    # Cameras: parallel arrays, one entry per policy camera slot, in slot order.
+    "cameras.slots": Spec(["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"],
+                          "policy camera slot names, in the model's slot order"),
+    "cameras.topics": Spec(["cameras/base/image", "cameras/left_wrist/image", "cameras/right_wrist/image"],
+                           "image topic per slot (remap these in the launch file)"),
+    "cameras.compressed": Spec([False, False, False],
+                               "per slot: true subscribes sensor_msgs/CompressedImage, false sensor_msgs/Image"),
+    "cameras.required": Spec([True, True, False],
+                             "per slot: a required camera that is missing or old makes the observation stale; "
+                             "an optional one is masked out instead"),
+    "max_observation_age": Spec(0.25, "a required camera older than this (s) makes the observation stale",
+                                range=(0.001, 10.0)),
+    # State and instruction
+    "state.topic": Spec("joint_states", "sensor_msgs/JointState topic"),
+    "state.joint_names": Spec(["joint_0", "joint_1", "joint_2", "joint_3", "joint_4", "joint_5", "gripper"],
+                              "joint names in the policy's state order"),
+    "state.max_age": Spec(0.25, "state older than this (s) makes the observation stale", range=(0.001, 10.0)),
+    "instruction.topic": Spec("instruction", "std_msgs/String topic (transient local)"),
+    "instruction.default": Spec("", "instruction used until one arrives; empty waits for one"),
+    # Control
+    "control.dt": Spec(0.02, "action period (s); the action timer runs at 1/dt", range=(0.001, 1.0)),
+    "control.horizon": Spec(50, "actions per chunk (H)", range=(1, 1000)),
+    "control.action_names": Spec(["joint_0", "joint_1", "joint_2", "joint_3", "joint_4", "joint_5", "gripper"],
+                                 "names of the D action values, in the policy's action order"),
+    "control.deadline_policy": Spec("hold_last", "what the timer does when the chunk runs out",
+                                    choices=("hold_last", "stop", "extrapolate_tail")),
+    # Real-time chunking
+    "rtc.mode": Spec("guided", "real-time chunking mode", choices=("guided", "trained", "off")),
+    "rtc.schedule": Spec("exp", "soft-mask schedule over the overlap", choices=("exp", "linear")),
+    "rtc.overlap": Spec(5, "s: the next inference starts when this many actions of the current chunk remain "
+                           "beyond the expected delay d", range=(0, 1000)),
+    "rtc.delay_quantile": Spec(0.95, "quantile of measured latency used as the expected delay d",
+                               range=(0.5, 1.0)),
+    "rtc.max_guidance": Spec(10.0, "largest guidance weight", range=(0.0, 100.0)),
+    # Outputs
+    "output.command_topic": Spec("command", "per-tick command topic"),
+    "output.command_type": Spec("joint_trajectory", "per-tick command message",
+                                choices=("joint_trajectory", "float64_multi_array")),
+    "output.chunk_topic": Spec("action_chunk", "phyai_ros/ActionChunk topic"),
+    "output.chunk_trajectory_topic": Spec("", "if set, every chunk is also published as a JointTrajectory "
+                                              "(for ros2_control's joint_trajectory_controller)"),
+    "output.margin_topic": Spec("control_margin", "phyai_ros/ControlMargin topic"),
+    # Margin monitor
+    "margin.window": Spec(500, "chunks in the sliding statistics window", range=(1, 100000)),
+    "margin.eps": Spec(0.01, "budget: P(M_ctrl >= 0) >= 1 - eps", range=(0.0, 1.0)),
+    "margin.confidence": Spec(0.95, "confidence of the lower bound on P(M_ctrl >= 0)", range=(0.5, 0.9999)),
+    "margin.min_samples": Spec(20, "chunks needed in the window before the status can be OK", range=(1, 100000)),
+    "margin.error_probability": Spec(0.8, "ERROR when the estimated P(M_ctrl >= 0) falls below this; between "
+                                          "this and an OK lower bound the status is WARN", range=(0.0, 1.0)),
+    "margin.error_consecutive_misses": Spec(3, "ERROR when this many chunks in a row had M_ctrl < 0",
+                                            range=(1, 1000)),
+    "diagnostics.period": Spec(1.0, "seconds between /diagnostics reports", range=(0.05, 60.0)),
+}
+
+# Parameters that size buffers or pick the model: fixed for the node's lifetime.
+READ_ONLY_PREFIXES = ("model.", "cameras.", "state.joint_names", "control.", "rtc.", "output.")
+
+
+def descriptor(name: str, spec: Spec) -> ParameterDescriptor:
+    text = spec.description + (f" (one of: {', '.join(spec.choices)})" if spec.choices else "")
+    desc = ParameterDescriptor(description=text, read_only=name.startswith(READ_ONLY_PREFIXES))
+    if spec.range is not None and not isinstance(spec.default, bool):
+        lo, hi = spec.range
+        if isinstance(spec.default, int):
+            desc.integer_range = [IntegerRange(from_value=int(lo), to_value=int(hi), step=0)]
+        else:
+            desc.floating_point_range = [FloatingPointRange(from_value=float(lo), to_value=float(hi), step=0.0)]
+    return desc
+
+
+class ParameterError(ValueError):
+    """Parameters that contradict each other or name a bad choice."""
+
+
+def declare_and_read(node) -> dict[str, Any]:
+    """Declare every parameter on an rclpy node and return their values by name, validated."""
+    values = {}
+    for name, spec in SPECS.items():
+        node.declare_parameter(name, spec.default, descriptor(name, spec))
+        values[name] = node.get_parameter(name).value
+    validate(values)
+    return values
+
+
+def validate(values: dict[str, Any]) -> None:
+    for name, spec in SPECS.items():
+        if spec.choices and values[name] not in spec.choices:
+            raise ParameterError(f"{name} = {values[name]!r}: must be one of {', '.join(spec.choices)}")
+    n = len(values["cameras.slots"])
+    for key in ("cameras.topics", "cameras.compressed", "cameras.required"):
+        if len(values[key]) != n:
+            raise ParameterError(f"{key} has {len(values[key])} entries for {n} cameras.slots")
+    if not values["state.joint_names"]:
+        raise ParameterError("state.joint_names is empty")
+    if not values["control.action_names"]:
+        raise ParameterError("control.action_names is empty")
+    if values["rtc.overlap"] >= values["control.horizon"]:
+        raise ParameterError(
+            f"rtc.overlap ({values['rtc.overlap']}) must be below control.horizon ({values['control.horizon']})")

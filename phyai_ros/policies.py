@@ -1,0 +1,106 @@
+"""The control loop's policy callable, built from node parameters.
+
+``ControlPolicy`` is the bridge between the ROS-free control loop (snapshots, RTC
+requests in robot units) and a model adapter (preprocessing, normalization, the
+solver's RTC tensors), optionally executed by the runtime's runner (static buffers,
+CUDA graphs). It holds no ROS and no control logic: one observation in, one
+unnormalized [H, D] chunk out.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from phyai_ros.control import ObservationSnapshot
+from phyai_ros.control import RtcRequest as LoopRtcRequest
+from phyai_ros.models.pi05 import Pi05Policy, RtcParams
+from phyai_ros.runtime.runner import FlowRunner
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class ControlPolicy:
+    """policy(snapshot, rtc) -> float32 [H, D] in robot units, for ``ControlLoop``."""
+
+    def __init__(self, adapter: Pi05Policy, runner: Optional[FlowRunner] = None, noise_seed: int = 0,
+                 max_guidance: float = 10.0):
+        self.adapter = adapter
+        self.runner = runner
+        self.max_guidance = float(max_guidance)
+        self.generator = torch.Generator().manual_seed(int(noise_seed))
+
+    @property
+    def camera_slots(self) -> list[str]:
+        return list(self.adapter.camera_names)
+
+    def _rtc(self, rtc: Optional[LoopRtcRequest]) -> Optional[RtcParams]:
+        if rtc is None or rtc.mode == "off":
+            return None
+        if rtc.mode != "guided":
+            raise ValueError(f"RTC mode {rtc.mode!r} is not supported by the {type(self.adapter).__name__} adapter")
+        prev = torch.from_numpy(np.ascontiguousarray(rtc.prefix, dtype=np.float32)).to(self.adapter.device)
+        # The loop's Y starts at the new chunk's action 0, so LeRobot's execution horizon
+        # (where the soft mask reaches 0) is the length of Y: H - s in the paper's terms.
+        return RtcParams(self.adapter.normalize_actions(prev), rtc.d, rtc.n, rtc.schedule, self.max_guidance)
+
+    def __call__(self, snapshot: ObservationSnapshot, rtc: Optional[LoopRtcRequest] = None) -> np.ndarray:
+        images = {slot: snapshot.images.get(slot) if snapshot.image_mask.get(slot, False) else None
+                  for slot in self.camera_slots}
+        return self.predict(images, snapshot.state, snapshot.instruction, rtc)
+
+    def predict(self, images: dict, state: np.ndarray, task: str, rtc: Optional[LoopRtcRequest] = None
+                ) -> np.ndarray:
+        a = self.adapter
+        inputs = a.prepare(images, state, task)
+        noise = a.make_noise(1, generator=self.generator)
+        params = self._rtc(rtc)
+        if self.runner is None:
+            x = a.sample_actions(inputs, noise, params)
+        else:
+            guide = a.rtc_guide(params, 1) if params is not None else None
+            bucket = self.runner.set_observation(inputs.images, inputs.image_masks, inputs.tokens,
+                                                 inputs.token_masks)
+            x = self.runner.sample(bucket, noise, guide)
+        return a.unnormalize_actions(x)[0].to("cpu", torch.float32).numpy()
+
+    def warmup(self, runs: int, state_dim: int) -> None:
+        """Run the whole path on a synthetic observation (cold start, graph capture) before acting."""
+        rng = np.random.default_rng(0)
+        images = {slot: rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for slot in self.camera_slots}
+        for _ in range(runs):
+            self.predict(images, np.zeros(state_dim, dtype=np.float32), "warm up")
+
+
+def build_policy(p: dict, logger=None) -> ControlPolicy:
+    """Load the adapter named by ``model.type`` and wrap it (with a runner on CUDA)."""
+    if p["model.type"] != "pi05":
+        raise ValueError(f"model.type {p['model.type']!r} is not available (choices: pi05)")
+    checkpoint = Path(p["model.checkpoint"])
+    if not p["model.checkpoint"] or not checkpoint.is_dir():
+        raise FileNotFoundError(f"model.checkpoint: no checkpoint folder at '{p['model.checkpoint']}'")
+    if not p["model.tokenizer"] or not Path(p["model.tokenizer"]).is_file():
+        raise FileNotFoundError(f"model.tokenizer: no tokenizer file at '{p['model.tokenizer']}'")
+    device = p["model.device"]
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("model.device is 'cuda' but no CUDA device is available (use a CPU config)")
+    adapter = Pi05Policy.from_files(checkpoint, p["model.tokenizer"], p["model.norm_stats"] or None,
+                                    camera_names=list(p["cameras.slots"]), device=device,
+                                    dtype=DTYPES[p["model.dtype"]])
+    names = p["control.action_names"]
+    if len(names) != adapter.action_dim:
+        raise ValueError(f"control.action_names has {len(names)} names; the policy acts in {adapter.action_dim} dims")
+    if len(p["state.joint_names"]) != adapter.state_dim:
+        raise ValueError(f"state.joint_names has {len(p['state.joint_names'])} names; the policy's state has "
+                         f"{adapter.state_dim} dims")
+    if p["control.horizon"] != adapter.chunk_size:
+        raise ValueError(f"control.horizon {p['control.horizon']} != the model's chunk size {adapter.chunk_size}")
+    cfg = adapter.config
+    runner = FlowRunner(adapter.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim,
+                        use_graphs=p["model.cuda_graphs"]) if device == "cuda" else None
+    policy = ControlPolicy(adapter, runner, p["model.noise_seed"], p["rtc.max_guidance"])
+    if p["model.warmup_runs"]:
+        policy.warmup(p["model.warmup_runs"], adapter.state_dim)
+    return policy

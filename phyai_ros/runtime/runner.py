@@ -1,0 +1,158 @@
+"""The flow-policy runner: static buffers, the prefix cache and CUDA-graph replay.
+
+Ownership (see DESIGN): the adapter says *what* to compute (stage functions, the
+solver update, the RTC tensors); the runner owns *how*: per-bucket static input
+buffers, the prefix KV cache and its validity, precomputed time tables, and three
+captured graphs per bucket (vision+embedding, prefix KV, the whole denoising loop
+with its RTC guidance). On the CPU, or with graphs off, the same functions run
+eagerly on the same buffers, so both paths compute the same thing.
+
+The model object must provide the pi-family stage API::
+
+    embed_prefix(images, image_masks, tokens, token_masks) -> (embs, pad)
+    prefix_kv(embs, pad) -> kv
+    suffix_context(pad) -> ctx
+    time_modulation(t_table) -> per-step tables (indexable by step)
+    denoise_velocity(x_t, kv, ctx=ctx, modulation=table_k) -> v
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from phyai_ros.models.common import solver
+from phyai_ros.runtime.graphs import CapturedCall, GraphRegistry
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class _Bucket:
+    """Static buffers of one (batch, prefix length) shape bucket, and its graphs."""
+
+    images: Tensor
+    image_masks: Tensor
+    tokens: Tensor
+    token_masks: Tensor
+    noise: Tensor
+    rtc_y: Tensor
+    rtc_weights: Tensor
+    rtc_guidance: Tensor
+    vision: Optional[CapturedCall] = None
+    prefix: Optional[CapturedCall] = None
+    loop: Optional[CapturedCall] = None
+    prefix_for: Optional[int] = None   # id of the observation the prefix state holds, None = invalid
+
+
+class FlowRunner:
+    """Runs prefix + Euler loop (+ identity-form RTC guidance) for one model on one device."""
+
+    def __init__(self, model, num_steps: int, chunk_size: int, action_dim: int, use_graphs: bool = True):
+        self.model = model
+        self.device = model.device
+        self.num_steps, self.chunk_size, self.action_dim = num_steps, chunk_size, action_dim
+        self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
+        with torch.no_grad():
+            self.t_table, self.dt = solver.euler_schedule(num_steps, device=self.device)
+            self.tables = model.time_modulation(self.t_table)   # before the loop, once per model
+        self.registry = GraphRegistry() if self.use_graphs else None
+        self._buckets: dict[tuple, _Bucket] = {}
+        self._observation_ids = itertools.count(1)
+
+    # ---------------------------------------------------------------- stages as capture-safe functions
+    def _vision(self, images, image_masks, tokens, token_masks):
+        return self.model.embed_prefix(images, image_masks, tokens, token_masks)
+
+    def _prefix(self, embs, pad):
+        return self.model.prefix_kv(embs, pad), self.model.suffix_context(pad)
+
+    def _loop(self, kv, ctx, noise, y, weights, guidance):
+        x = noise
+        for k in range(self.num_steps):
+            t = self.t_table[k]
+            v = self.model.denoise_velocity(x, kv, ctx=ctx, modulation=self.tables[k])
+            # Zero weights (RTC off) make this exactly v: one graph serves both.
+            v = solver.rtc_guided_velocity(x, v, t, y, weights, guidance[k])
+            x = solver.euler_step(x, v, self.dt)
+        return x
+
+    # ---------------------------------------------------------------- buffers
+    def _bucket(self, batch: int, n_slots: int, size: int, n_tokens: int) -> _Bucket:
+        key = (batch, n_slots * 256, n_tokens, size)
+        b = self._buckets.get(key)
+        if b is None:
+            dev, f32 = self.device, torch.float32
+            b = _Bucket(
+                images=torch.zeros(batch, n_slots, 3, size, size, device=dev, dtype=f32),
+                image_masks=torch.zeros(batch, n_slots, device=dev, dtype=torch.bool),
+                tokens=torch.zeros(batch, n_tokens, device=dev, dtype=torch.long),
+                token_masks=torch.zeros(batch, n_tokens, device=dev, dtype=torch.bool),
+                noise=torch.zeros(batch, self.chunk_size, self.action_dim, device=dev, dtype=f32),
+                rtc_y=torch.zeros(batch, self.chunk_size, self.action_dim, device=dev, dtype=f32),
+                rtc_weights=torch.zeros(self.chunk_size, device=dev, dtype=f32),
+                rtc_guidance=torch.zeros(self.num_steps, device=dev, dtype=f32),
+            )
+            self._buckets[key] = b
+        return b
+
+    def buckets(self) -> list:
+        return list(self._buckets)
+
+    # ---------------------------------------------------------------- execution
+    @torch.no_grad()
+    def set_observation(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor) -> _Bucket:
+        """Copy a new observation into its bucket and compute its prefix state (invalidating the old one)."""
+        batch, n_slots, _, size, _ = images.shape
+        b = self._bucket(batch, n_slots, size, tokens.shape[1])
+        b.prefix_for = None
+        b.images.copy_(images, non_blocking=True)
+        b.image_masks.copy_(image_masks, non_blocking=True)
+        b.tokens.copy_(tokens, non_blocking=True)
+        b.token_masks.copy_(token_masks, non_blocking=True)
+        if self.use_graphs:
+            if b.vision is None:
+                b.vision = self.registry.capture(("vision",) + self._key(b), self._vision,
+                                                 (b.images, b.image_masks, b.tokens, b.token_masks))
+                b.prefix = self.registry.capture(("prefix",) + self._key(b), self._prefix, tuple(b.vision.outputs))
+            b.vision.replay()
+            b.prefix.replay()
+        else:
+            embs, pad = self._vision(b.images, b.image_masks, b.tokens, b.token_masks)
+            b.prefix = CapturedCall(graph=None, inputs=(), outputs=self._prefix(embs, pad))
+        b.prefix_for = next(self._observation_ids)
+        return b
+
+    @torch.no_grad()
+    def sample(self, bucket: _Bucket, noise: Tensor, guide: Optional[solver.RtcGuide] = None) -> Tensor:
+        """Denoise from ``noise`` (x at t=1) against the bucket's prefix state; returns x at t=0.
+
+        The returned tensor is the bucket's static output under graphs: the next call overwrites it.
+        """
+        if bucket.prefix_for is None:
+            raise RuntimeError("prefix state is invalid: call set_observation() for the new observation first")
+        if guide is not None and guide.jacobian != "identity":
+            raise ValueError("the runner captures the identity-form RTC step only; use the adapter's eager "
+                             "solver for jacobian='vjp'")
+        bucket.noise.copy_(noise, non_blocking=True)
+        if guide is None:
+            bucket.rtc_weights.zero_()
+            bucket.rtc_guidance.zero_()
+            bucket.rtc_y.zero_()
+        else:
+            bucket.rtc_y.copy_(guide.y, non_blocking=True)
+            bucket.rtc_weights.copy_(guide.weights, non_blocking=True)
+            bucket.rtc_guidance.copy_(guide.guidance, non_blocking=True)
+        kv, ctx = bucket.prefix.outputs
+        args = (kv, ctx, bucket.noise, bucket.rtc_y, bucket.rtc_weights, bucket.rtc_guidance)
+        if not self.use_graphs:
+            return self._loop(*args)
+        if bucket.loop is None:
+            bucket.loop = self.registry.capture(("loop",) + self._key(bucket), self._loop, args)
+        return bucket.loop.replay()
+
+    @staticmethod
+    def _key(b: _Bucket) -> tuple:
+        return (b.images.shape[0], b.images.shape[1] * 256 + b.tokens.shape[1])

@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""pi0.5 runtime benchmark on a CUDA device: latency, stages, batching, memory, start-up, roofline.
+
+Builds a random-weight pi0.5 checkpoint in the LeRobot layout (full size by default,
+bf16), loads it through the real loader, and times the runner (CUDA graphs) from
+preprocessed inputs to the action chunk, as LeRobot's ``sample_actions`` is timed.
+Prints a table and writes everything as JSON to --out.
+
+    python scripts/bench_runtime.py --out /tmp/bench            # full pi0.5, 3 cameras, 10 steps
+    python scripts/bench_runtime.py --config mid --iters 50     # smaller model, quick check
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+T_PROCESS = time.perf_counter()
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from phyai_ros.models.common.config import GemmaConfig, SiglipConfig  # noqa: E402
+from phyai_ros.models.pi05 import Pi05Config, Pi05Policy  # noqa: E402
+from phyai_ros.models.pi05.checkpoint import lerobot_key_shapes  # noqa: E402
+from phyai_ros.runtime.roofline import pi05_stage_costs  # noqa: E402
+from phyai_ros.runtime.runner import FlowRunner  # noqa: E402
+
+DEVICE, DTYPE = "cuda", torch.bfloat16  # --device cpu: a float32 smoke run of the same code
+CAMERAS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+TASK = "pick up the red block and place it in the blue bowl on the left side of the table"
+
+
+def config(name: str) -> Pi05Config:
+    if name == "full":
+        return Pi05Config()
+    if name == "mid":
+        return Pi05Config(vlm=GemmaConfig(width=1024, depth=6, mlp_dim=4096),
+                          expert=GemmaConfig(width=512, depth=6, mlp_dim=2048),
+                          siglip=SiglipConfig(width=384, depth=6, num_heads=6, mlp_dim=1536), vocab_size=32000)
+    raise SystemExit(f"unknown config {name}")
+
+
+def write_checkpoint(path: Path, cfg: Pi05Config, std: float = 0.02) -> float:
+    """Random bf16 weights drawn on the GPU, saved in the LeRobot layout; returns seconds."""
+    from safetensors.torch import save_file
+
+    from phyai_ros.models.pi05.checkpoint import make_random_checkpoint
+    t = time.perf_counter()
+    # Small files (config, dims, stats) from the package's own writer with a tiny model, then
+    # the full-size weights drawn on the GPU (the CPU generator would take minutes).
+    make_random_checkpoint(path, Pi05Config(vlm=GemmaConfig(width=16, depth=1, mlp_dim=16, num_heads=1,
+                                                             head_dim=16),
+                                            expert=GemmaConfig(width=16, depth=1, mlp_dim=16, num_heads=1,
+                                                               head_dim=16),
+                                            siglip=SiglipConfig(width=16, depth=1, num_heads=1, mlp_dim=16),
+                                            vocab_size=cfg.vocab_size, token_budget=cfg.token_budget),
+                           dtype=torch.bfloat16, include_unused=False)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    weights = {k: (torch.randn(s, generator=gen, device=DEVICE, dtype=torch.float32) * std).to(DTYPE).cpu()
+               for k, s in sorted(lerobot_key_shapes(cfg).items())}
+    save_file(weights, str(path / "model.safetensors"))
+    (path / "model_dims.json").write_text(json.dumps(cfg.to_model_dims(), indent=2))
+    return time.perf_counter() - t
+
+
+def load_policy(ckpt: Path, tokenizer: Path) -> Pi05Policy:
+    return Pi05Policy.from_files(ckpt, tokenizer, ckpt / "norm_stats.json", camera_names=list(CAMERAS),
+                                 device=DEVICE, dtype=DTYPE)
+
+
+def observation(rng, batch: int, size=(480, 640)):
+    images = {c: rng.integers(0, 256, (batch, *size, 3), dtype=np.uint8) for c in CAMERAS}
+    return images, rng.standard_normal((batch, 8)).astype(np.float32)
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def cuda_ms(fn, iters: int, warmup: int = 3) -> list[float]:
+    """Milliseconds per call: CUDA events on the GPU, the host clock on the CPU."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    out = []
+    for _ in range(iters):
+        if DEVICE == "cpu":
+            t = time.perf_counter()
+            fn()
+            out.append(1e3 * (time.perf_counter() - t))
+            continue
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return out
+
+
+def reset_peak() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gb() -> float:
+    return torch.cuda.max_memory_allocated() / 1e9 if DEVICE == "cuda" else float("nan")
+
+
+def pct(xs, q):
+    return float(np.percentile(np.asarray(xs), q))
+
+
+def ceilings() -> dict:
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    gemm = statistics.median(cuda_ms(lambda: a @ b, 10))
+    src = torch.randn(2 ** 30, device="cuda", dtype=torch.float32)  # 4 GiB
+    dst = torch.empty_like(src)
+    copy = statistics.median(cuda_ms(lambda: dst.copy_(src), 10))
+    del a, b, src, dst
+    torch.cuda.empty_cache()
+    return {"gemm_tflops": 2 * n ** 3 / gemm / 1e9, "copy_tbps": 2 * 4 * 2 ** 30 / copy / 1e9}
+
+
+def first_chunk(ckpt: Path, tokenizer: Path) -> dict:
+    """What a fresh process does before the robot can act: load, warm up (capture), first chunk."""
+    t0 = time.perf_counter()
+    policy = load_policy(ckpt, tokenizer)
+    sync()
+    t_load = time.perf_counter()
+    cfg = policy.config
+    runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=DEVICE == "cuda")
+    images, state = observation(np.random.default_rng(0), 1)
+    inputs = policy.prepare(images, state, TASK)
+    noise = policy.make_noise(1)
+    runner.sample(runner.set_observation(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks),
+                  noise)
+    sync()
+    t_capture = time.perf_counter()
+    images, state = observation(np.random.default_rng(1), 1)
+    inputs = policy.prepare(images, state, TASK)
+    x = runner.sample(runner.set_observation(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks),
+                      noise)
+    policy.unnormalize_actions(x).cpu()
+    t_first = time.perf_counter()
+    return {"import_s": t0 - T_PROCESS, "load_s": t_load - t0, "warmup_capture_s": t_capture - t_load,
+            "first_chunk_s": t_first - t_capture, "in_process_total_s": t_first - T_PROCESS}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="full", choices=("full", "mid"))
+    ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--batches", default="1,2,4,8,16,32")
+    ap.add_argument("--batch-iters", type=int, default=20)
+    ap.add_argument("--tokenizer", type=Path,
+                    default=REPO.parent / "shared" / "fixtures" / "lerobot_parity" / "tokenizer" / "tokenizer.model")
+    ap.add_argument("--checkpoint", type=Path, default=Path("/tmp/phyai_bench_ckpt"))
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "bench_runtime.json")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="cpu: float32 smoke run of the same code path (no graphs, host timing)")
+    ap.add_argument("--first-chunk", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    global DEVICE, DTYPE
+    DEVICE, DTYPE = args.device, (torch.bfloat16 if args.device == "cuda" else torch.float32)
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("bench_runtime: no CUDA device; nothing to measure (try --device cpu --config mid)")
+        return
+    if args.first_chunk:
+        print(json.dumps(first_chunk(args.checkpoint, args.tokenizer)))
+        return
+
+    cfg = config(args.config)
+    res: dict = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__, "config": args.config,
+                 "cameras": len(CAMERAS), "prefix_len": cfg.prefix_len(len(CAMERAS)), "steps": cfg.num_steps,
+                 "date": time.strftime("%Y-%m-%d")}
+    res["ceilings"] = ceilings() if DEVICE == "cuda" else {"gemm_tflops": 1.0, "copy_tbps": 0.05}
+    res["checkpoint_write_s"] = write_checkpoint(args.checkpoint, cfg)
+    res["checkpoint_gb"] = (args.checkpoint / "model.safetensors").stat().st_size / 1e9
+
+    t = time.perf_counter()
+    child = subprocess.run([sys.executable, __file__, "--first-chunk", "--device", DEVICE,
+                            "--checkpoint", str(args.checkpoint),
+                            "--tokenizer", str(args.tokenizer)], capture_output=True, text=True)
+    res["startup"] = {"process_wall_s": time.perf_counter() - t}
+    try:
+        res["startup"].update(json.loads(child.stdout.strip().splitlines()[-1]))
+    except (IndexError, json.JSONDecodeError):
+        res["startup"]["error"] = child.stderr[-2000:]
+    print(f"start-up to first chunk: {res['startup']}", flush=True)
+
+    policy = load_policy(args.checkpoint, args.tokenizer)
+    runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=DEVICE == "cuda")
+    rng = np.random.default_rng(0)
+
+    def prepared(batch):
+        images, state = observation(rng, batch)
+        return policy.prepare(images, state, TASK), policy.make_noise(batch)
+
+    # Batch 1: whole chunk (copy inputs in, three replays), >= 200 runs.
+    reset_peak()
+    inputs, noise = prepared(1)
+
+    def chunk():
+        b = runner.set_observation(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
+        return runner.sample(b, noise)
+
+    lat = cuda_ms(chunk, args.iters, warmup=5)
+    res["batch1"] = {"median_ms": statistics.median(lat), "p90_ms": pct(lat, 90), "p99_ms": pct(lat, 99),
+                     "min_ms": min(lat), "runs": len(lat), "peak_mem_gb": peak_gb()}
+    # Host CPU time per chunk (launch side only: copies + replays, no waiting).
+    sync()
+    cpu = []
+    for _ in range(50):
+        c0 = time.process_time()
+        chunk()
+        cpu.append(time.process_time() - c0)
+        sync()
+    res["batch1"]["host_cpu_ms"] = 1e3 * statistics.median(cpu)
+
+    # Stage breakdown from the three graphs of the bucket.
+    bucket = runner.set_observation(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
+    runner.sample(bucket, noise)
+    if runner.use_graphs:
+        stages = {"vision": bucket.vision.replay, "prefix": bucket.prefix.replay, "loop": bucket.loop.replay}
+    else:  # the same stage functions, eagerly
+        embs = runner._vision(bucket.images, bucket.image_masks, bucket.tokens, bucket.token_masks)
+        kv, ctx = runner._prefix(*embs)
+        loop_args = (kv, ctx, bucket.noise, bucket.rtc_y, bucket.rtc_weights, bucket.rtc_guidance)
+        stages = {"vision": lambda: runner._vision(bucket.images, bucket.image_masks, bucket.tokens,
+                                                   bucket.token_masks),
+                  "prefix": lambda: runner._prefix(*embs), "loop": lambda: runner._loop(*loop_args)}
+    costs = pi05_stage_costs(cfg, 1, len(CAMERAS))
+    peak, bw = res["ceilings"]["gemm_tflops"] * 1e12, res["ceilings"]["copy_tbps"] * 1e12
+    res["stages"] = {}
+    for name, fn in stages.items():
+        ms = statistics.median(cuda_ms(fn, 50))
+        c = costs[name]
+        res["stages"][name] = {"ms": ms, "tflop": c.flops / 1e12, "gbytes": c.bytes / 1e9, "intensity": c.intensity,
+                               "achieved_tflops": c.flops / ms / 1e9, "floor_ms": 1e3 * c.floor_s(peak, bw)}
+    res["floor_ms"] = sum(s["floor_ms"] for s in res["stages"].values())
+
+    # Full policy path as the node runs it (480x640 uint8 in, robot-unit actions out), host timed.
+    images, state = observation(rng, 1)
+    def full():
+        x = policy.prepare(images, state, TASK)
+        b = runner.set_observation(x.images, x.image_masks, x.tokens, x.token_masks)
+        return policy.unnormalize_actions(runner.sample(b, noise)).cpu()
+    for _ in range(3):
+        full()
+    wall = []
+    for _ in range(50):
+        t = time.perf_counter()
+        full()
+        wall.append(1e3 * (time.perf_counter() - t))
+    res["policy_path_ms"] = {"median": statistics.median(wall), "p99": pct(wall, 99)}
+
+    # Batching: T_sync(B), Q(B) = B / T_sync, T_amort(B) = T_sync / B.
+    res["batching"] = {}
+    for b in [int(x) for x in args.batches.split(",")]:
+        inputs_b, noise_b = prepared(b)
+        reset_peak()
+
+        def chunk_b():
+            bk = runner.set_observation(inputs_b.images, inputs_b.image_masks, inputs_b.tokens, inputs_b.token_masks)
+            return runner.sample(bk, noise_b)
+
+        t_sync = statistics.median(cuda_ms(chunk_b, args.batch_iters))
+        res["batching"][b] = {"T_sync_ms": t_sync, "Q_per_s": 1e3 * b / t_sync, "T_amort_ms": t_sync / b,
+                              "peak_mem_gb": peak_gb()}
+        print(f"batch {b}: {res['batching'][b]}", flush=True)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=1))
+    b1 = res["batch1"]
+    print(f"\npi0.5 {args.config} on {res['device']} (prefix {res['prefix_len']}, {cfg.num_steps} steps, bf16)")
+    print(f"batch 1: median {b1['median_ms']:.2f} ms  p90 {b1['p90_ms']:.2f}  p99 {b1['p99_ms']:.2f}  "
+          f"({b1['runs']} runs), host CPU {b1['host_cpu_ms']:.2f} ms/chunk, peak {b1['peak_mem_gb']:.1f} GB")
+    print(f"ceilings: GEMM {res['ceilings']['gemm_tflops']:.0f} TFLOP/s, copy {res['ceilings']['copy_tbps']:.2f} TB/s;"
+          f" roofline floor {res['floor_ms']:.2f} ms")
+    print(f"{'stage':8} {'ms':>7} {'TFLOP':>7} {'GB':>6} {'FLOP/B':>7} {'TFLOP/s':>8} {'floor ms':>8}")
+    for name, s in res["stages"].items():
+        print(f"{name:8} {s['ms']:7.2f} {s['tflop']:7.3f} {s['gbytes']:6.2f} {s['intensity']:7.0f} "
+              f"{s['achieved_tflops']:8.0f} {s['floor_ms']:8.2f}")
+    print(f"policy path (480x640 uint8 -> actions, host timed): median {res['policy_path_ms']['median']:.2f} ms")
+    print(f"{'B':>3} {'T_sync ms':>10} {'Q /s':>8} {'T_amort ms':>10} {'mem GB':>7}")
+    for b, r in res["batching"].items():
+        print(f"{b:>3} {r['T_sync_ms']:10.2f} {r['Q_per_s']:8.1f} {r['T_amort_ms']:10.2f} {r['peak_mem_gb']:7.1f}")
+    print(f"start-up: {res['startup']}")
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,327 @@
+"""Fused Triton kernels (phyai_ros.kernels) against their fp32 torch references.
+
+Without CUDA the kernels run on CPU tensors through Triton's interpreter
+(TRITON_INTERPRET=1, set here before triton is imported); with CUDA the same
+small-shape tests run compiled on the GPU.  Real pi0.5 shapes and bf16 live in
+test_kernels_gpu.py (``gpu`` marker).
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from phyai_ros.kernels import _common  # noqa: E402
+from phyai_ros.kernels import ada_rms_norm as ada  # noqa: E402
+from phyai_ros.kernels import geglu as gg  # noqa: E402
+from phyai_ros.kernels import rms_norm as rn  # noqa: E402
+from phyai_ros.kernels import split_kv_attention as ska  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEVICE = "cpu" if _common.interpret_mode() else "cuda"
+needs_triton = pytest.mark.skipif(not _common.available(), reason="triton not usable here")
+TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 vs fp32 torch reference
+# the interpreter turns 0-d index tensors into ints through a numpy path that warns
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+
+def _rand(*shape, scale=1.0, seed=None):
+    g = torch.Generator().manual_seed(seed if seed is not None else hash(shape) % (2 ** 31))
+    return (torch.randn(*shape, generator=g) * scale).to(DEVICE)
+
+
+def _nan(*shape, dtype=torch.float32):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+# --------------------------------------------------------------------------- packaging
+def test_import_without_triton():
+    """Modules import on a machine without triton; available() says False and the
+    fused ops raise a clear error; the references still work."""
+    code = textwrap.dedent("""
+        import sys
+        class _Block:
+            def find_spec(self, name, path=None, target=None):
+                if name == "triton" or name.startswith("triton."):
+                    raise ImportError("blocked for test")
+        sys.meta_path.insert(0, _Block())
+        import torch
+        from phyai_ros.kernels import rms_norm, ada_rms_norm, geglu, split_kv_attention
+        for m in (rms_norm, ada_rms_norm, geglu, split_kv_attention):
+            assert m.available() is False, m
+        x = torch.randn(3, 8); w = torch.randn(8)
+        rms_norm.rms_norm_ref(x, w)
+        try:
+            rms_norm.rms_norm(x, w)
+        except RuntimeError as e:
+            assert "triton" in str(e)
+        else:
+            raise AssertionError("expected RuntimeError")
+        print("ok")
+    """)
+    env = dict(os.environ, PYTHONPATH=REPO)
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_kernels_dir_is_not_a_regular_package():
+    assert not os.path.exists(os.path.join(REPO, "kernels", "__init__.py"))
+
+
+# --------------------------------------------------------------------------- rms_norm
+@needs_triton
+@pytest.mark.parametrize("rows,width", [(7, 64), (33, 96), (64, 256), (9, 144)])
+def test_rms_norm(rows, width):
+    x, w = _rand(rows, width, scale=3.0), _rand(width)
+    out = _nan(rows, width)
+    y = rn.rms_norm(x, w, 1e-6, out=out)
+    assert y is out
+    torch.testing.assert_close(y, rn.rms_norm_ref(x, w, 1e-6), **TOL)
+
+
+@needs_triton
+def test_rms_norm_3d_and_strided_rows():
+    base = _rand(2, 5, 160)
+    x = base[:, ::2, :96]                   # 3-D view whose rows cannot be flattened without a copy
+    w = _rand(96)
+    with pytest.raises(ValueError):
+        rn.rms_norm(x, w)
+    x2 = base.reshape(10, 160)[:, 32:128]   # 2-D row-strided view: accepted as is
+    torch.testing.assert_close(rn.rms_norm(x2, w), rn.rms_norm_ref(x2, w), **TOL)
+    x3 = _rand(2, 5, 96)
+    torch.testing.assert_close(rn.rms_norm(x3, w), rn.rms_norm_ref(x3, w), **TOL)
+
+
+@needs_triton
+@pytest.mark.parametrize("rows,width", [(7, 64), (50, 96), (16, 256)])
+def test_add_rms_norm(rows, width):
+    x, r, w = _rand(rows, width, scale=2.0), _rand(rows, width, scale=5.0), _rand(width)
+    y, new_r = rn.add_rms_norm(x, r, w, 1e-6, out=_nan(rows, width), residual_out=_nan(rows, width))
+    y_ref, r_ref = rn.add_rms_norm_ref(x, r, w, 1e-6)
+    torch.testing.assert_close(new_r, r_ref, rtol=0, atol=0)
+    torch.testing.assert_close(y, y_ref, **TOL)
+
+
+@needs_triton
+def test_add_rms_norm_in_place_residual():
+    x, r, w = _rand(12, 96), _rand(12, 96, scale=4.0), _rand(96)
+    y_ref, r_ref = rn.add_rms_norm_ref(x, r, w)
+    r_buf = r.clone()
+    y, new_r = rn.add_rms_norm(x, r_buf, w, residual_out=r_buf)
+    assert new_r is r_buf
+    torch.testing.assert_close(new_r, r_ref, rtol=0, atol=0)
+    torch.testing.assert_close(y, y_ref, **TOL)
+
+
+@needs_triton
+def test_rms_norm_bf16_rounding_matches_eager():
+    """bf16: on the GPU the residual equals the eager bf16 add bit for bit.  Triton
+    3.6's interpreter casts fp32->bf16 by truncation (the GPU rounds to nearest
+    even), so under the interpreter allow one bf16 ulp.  The norm is within one
+    bf16 rounding of the eager bf16 path either way."""
+    x, r = _rand(8, 64).bfloat16(), _rand(8, 64, scale=3.0).bfloat16()
+    w = _rand(64, scale=0.5).bfloat16()
+    y, new_r = rn.add_rms_norm(x, r, w)
+    y_ref, r_ref = rn.add_rms_norm_ref(x, r, w)
+    assert new_r.dtype == torch.bfloat16
+    if _common.interpret_mode():
+        torch.testing.assert_close(new_r.float(), r_ref.float(), rtol=2 ** -7, atol=0)
+    else:
+        assert torch.equal(new_r, r_ref)
+    torch.testing.assert_close(y.float(), y_ref.float(), rtol=1e-2, atol=1e-2)
+
+
+@needs_triton
+def test_rms_norm_rejects_bad_inputs():
+    x = _rand(8, 64)
+    with pytest.raises(ValueError):
+        rn.rms_norm(x.t().contiguous().t(), _rand(8))          # last dim not contiguous
+    with pytest.raises(ValueError):
+        rn.rms_norm(x, _rand(32))                               # weight width mismatch
+    with pytest.raises(ValueError):
+        rn.add_rms_norm(x, _rand(8, 32), _rand(64))             # residual shape mismatch
+
+
+# --------------------------------------------------------------------------- ada_rms_norm
+@needs_triton
+@pytest.mark.parametrize("B,T,width", [(1, 7, 64), (3, 5, 96), (4, 16, 128), (2, 9, 144)])
+def test_ada_rms_norm(B, T, width):
+    x = _rand(B * T, width, scale=2.0)
+    mod = _rand(B, 3 * width)
+    scale, shift, _ = mod.chunk(3, dim=-1)                      # row-strided views, no copy
+    y = ada.ada_rms_norm(x, scale, shift, T, 1e-6, out=_nan(B * T, width))
+    torch.testing.assert_close(y, ada.ada_rms_norm_ref(x, scale, shift, T, 1e-6), **TOL)
+    # tokens_per_item inferred from rows // B; 3-D [B, T, W] input
+    y3 = ada.ada_rms_norm(x.view(B, T, width), scale, shift)
+    torch.testing.assert_close(y3.view(B * T, width), y, rtol=0, atol=0)
+
+
+@needs_triton
+def test_ada_rms_norm_reference_is_plain_rms_without_modulation():
+    x = _rand(10, 64)
+    zeros = torch.zeros(2, 64, device=DEVICE)
+    torch.testing.assert_close(ada.ada_rms_norm_ref(x, zeros, zeros, 5),
+                               rn.rms_norm_ref(x, torch.zeros(64, device=DEVICE)), rtol=0, atol=0)
+
+
+@needs_triton
+@pytest.mark.parametrize("B,T,width", [(1, 7, 64), (3, 5, 96), (2, 25, 256)])
+def test_gated_residual_ada_rms_norm(B, T, width):
+    res, ysub = _rand(B * T, width, scale=3.0), _rand(B * T, width)
+    mod = _rand(B, 3 * width)
+    scale, shift, gate = mod.chunk(3, dim=-1)
+    new_r, normed = ada.gated_residual_ada_rms_norm(
+        res, ysub, gate, scale, shift, T, 1e-6,
+        out=_nan(B * T, width), residual_out=_nan(B * T, width))
+    r_ref, n_ref = ada.gated_residual_ada_rms_norm_ref(res, ysub, gate, scale, shift, T, 1e-6)
+    torch.testing.assert_close(new_r, r_ref, **TOL)
+    torch.testing.assert_close(normed, n_ref, **TOL)
+    # in place on the residual stream
+    buf = res.clone()
+    new_r2, normed2 = ada.gated_residual_ada_rms_norm(buf, ysub, gate, scale, shift, T, residual_out=buf)
+    assert new_r2 is buf
+    torch.testing.assert_close(buf, r_ref, **TOL)
+    torch.testing.assert_close(normed2, n_ref, **TOL)
+
+
+@needs_triton
+def test_ada_rms_norm_rejects_bad_inputs():
+    x = _rand(10, 64)
+    s = _rand(2, 64)
+    with pytest.raises(ValueError):
+        ada.ada_rms_norm(x, s, s, 4)                            # 2 * 4 != 10 rows
+    with pytest.raises(ValueError):
+        ada.ada_rms_norm(x, _rand(3, 64), _rand(3, 64))         # 10 rows not divisible by 3
+    with pytest.raises(ValueError):
+        ada.ada_rms_norm(x, _rand(64, 2).t(), s, 5)             # scale last dim not contiguous
+
+
+# --------------------------------------------------------------------------- geglu
+@needs_triton
+@pytest.mark.parametrize("rows,m", [(7, 64), (33, 96), (5, 1100), (16, 256)])
+def test_geglu(rows, m):
+    gu = _rand(rows, 2 * m, scale=2.5)
+    out = gg.geglu(gu, out=_nan(rows, m))
+    torch.testing.assert_close(out, gg.geglu_ref(gu), **TOL)
+
+
+@needs_triton
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+def test_geglu_strided_and_3d_and_tails():
+    base = _rand(9, 300, scale=2.0)
+    gu = base[:, 50:250]                                        # row-strided [9, 200]
+    torch.testing.assert_close(gg.geglu(gu), gg.geglu_ref(gu), **TOL)
+    gu3 = _rand(2, 4, 160)
+    torch.testing.assert_close(gg.geglu(gu3), gg.geglu_ref(gu3), **TOL)
+    # large |gate| (exp overflow in the sigmoid form must give the right limit)
+    tails = torch.tensor([[-60.0, -12.0, -3.0, 0.0, 3.0, 12.0, 60.0, 1e4,
+                           1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]], device=DEVICE)
+    out = gg.geglu(tails)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, gg.geglu_ref(tails), **TOL)
+    with pytest.raises(ValueError):
+        gg.geglu(_rand(4, 33))                                  # odd width
+
+
+# --------------------------------------------------------------------------- attention
+def _attn_inputs(B, Hq, Hkv, Lq, P, S, D, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g).to(DEVICE)  # noqa: E731
+    q = r(B, Hq, Lq, D)
+    kp, vp = r(B, Hkv, P, D), r(B, Hkv, P, D)
+    ks, vs = (r(B, Hkv, S, D), r(B, Hkv, S, D)) if S else (None, None)
+    return q, kp, vp, ks, vs
+
+
+@needs_triton
+@pytest.mark.parametrize("cfg", [
+    # B, Hq, Hkv, Lq, P, S, D, mask kind, splits
+    (2, 4, 1, 5, 37, 6, 32, "bool_key", 3),
+    (1, 8, 1, 3, 50, 10, 32, "add_key", 4),
+    (2, 4, 2, 4, 20, 7, 16, "none", 2),
+    (1, 2, 1, 6, 33, 0, 32, "bool_query", 2),
+    (2, 3, 1, 5, 19, 5, 24, "add_sdpa4d", 1),   # D not a power of two, single split
+    (2, 4, 1, 5, 30, 6, 32, "bool_bcast_b", 3),  # [1, Lq, Lk] mask broadcast over B
+    (2, 4, 1, 5, 30, 6, 32, "add_4d_key", 3),    # [B, 1, 1, Lk] additive
+])
+def test_split_kv_attention(cfg):
+    B, Hq, Hkv, Lq, P, S, D, kind, splits = cfg
+    q, kp, vp, ks, vs = _attn_inputs(B, Hq, Hkv, Lq, P, S, D)
+    Lk = P + S
+    g = torch.Generator().manual_seed(1)
+    mask = None
+    if kind == "bool_key":
+        mask = (torch.rand(B, Lk, generator=g) > 0.3).to(DEVICE)
+        mask[:, P:] = True
+        mask[0, 16:32] = False                  # a whole 16-key tile / split masked out
+    elif kind == "add_key":
+        mask = (torch.randn(B, Lk, generator=g) * 2).to(DEVICE)
+        mask[:, 5:9] = float("-inf")
+    elif kind == "bool_query":
+        mask = (torch.rand(B, Lq, Lk, generator=g) > 0.5).to(DEVICE)
+        mask[:, :, 0] = True
+    elif kind == "add_sdpa4d":
+        mask = torch.randn(B, 1, Lq, Lk, generator=g).to(DEVICE)
+    elif kind == "bool_bcast_b":
+        mask = (torch.rand(1, Lq, Lk, generator=g) > 0.4).to(DEVICE)
+        mask[..., P] = True
+    elif kind == "add_4d_key":
+        mask = torch.randn(B, 1, 1, Lk, generator=g).to(DEVICE)
+    out = torch.full((B, Hq, Lq, D), float("nan"), device=DEVICE)
+    o = ska.split_kv_attention(q, kp, vp, ks, vs, mask, block_m=16, block_n=16,
+                               num_splits=splits, out=out)
+    assert o is out
+    ref = ska.split_kv_attention_ref(q, kp, vp, ks, vs, mask)
+    torch.testing.assert_close(o, ref, **TOL)
+
+
+@needs_triton
+def test_split_kv_attention_matches_sdpa_and_strided_q():
+    B, Hq, Lq, P, S, D = 2, 4, 5, 40, 8, 32
+    q, kp, vp, ks, vs = _attn_inputs(B, Hq, 1, Lq, P, S, D, seed=3)
+    q_strided = q.transpose(1, 2).contiguous().transpose(1, 2)   # [B, Lq, Hq, D] memory layout
+    mask = torch.ones(B, P + S, dtype=torch.bool, device=DEVICE)
+    mask[1, 30:40] = False
+    o = ska.split_kv_attention(q_strided, kp, vp, ks, vs, mask, scale=0.2, block_m=16, block_n=16)
+    k = torch.cat([kp, ks], 2).expand(B, Hq, P + S, D)
+    v = torch.cat([vp, vs], 2).expand(B, Hq, P + S, D)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :], scale=0.2)
+    torch.testing.assert_close(o, sdpa, **TOL)
+
+
+@needs_triton
+def test_split_kv_attention_combine_loops_over_split_blocks(monkeypatch):
+    """More splits than the combine kernel loads at once (its loop over blocks)."""
+    monkeypatch.setattr(ska, "_COMBINE_MAX_ELEMS", 64)          # D=32 -> 2 splits per step
+    q, kp, vp, ks, vs = _attn_inputs(1, 2, 1, 4, 70, 9, 32, seed=7)
+    mask = torch.ones(1, 79, dtype=torch.bool, device=DEVICE)
+    mask[0, 16:48] = False                                        # two whole splits masked
+    o = ska.split_kv_attention(q, kp, vp, ks, vs, mask, block_m=16, block_n=16, num_splits=8)
+    torch.testing.assert_close(o, ska.split_kv_attention_ref(q, kp, vp, ks, vs, mask), **TOL)
+
+
+@needs_triton
+def test_split_kv_attention_fully_masked_row_is_zero():
+    q, kp, vp, ks, vs = _attn_inputs(1, 2, 1, 3, 20, 4, 16, seed=5)
+    mask = torch.ones(1, 3, 24, dtype=torch.bool, device=DEVICE)
+    mask[0, 1] = False                                            # query 1 sees nothing
+    o = ska.split_kv_attention(q, kp, vp, ks, vs, mask, block_m=16, block_n=16, num_splits=2)
+    assert torch.all(o[:, :, 1] == 0)
+    torch.testing.assert_close(o, ska.split_kv_attention_ref(q, kp, vp, ks, vs, mask), **TOL)
+
+
+@needs_triton
+def test_split_kv_attention_rejects_bad_inputs():
+    q, kp, vp, ks, vs = _attn_inputs(1, 3, 2, 3, 8, 2, 16)
+    with pytest.raises(ValueError):
+        ska.split_kv_attention(q, kp, vp, ks, vs)                # 3 heads, 2 kv heads
+    q, kp, vp, ks, vs = _attn_inputs(1, 2, 1, 3, 8, 2, 16)
+    with pytest.raises(ValueError):
+        ska.split_kv_attention(q, kp, vp, ks, None)              # half a suffix
+    with pytest.raises(ValueError):
+        ska.split_kv_attention(q, kp, vp, ks, vs, torch.ones(1, 9, dtype=torch.bool, device=DEVICE))

@@ -1,0 +1,101 @@
+"""The runner computes what the adapter's reference solver computes (CPU eager here, CUDA graphs on the device)."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from phyai_ros.models.pi05 import Pi05Policy, RtcParams
+from phyai_ros.runtime.runner import FlowRunner
+
+FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
+                Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "lerobot_parity")
+PI05 = FIXTURES / "pi05"
+IMG = "raw.observation.images."
+pytestmark = pytest.mark.skipif(not (PI05 / "expected.safetensors").is_file(),
+                                reason=f"LeRobot parity fixtures not found at {FIXTURES}")
+
+
+def load(device="cpu", dtype=torch.float32):
+    from safetensors.torch import load_file
+    policy = Pi05Policy.from_files(PI05 / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model",
+                                   PI05 / "norm_stats.json", device=device, dtype=dtype)
+    inp = load_file(str(PI05 / "inputs.safetensors"))
+    exp = load_file(str(PI05 / "expected.safetensors"))
+    tasks = json.loads((PI05 / "inputs.json").read_text())["tasks"]
+    images = {k[len(IMG):]: v.numpy() for k, v in inp.items() if k.startswith(IMG)}
+    prepared = policy.prepare(images, inp["raw.observation.state"].numpy(), tasks)
+    return policy, prepared, inp, exp
+
+
+def run_runner(policy, prepared, noise, rtc=None, use_graphs=False):
+    cfg = policy.config
+    runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=use_graphs)
+    bucket = runner.set_observation(prepared.images, prepared.image_masks, prepared.tokens, prepared.token_masks)
+    guide = policy.rtc_guide(rtc, noise.shape[0]) if rtc is not None else None
+    return runner, bucket, runner.sample(bucket, noise.to(policy.device), guide)
+
+
+def rtc_params(inp, schedule):
+    return RtcParams(inp["rtc.prev_chunk_left_over"], inference_delay=3, execution_horizon=10, schedule=schedule)
+
+
+@pytest.mark.parametrize("case", ["plain", "rtc_linear", "rtc_exp"])
+def test_runner_matches_fixture_and_reference_solver(case):
+    policy, prepared, inp, exp = load()
+    rtc = None if case == "plain" else rtc_params(inp, case.split("_")[1])
+    _, _, out = run_runner(policy, prepared, inp["noise"], rtc)
+    ref = policy.sample_actions(prepared, inp["noise"], rtc)
+    key = "actions.model" if case == "plain" else f"{case}.actions.model"
+    assert (out - exp[key]).abs().max().item() <= 1e-4
+    assert (out - ref).abs().max().item() <= 1e-5
+
+
+def test_prefix_state_is_invalidated_and_reused_explicitly():
+    policy, prepared, inp, _ = load()
+    runner, bucket, first = run_runner(policy, prepared, inp["noise"])
+    first = first.clone()
+    # The same prefix state serves another noise sample without recomputing the prefix.
+    again = runner.sample(bucket, inp["noise"])
+    assert torch.equal(first, again)
+    other = runner.sample(bucket, inp["noise"] * 0.5)
+    assert (other - first).abs().max().item() > 1e-3
+    bucket.prefix_for = None  # what set_observation does first for a new observation
+    with pytest.raises(RuntimeError, match="prefix state is invalid"):
+        runner.sample(bucket, inp["noise"])
+
+
+def test_runner_rejects_the_uncapturable_vjp_form():
+    policy, prepared, inp, _ = load()
+    runner, bucket, _ = run_runner(policy, prepared, inp["noise"])
+    guide = policy.rtc_guide(RtcParams(inp["rtc.prev_chunk_left_over"], 3, 10, "exp", jacobian="vjp"), 2)
+    with pytest.raises(ValueError, match="identity-form"):
+        runner.sample(bucket, inp["noise"], guide)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["plain", "rtc_exp"])
+def test_cuda_graph_replay_matches_eager_on_the_device(case):
+    """fp32 on CUDA (TF32 off): graph replay equals eager execution of the same functions, and the fixture."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    policy, prepared, inp, exp = load(device="cuda")
+    rtc = None if case == "plain" else rtc_params(inp, "exp")
+    _, _, eager = run_runner(policy, prepared, inp["noise"], rtc, use_graphs=False)
+    eager = eager.clone()
+    runner, bucket, graphed = run_runner(policy, prepared, inp["noise"], rtc, use_graphs=True)
+    graphed = graphed.clone()  # static output: the next replay overwrites it
+    assert runner.registry is not None and len(runner.registry.keys()) == 3
+    key = "actions.model" if case == "plain" else f"{case}.actions.model"
+    assert (graphed - eager).abs().max().item() <= 1e-5
+    assert (graphed.cpu() - exp[key]).abs().max().item() <= 5e-4
+    # A second observation through the same graphs gives that observation's answer.
+    flipped = prepared.images.flip(-1).contiguous()
+    bucket = runner.set_observation(flipped, prepared.image_masks, prepared.tokens, prepared.token_masks)
+    graphed2 = runner.sample(bucket, inp["noise"].cuda(), policy.rtc_guide(rtc, 2) if rtc else None).clone()
+    runner_e = FlowRunner(policy.model, 10, 50, 32, use_graphs=False)
+    b2 = runner_e.set_observation(flipped, prepared.image_masks, prepared.tokens, prepared.token_masks)
+    eager2 = runner_e.sample(b2, inp["noise"].cuda(), policy.rtc_guide(rtc, 2) if rtc else None)
+    assert (graphed2 - eager2).abs().max().item() <= 1e-5
+    assert (graphed2 - graphed).abs().max().item() > 1e-4
