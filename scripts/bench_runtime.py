@@ -33,6 +33,7 @@ from phyai_ros.models.pi05.checkpoint import lerobot_key_shapes  # noqa: E402
 from phyai_ros.runtime.roofline import pi05_stage_costs  # noqa: E402
 from phyai_ros.runtime.runner import FlowRunner  # noqa: E402
 
+TOKEN_BUCKET = 0
 DEVICE, DTYPE = "cuda", torch.bfloat16  # --device cpu: a float32 smoke run of the same code
 CAMERAS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 TASK = "pick up the red block and place it in the blue bowl on the left side of the table"
@@ -140,12 +141,12 @@ def first_chunk(ckpt: Path, tokenizer: Path) -> dict:
     sync()
     t_load = time.perf_counter()
     cfg = policy.config
-    runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=DEVICE == "cuda")
+    runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim,
+                        use_graphs=DEVICE == "cuda", token_bucket=TOKEN_BUCKET)
     images, state = observation(np.random.default_rng(0), 1)
     inputs = policy.prepare(images, state, TASK)
     noise = policy.make_noise(1)
-    runner.sample(runner.set_observation(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks),
-                  noise)
+    runner.capture_all_buckets(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks, noise)
     sync()
     t_capture = time.perf_counter()
     images, state = observation(np.random.default_rng(1), 1)
@@ -167,12 +168,17 @@ def main() -> None:
     ap.add_argument("--tokenizer", type=Path,
                     default=REPO.parent / "shared" / "fixtures" / "lerobot_parity" / "tokenizer" / "tokenizer.model")
     ap.add_argument("--checkpoint", type=Path, default=Path("/tmp/phyai_bench_ckpt"))
+    ap.add_argument("--token-bucket", type=int, default=0,
+                    help="cut right-padding of the prompt to a multiple of this many tokens (0: full budget)")
+    ap.add_argument("--reuse-checkpoint", action="store_true", help="keep an existing --checkpoint")
+    ap.add_argument("--skip-startup", action="store_true", help="skip the fresh-process start-up measurement")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "bench_runtime.json")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: float32 smoke run of the same code path (no graphs, host timing)")
     ap.add_argument("--first-chunk", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global DEVICE, DTYPE
+    global DEVICE, DTYPE, TOKEN_BUCKET
+    TOKEN_BUCKET = args.token_bucket
     DEVICE, DTYPE = args.device, (torch.bfloat16 if args.device == "cuda" else torch.float32)
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("bench_runtime: no CUDA device; nothing to measure (try --device cpu --config mid)")
@@ -182,26 +188,33 @@ def main() -> None:
         return
 
     cfg = config(args.config)
-    res: dict = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__, "config": args.config,
+    from phyai_ros.layers.selector import SELECTOR
+    res: dict = {"ops": SELECTOR.forced or os.environ.get("PHYAI_OP_PROFILE", "default"), "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__, "config": args.config,
                  "cameras": len(CAMERAS), "prefix_len": cfg.prefix_len(len(CAMERAS)), "steps": cfg.num_steps,
                  "date": time.strftime("%Y-%m-%d")}
     res["ceilings"] = ceilings() if DEVICE == "cuda" else {"gemm_tflops": 1.0, "copy_tbps": 0.05}
-    res["checkpoint_write_s"] = write_checkpoint(args.checkpoint, cfg)
+    if args.reuse_checkpoint and (args.checkpoint / "model.safetensors").is_file():
+        res["checkpoint_write_s"] = None
+    else:
+        res["checkpoint_write_s"] = write_checkpoint(args.checkpoint, cfg)
     res["checkpoint_gb"] = (args.checkpoint / "model.safetensors").stat().st_size / 1e9
 
     t = time.perf_counter()
-    child = subprocess.run([sys.executable, __file__, "--first-chunk", "--device", DEVICE,
+    child = None if args.skip_startup else subprocess.run([sys.executable, __file__, "--first-chunk", "--device", DEVICE,
+                            "--token-bucket", str(TOKEN_BUCKET),
                             "--checkpoint", str(args.checkpoint),
                             "--tokenizer", str(args.tokenizer)], capture_output=True, text=True)
-    res["startup"] = {"process_wall_s": time.perf_counter() - t}
+    res["startup"] = {"process_wall_s": time.perf_counter() - t} if child else {"skipped": True}
     try:
-        res["startup"].update(json.loads(child.stdout.strip().splitlines()[-1]))
+        if child:
+            res["startup"].update(json.loads(child.stdout.strip().splitlines()[-1]))
     except (IndexError, json.JSONDecodeError):
         res["startup"]["error"] = child.stderr[-2000:]
     print(f"start-up to first chunk: {res['startup']}", flush=True)
 
     policy = load_policy(args.checkpoint, args.tokenizer)
-    runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=DEVICE == "cuda")
+    runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim,
+                        use_graphs=DEVICE == "cuda", token_bucket=TOKEN_BUCKET)
     rng = np.random.default_rng(0)
 
     def prepared(batch):
@@ -216,6 +229,9 @@ def main() -> None:
         b = runner.set_observation(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
         return runner.sample(b, noise)
 
+    res["token_bucket"] = TOKEN_BUCKET
+    res["prefix_len_run"] = len(CAMERAS) * cfg.siglip.num_patches + (
+        runner.bucket_length(inputs.token_masks) if TOKEN_BUCKET else cfg.token_budget)
     lat = cuda_ms(chunk, args.iters, warmup=5)
     res["batch1"] = {"median_ms": statistics.median(lat), "p90_ms": pct(lat, 90), "p99_ms": pct(lat, 99),
                      "min_ms": min(lat), "runs": len(lat), "peak_mem_gb": peak_gb()}
@@ -241,7 +257,8 @@ def main() -> None:
         stages = {"vision": lambda: runner._vision(bucket.images, bucket.image_masks, bucket.tokens,
                                                    bucket.token_masks),
                   "prefix": lambda: runner._prefix(*embs), "loop": lambda: runner._loop(*loop_args)}
-    costs = pi05_stage_costs(cfg, 1, len(CAMERAS))
+    costs = pi05_stage_costs(cfg.replace(token_budget=res["prefix_len_run"] - len(CAMERAS) * cfg.siglip.num_patches),
+                             1, len(CAMERAS))
     peak, bw = res["ceilings"]["gemm_tflops"] * 1e12, res["ceilings"]["copy_tbps"] * 1e12
     res["stages"] = {}
     for name, fn in stages.items():
@@ -284,7 +301,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1))
     b1 = res["batch1"]
-    print(f"\npi0.5 {args.config} on {res['device']} (prefix {res['prefix_len']}, {cfg.num_steps} steps, bf16)")
+    print(f"\npi0.5 {args.config} on {res['device']} (prefix {res['prefix_len_run']} of {res['prefix_len']}, "
+          f"{cfg.num_steps} steps, ops {res['ops']})")
     print(f"batch 1: median {b1['median_ms']:.2f} ms  p90 {b1['p90_ms']:.2f}  p99 {b1['p99_ms']:.2f}  "
           f"({b1['runs']} runs), host CPU {b1['host_cpu_ms']:.2f} ms/chunk, peak {b1['peak_mem_gb']:.1f} GB")
     print(f"ceilings: GEMM {res['ceilings']['gemm_tflops']:.0f} TFLOP/s, copy {res['ceilings']['copy_tbps']:.2f} TB/s;"

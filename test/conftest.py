@@ -11,6 +11,7 @@ os.environ.setdefault("ROS_DOMAIN_ID", str(random.Random(os.getpid()).randint(1,
 
 
 def _cuda_available() -> bool:
+    """True when torch sees a CUDA device."""
     try:
         import torch
     except ImportError:
@@ -25,3 +26,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# Without a GPU the Triton kernels are tested through Triton's interpreter, which must be switched on
+# before triton is first imported (by any test module).
+if not _cuda_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -99,3 +99,20 @@ def test_cuda_graph_replay_matches_eager_on_the_device(case):
     eager2 = runner_e.sample(b2, inp["noise"].cuda(), policy.rtc_guide(rtc, 2) if rtc else None)
     assert (graphed2 - eager2).abs().max().item() <= 1e-5
     assert (graphed2 - graphed).abs().max().item() > 1e-4
+
+
+def test_token_buckets_cut_only_padding_and_capture_every_length():
+    policy, prepared, inp, exp = load()
+    cfg = policy.config
+    full = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False)
+    cut = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False,
+                     token_bucket=32)
+    args = (prepared.images, prepared.image_masks, prepared.tokens, prepared.token_masks)
+    n_valid = int(prepared.token_masks.sum(1).max())
+    assert cut.bucket_length(prepared.token_masks) == -(-n_valid // 32) * 32 < prepared.tokens.shape[1]
+    want = full.sample(full.set_observation(*args), inp["noise"])
+    got = cut.sample(cut.set_observation(*args), inp["noise"])
+    assert (got - want).abs().max().item() <= 1e-5
+    assert (got - exp["actions.model"]).abs().max().item() <= 1e-4
+    keys = cut.capture_all_buckets(*args, inp["noise"])
+    assert sorted(k[2] for k in keys) == list(range(32, 200, 32)) + [200]

@@ -30,8 +30,17 @@ def _torch_add_rms_norm(x, residual, weight, eps):
 
 
 def _torch_gated_ada(h, y, gate, scale, shift, eps):
-    h = ops.gated_residual(h, y, gate)
+    h = ops.gated_residual(h, y, gate.to(h.dtype))
     return h, ops.ada_rms_norm(h, scale, shift, eps)
+
+
+def _torch_qkv_rope(qkv, cos, sin, hq, hkv, d):
+    b, t, _ = qkv.shape
+    q, k, v = qkv.split((hq * d, hkv * d, hkv * d), dim=-1)
+    q = q.view(b, t, hq, d).transpose(1, 2)
+    k = k.view(b, t, hkv, d).transpose(1, 2)
+    v = v.view(b, t, hkv, d).transpose(1, 2)
+    return ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin), v
 
 
 def _torch_geglu(gate_up):
@@ -77,12 +86,26 @@ def _triton_gated_ada(h, y, gate, scale, shift, eps):
 
 def _triton_rms(x, weight, eps):
     from phyai_ros.kernels.rms_norm import rms_norm
-    return rms_norm(x, weight, eps)
+    return rms_norm(x if x.is_contiguous() else x.contiguous(), weight, eps)
 
 
 def _triton_add_rms(x, residual, weight, eps):
     from phyai_ros.kernels.rms_norm import add_rms_norm
     return add_rms_norm(x, residual, weight, eps)
+
+
+def _triton_qkv_rope(qkv, cos, sin, hq, hkv, d):
+    from phyai_ros.kernels.rope import qkv_rope
+    return qkv_rope(qkv, cos, sin, hq, hkv, d)
+
+
+def _triton_linear(x, weight, bias=None):
+    from phyai_ros.kernels.skinny_linear import skinny_linear
+    return skinny_linear(x, weight)
+
+
+def _skinny_shape(x, weight, bias=None):
+    return bias is None and x.numel() // x.shape[-1] <= 64 and x.dtype == weight.dtype
 
 
 def _triton_geglu(gate_up):
@@ -92,7 +115,10 @@ def _triton_geglu(gate_up):
 
 def _triton_attention_with_prefix(q, k_prefix, v_prefix, k_suffix, v_suffix, mask):
     from phyai_ros.kernels.split_kv_attention import split_kv_attention
-    return split_kv_attention(q, k_prefix, v_prefix, k_suffix, v_suffix, mask)
+    b, hq, lq, d = q.shape
+    # Written token-major, so the output projection reads it without a transpose copy.
+    out = torch.empty(b, lq, hq, d, dtype=q.dtype, device=q.device).transpose(1, 2)
+    return split_kv_attention(q, k_prefix, v_prefix, k_suffix, v_suffix, mask, out=out)
 
 
 def _triton_attention(q, k, v, mask):
@@ -101,6 +127,10 @@ def _triton_attention(q, k, v, mask):
 
 
 _REGISTRY = {
+    # Few-row GEMMs (the action expert's tokens): a weight-streaming kernel; the library GEMM otherwise.
+    "linear": [Candidate("triton", _triton_linear, _CUDA, available=_triton_ok, supports=_skinny_shape),
+               Candidate("torch", ops.linear)],
+    "layer_norm": [Candidate("torch", ops.layer_norm)],
     "rms_norm": [Candidate("triton", _triton_rms, _CUDA, available=_triton_ok), Candidate("torch", ops.rms_norm)],
     "add_rms_norm": [Candidate("triton", _triton_add_rms, _CUDA, available=_triton_ok),
                      Candidate("torch", _torch_add_rms_norm)],
@@ -108,6 +138,8 @@ _REGISTRY = {
                      Candidate("torch", ops.ada_rms_norm)],
     "gated_ada_rms_norm": [Candidate("triton", _triton_gated_ada, _CUDA, available=_triton_ok),
                            Candidate("torch", _torch_gated_ada)],
+    "qkv_rope": [Candidate("triton", _triton_qkv_rope, _CUDA, available=_triton_ok),
+                 Candidate("torch", _torch_qkv_rope)],
     "geglu": [Candidate("triton", _triton_geglu, _CUDA, available=_triton_ok), Candidate("torch", _torch_geglu)],
     "attention_with_prefix": [Candidate("triton", _triton_attention_with_prefix, _CUDA, available=_triton_ok),
                               Candidate("torch", _torch_attention_with_prefix)],
@@ -122,6 +154,14 @@ for _op, _cands in _REGISTRY.items():
 
 
 # ----------------------------------------------------------------------------- what the models call
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    return SELECTOR.call("linear", shape_key(x, weight), x.device, x, weight, bias)
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
+    return SELECTOR.call("layer_norm", shape_key(x), x.device, x, weight, bias, eps)
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return SELECTOR.call("rms_norm", shape_key(x), x.device, x, weight, eps)
 
@@ -139,6 +179,11 @@ def gated_ada_rms_norm(h: Tensor, y: Tensor, gate: Tensor, scale: Tensor, shift:
                        ) -> Tuple[Tensor, Tensor]:
     """(h + y * gate, ada_rms_norm(h + y * gate, scale, shift))."""
     return SELECTOR.call("gated_ada_rms_norm", shape_key(h), h.device, h, y, gate, scale, shift, eps)
+
+
+def qkv_rope(qkv: Tensor, cos: Tensor, sin: Tensor, hq: int, hkv: int, d: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """Fused QKV output [B, T, (hq + 2 hkv) d] -> rotated q [B, hq, T, d], rotated k and v [B, hkv, T, d]."""
+    return SELECTOR.call("qkv_rope", shape_key(qkv), qkv.device, qkv, cos, sin, hq, hkv, d)
 
 
 def geglu(gate_up: Tensor) -> Tensor:

@@ -34,6 +34,7 @@ class Candidate:
     devices: tuple = ("cpu", "cuda")
     capture_safe: bool = True
     available: Callable[[], bool] = lambda: True
+    supports: Optional[Callable[..., bool]] = None   # (args of the call) -> can this candidate take them?
 
 
 def device_signature(device: torch.device) -> str:
@@ -56,6 +57,7 @@ class OperatorSelector:
     profile: dict = field(default_factory=dict)          # device signature -> {op: {shape key: name}}
     disabled: set = field(default_factory=set)           # (op, key, name) that raised
     forced: Optional[str] = None                          # a candidate name to use everywhere, if usable
+    recording: Optional[dict] = None                      # (op, key) -> (args, kwargs) seen, for profiling
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def register(self, op: str, candidate: Candidate) -> None:
@@ -72,8 +74,8 @@ class OperatorSelector:
                 if device.type in c.devices and (op, key, c.name) not in self.disabled
                 and (c.capture_safe or not capturing) and c.available()]
 
-    def choose(self, op: str, key: str, device: torch.device) -> Candidate:
-        usable = self.usable(op, key, device)
+    def choose(self, op: str, key: str, device: torch.device, args: tuple = ()) -> Candidate:
+        usable = [c for c in self.usable(op, key, device) if c.supports is None or c.supports(*args)]
         if not usable:
             raise RuntimeError(f"no usable candidate for {op} on {device}")
         wanted = self.forced or self.profile.get(device_signature(device), {}).get(op, {}).get(key)
@@ -83,7 +85,9 @@ class OperatorSelector:
         return usable[0]
 
     def call(self, op: str, key: str, device: torch.device, *args, **kwargs):
-        c = self.choose(op, key, device)
+        if self.recording is not None and (op, key) not in self.recording:
+            self.recording[(op, key)] = (args, kwargs)
+        c = self.choose(op, key, device, args)
         try:
             return c.fn(*args, **kwargs)
         except Exception as exc:  # a backend that cannot run here: fall back, never fail the policy

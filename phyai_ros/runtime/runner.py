@@ -50,8 +50,13 @@ class _Bucket:
 class FlowRunner:
     """Runs prefix + Euler loop (+ identity-form RTC guidance) for one model on one device."""
 
-    def __init__(self, model, num_steps: int, chunk_size: int, action_dim: int, use_graphs: bool = True):
+    def __init__(self, model, num_steps: int, chunk_size: int, action_dim: int, use_graphs: bool = True,
+                 token_bucket: int = 0):
         self.model = model
+        # Language tokens are right-padded to the budget; pad tokens are masked keys whose own outputs
+        # nothing reads, so cutting them changes no valid result. token_bucket > 0 keeps the prompt's
+        # valid tokens rounded up to a multiple of it (one graph bucket per length).
+        self.token_bucket = int(token_bucket)
         self.device = model.device
         self.num_steps, self.chunk_size, self.action_dim = num_steps, chunk_size, action_dim
         self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
@@ -98,6 +103,26 @@ class FlowRunner:
             self._buckets[key] = b
         return b
 
+    def bucket_length(self, token_masks: Tensor) -> int:
+        """Language length kept under bucketing: the longest prompt rounded up to the bucket size."""
+        n_valid = int(token_masks.sum(dim=1).max())  # a host read; the tokens just came from the host
+        step = self.token_bucket
+        return min(token_masks.shape[1], max(step, -(-n_valid // step) * step))
+
+    @torch.no_grad()
+    def capture_all_buckets(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor,
+                            noise: Tensor) -> list:
+        """Capture every token-length bucket up front (start-up), so no new prompt length ever pays a
+        capture during control."""
+        budget = tokens.shape[1]
+        lengths = sorted({min(budget, n) for n in range(max(self.token_bucket, 1), budget + self.token_bucket,
+                                                          max(self.token_bucket, 1))}) if self.token_bucket else [budget]
+        for n in lengths:
+            masks = torch.zeros_like(token_masks)
+            masks[:, :n] = True
+            self.sample(self.set_observation(images, image_masks, tokens, masks), noise)
+        return self.buckets()
+
     def buckets(self) -> list:
         return list(self._buckets)
 
@@ -106,6 +131,9 @@ class FlowRunner:
     def set_observation(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor) -> _Bucket:
         """Copy a new observation into its bucket and compute its prefix state (invalidating the old one)."""
         batch, n_slots, _, size, _ = images.shape
+        if self.token_bucket:
+            keep = self.bucket_length(token_masks)
+            tokens, token_masks = tokens[:, :keep], token_masks[:, :keep]
         b = self._bucket(batch, n_slots, size, tokens.shape[1])
         b.prefix_for = None
         b.images.copy_(images, non_blocking=True)

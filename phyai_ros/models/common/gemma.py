@@ -12,7 +12,7 @@ from typing import Tuple
 import torch
 from torch import nn
 
-from phyai_ros.layers import ops
+from phyai_ros.layers import dispatch, ops
 
 from .config import GemmaConfig
 
@@ -51,23 +51,18 @@ def rope_inv_freq(cfg: GemmaConfig, device=None) -> Tensor:
 
 def qkv_rope(x_normed: Tensor, layer: GemmaLayer, cfg: GemmaConfig, cos: Tensor, sin: Tensor
              ) -> Tuple[Tensor, Tensor, Tensor]:
-    """x [B, T, W] -> q [B, Hq, T, hd], k / v [B, Hkv, T, hd]; RoPE applied to q and k."""
-    b, t, _ = x_normed.shape
-    qkv = ops.linear(x_normed, layer.qkv_w)
-    q, k, v = qkv.split((cfg.q_dim, cfg.kv_dim, cfg.kv_dim), dim=-1)
-    q = q.view(b, t, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-    k = k.view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-    v = v.view(b, t, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-    return ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin), v
+    """x [B, T, W] -> q [B, Hq, T, hd], k / v [B, Hkv, T, hd]; RoPE applied to q and k (one fused
+    split + rotate where a kernel can)."""
+    return dispatch.qkv_rope(dispatch.linear(x_normed, layer.qkv_w), cos, sin, cfg.num_heads, cfg.num_kv_heads,
+                             cfg.head_dim)
 
 
 def attn_out(a: Tensor, layer: GemmaLayer) -> Tensor:
     """Attention output [B, Hq, T, hd] -> o_proj -> [B, T, W]."""
     b, h, t, d = a.shape
-    return ops.linear(a.transpose(1, 2).reshape(b, t, h * d), layer.o_w)
+    return dispatch.linear(a.transpose(1, 2).reshape(b, t, h * d), layer.o_w)
 
 
 def mlp(x_normed: Tensor, layer: GemmaLayer, cfg: GemmaConfig) -> Tensor:
     """GeGLU MLP with fused gate/up: down(gelu_tanh(gate) * up)."""
-    gu = ops.linear(x_normed, layer.gate_up_w)
-    return ops.linear(ops.gelu_tanh_mul(gu[..., : cfg.mlp_dim], gu[..., cfg.mlp_dim:]), layer.down_w)
+    return dispatch.linear(dispatch.geglu(dispatch.linear(x_normed, layer.gate_up_w)), layer.down_w)

@@ -14,7 +14,7 @@ from typing import Dict, List, Mapping, Tuple
 import torch
 from torch import nn
 
-from phyai_ros.layers import ops
+from phyai_ros.layers import dispatch, ops
 
 from .checkpoint_io import gemma_key_shapes, load_gemma_layers, load_siglip, siglip_key_shapes
 from .config import GemmaConfig, SiglipConfig
@@ -84,16 +84,18 @@ class PaliGemmaPrefix(nn.Module):
         cos, sin = ops.rope_cos_sin(prefix_positions(prefix_pad), self.vlm_inv_freq, prefix_embs.dtype)
         mask = ops.bool_to_additive_mask(prefix_pad[:, :, None] & prefix_pad[:, None, :])
         h = prefix_embs
+        layers = self.vlm_layers
+        x = dispatch.rms_norm(h, layers[0].in_norm_w, cfg.rms_eps)
         kv: PrefixKV = []
-        last = len(self.vlm_layers) - 1
-        for i, layer in enumerate(self.vlm_layers):
-            x = ops.rms_norm(h, layer.in_norm_w, cfg.rms_eps)
+        for i, layer in enumerate(layers):
             q, k, v = qkv_rope(x, layer, cfg, cos, sin)
             kv.append((k, v))
-            if i == last:
+            if i == len(layers) - 1:
                 break
-            h = h + attn_out(ops.attention(q, k, v, mask), layer)
-            h = h + mlp(ops.rms_norm(h, layer.post_norm_w, cfg.rms_eps), layer, cfg)
+            # Each residual add is fused with the norm that reads its result.
+            x, h = dispatch.add_rms_norm(attn_out(dispatch.attention(q, k, v, mask), layer), h,
+                                         layer.post_norm_w, cfg.rms_eps)
+            x, h = dispatch.add_rms_norm(mlp(x, layer, cfg), h, layers[i + 1].in_norm_w, cfg.rms_eps)
         return kv
 
 

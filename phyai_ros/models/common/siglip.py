@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from phyai_ros.layers import ops
+from phyai_ros.layers import dispatch, ops
 
 from .config import SiglipConfig
 
@@ -60,12 +60,12 @@ class SiglipEncoder(nn.Module):
         nh, hd = cfg.num_heads, cfg.head_dim
         t = h.shape[1]
         for layer in self.layers:
-            y = ops.layer_norm(h, layer.ln1_w, layer.ln1_b, cfg.ln_eps)
+            y = dispatch.layer_norm(h, layer.ln1_w, layer.ln1_b, cfg.ln_eps)
             qkv = ops.linear(y, layer.qkv_w, layer.qkv_b).view(n, t, 3, nh, hd)
             q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
             a = ops.attention_unmasked(q, k, v).transpose(1, 2).reshape(n, t, nh * hd)
             h = h + ops.linear(a, layer.o_w, layer.o_b)
-            y = ops.layer_norm(h, layer.ln2_w, layer.ln2_b, cfg.ln_eps)
+            y = dispatch.layer_norm(h, layer.ln2_w, layer.ln2_b, cfg.ln_eps)
             y = ops.linear(ops.gelu_tanh(ops.linear(y, layer.fc1_w, layer.fc1_b)), layer.fc2_w, layer.fc2_b)
             h = h + y
-        return ops.layer_norm(h, self.post_ln_w, self.post_ln_b, cfg.ln_eps)
+        return dispatch.layer_norm(h, self.post_ln_w, self.post_ln_b, cfg.ln_eps)

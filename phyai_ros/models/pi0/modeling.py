@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from phyai_ros.layers import ops
+from phyai_ros.layers import dispatch, ops
 from phyai_ros.models.common.gemma import GemmaLayer, attn_out, mlp, qkv_rope, rope_inv_freq
 from phyai_ros.models.common.paligemma import PaliGemmaPrefix, PrefixKV, prefix_positions
 from phyai_ros.models.common.suffix import SuffixContext, suffix_context
@@ -84,11 +84,17 @@ class Pi0Model(PaliGemmaPrefix):
         if time_bias is None:
             time_bias = self.time_bias(t)
         h = self.embed_suffix(x_t, state_emb, time_bias).to(self.dtype)
-        for i, layer in enumerate(self.expert_layers):
-            q, k, v = qkv_rope(ops.rms_norm(h, layer.in_norm_w, cfg.rms_eps), layer, cfg, ctx.cos, ctx.sin)
+        layers = self.expert_layers
+        x = dispatch.rms_norm(h, layers[0].in_norm_w, cfg.rms_eps)
+        for i, layer in enumerate(layers):
+            q, k, v = qkv_rope(x, layer, cfg, ctx.cos, ctx.sin)
             pk, pv = kv[i]
-            a = ops.attention(q, torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), ctx.mask)
-            h = h + attn_out(a, layer)
-            h = h + mlp(ops.rms_norm(h, layer.post_norm_w, cfg.rms_eps), layer, cfg)
-        x = ops.rms_norm(h[:, -self.cfg.chunk_size:], self.final_norm_w, cfg.rms_eps)
+            a = attn_out(dispatch.attention_with_prefix(q, pk, pv, k, v, ctx.mask), layer)
+            x, h = dispatch.add_rms_norm(a, h, layer.post_norm_w, cfg.rms_eps)
+            y = mlp(x, layer, cfg)
+            if i + 1 < len(layers):
+                x, h = dispatch.add_rms_norm(y, h, layers[i + 1].in_norm_w, cfg.rms_eps)
+            else:
+                h = h + y
+        x = dispatch.rms_norm(h[:, -self.cfg.chunk_size:], self.final_norm_w, cfg.rms_eps)
         return ops.linear(x.to(torch.float32), self.action_out_w, self.action_out_b)

@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from phyai_ros.layers import ops
+from phyai_ros.layers import dispatch, ops
 from phyai_ros.models.common.gemma import GemmaLayer, attn_out, mlp, qkv_rope, rope_inv_freq
 from phyai_ros.models.common.paligemma import PaliGemmaPrefix, PrefixKV, prefix_positions
 from phyai_ros.models.common.suffix import SuffixContext, suffix_context
@@ -99,17 +99,18 @@ class Pi05Model(PaliGemmaPrefix):
         if modulation.dim() == 3:
             modulation = modulation.unsqueeze(0)
         mod = modulation.unsqueeze(3)  # [B|1, 2*depth+1, 3, 1, We]
+        n = len(self.expert_layers)
         h = self.embed_actions(x_t)
+        x = dispatch.ada_rms_norm(h, mod[:, 0, 0], mod[:, 0, 1], cfg.rms_eps)
         for i, layer in enumerate(self.expert_layers):
-            m = mod[:, 2 * i]
-            x = ops.ada_rms_norm(h, m[:, 0], m[:, 1], cfg.rms_eps)
             q, k, v = qkv_rope(x, layer, cfg, ctx.cos, ctx.sin)
             pk, pv = kv[i]
-            a = ops.attention(q, torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), ctx.mask)
-            h = ops.gated_residual(h, attn_out(a, layer), m[:, 2].to(h.dtype))
-            m = mod[:, 2 * i + 1]
-            x = ops.ada_rms_norm(h, m[:, 0], m[:, 1], cfg.rms_eps)
-            h = ops.gated_residual(h, mlp(x, layer, cfg), m[:, 2].to(h.dtype))
-        m = mod[:, 2 * len(self.expert_layers)]
-        x = ops.ada_rms_norm(h, m[:, 0], m[:, 1], cfg.rms_eps)
+            a = attn_out(dispatch.attention_with_prefix(q, pk, pv, k, v, ctx.mask), layer)
+            # Gated residual fused with the norm that reads it: post-attention norm, then the next
+            # layer's input norm (the final norm after the last layer).
+            m_attn, m_post, m_next = mod[:, 2 * i], mod[:, 2 * i + 1], mod[:, 2 * i + 2]
+            h, x = dispatch.gated_ada_rms_norm(h, a, m_attn[:, 2], m_post[:, 0], m_post[:, 1], cfg.rms_eps)
+            h, x = dispatch.gated_ada_rms_norm(h, mlp(x, layer, cfg), m_post[:, 2], m_next[:, 0], m_next[:, 1],
+                                               cfg.rms_eps)
+        assert mod.shape[1] == 2 * n + 1
         return ops.linear(x.to(torch.float32), self.action_out_w, self.action_out_b)

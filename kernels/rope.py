@@ -1,0 +1,92 @@
+"""Fused QKV split + rotary embedding for the Gemma stacks.
+
+    qkv  [B, T, (Hq + 2*Hkv) * D]   output of the fused QKV GEMM (q heads, k heads, v heads)
+    cos, sin [B, T, D]              rotary tables (halves duplicated, rotate-half convention)
+    -> q [B, Hq, T, D], k [B, Hkv, T, D] rotated and head-major, v a strided view of qkv
+
+Unfused this is a split, two transposes and, per tensor, a negate, a concat, two
+multiplies and an add (about ten kernels per layer); here it is one launch.
+Math in fp32, one rounding to the output dtype (eager bf16 rounds each step, so
+results can differ by ~1 ulp). Reference: ``qkv_rope_ref``.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from ._common import HAVE_TRITON, available, check_tensors, next_power_of_2, tl, triton
+
+__all__ = ["available", "qkv_rope", "qkv_rope_ref"]
+
+
+def _split(qkv: torch.Tensor, hq: int, hkv: int, d: int):
+    b, t, _ = qkv.shape
+    q, k, v = qkv.split((hq * d, hkv * d, hkv * d), dim=-1)
+    return (q.view(b, t, hq, d).transpose(1, 2), k.view(b, t, hkv, d).transpose(1, 2),
+            v.view(b, t, hkv, d).transpose(1, 2))
+
+
+def qkv_rope_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v = _split(qkv, hq, hkv, d)
+
+    def rope(x):
+        half = d // 2
+        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos.unsqueeze(1) + rot * sin.unsqueeze(1)
+
+    return rope(q), rope(k), v
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _qkv_rope_kernel(QKV, COS, SIN, Q, K, T, HQ, HKV, sqb, sqt, scb, sct, sob_q, soh_q, sot_q,
+                         sob_k, soh_k, sot_k, HALF: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)              # one program per (b, t, head) of q and k
+        heads = HQ + HKV
+        h = pid % heads
+        bt = pid // heads
+        b = (bt // T).to(tl.int64)
+        t = (bt % T).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        m = offs < HALF
+        src = QKV + b * sqb + t * sqt + h * (2 * HALF)
+        x1 = tl.load(src + offs, mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF + offs, mask=m, other=0.0).to(tl.float32)
+        cs = COS + b * scb + t * sct
+        sn = SIN + b * scb + t * sct
+        c1 = tl.load(cs + offs, mask=m, other=0.0).to(tl.float32)
+        c2 = tl.load(cs + HALF + offs, mask=m, other=0.0).to(tl.float32)
+        s1 = tl.load(sn + offs, mask=m, other=0.0).to(tl.float32)
+        s2 = tl.load(sn + HALF + offs, mask=m, other=0.0).to(tl.float32)
+        o1 = x1 * c1 - x2 * s1
+        o2 = x2 * c2 + x1 * s2
+        if h < HQ:
+            dst = Q + b * sob_q + h * soh_q + t * sot_q
+        else:
+            dst = K + b * sob_k + (h - HQ) * soh_k + t * sot_k
+        tl.store(dst + offs, o1.to(Q.dtype.element_ty), mask=m)
+        tl.store(dst + HALF + offs, o2.to(Q.dtype.element_ty), mask=m)
+
+
+def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int
+             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One launch: q, k rotated into new [B, H, T, D] tensors; v returned as a view of qkv."""
+    check_tensors(("qkv", qkv), ("cos", cos), ("sin", sin))
+    if not HAVE_TRITON:
+        raise RuntimeError("triton is not importable here; use qkv_rope_ref")
+    b, t, n = qkv.shape
+    if n != (hq + 2 * hkv) * d or d % 2:
+        raise ValueError(f"qkv last dim {n} != (Hq + 2 Hkv) * D = ({hq} + 2*{hkv}) * {d} with even D")
+    if cos.shape != (b, t, d) or sin.shape != cos.shape or cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        raise ValueError(f"cos/sin must be [B={b}, T={t}, D={d}] with the same strides")
+    q = torch.empty(b, hq, t, d, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(b, hkv, t, d, dtype=qkv.dtype, device=qkv.device)
+    half = d // 2
+    _qkv_rope_kernel[(b * t * (hq + hkv),)](
+        qkv, cos, sin, q, k, t, hq, hkv, qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1),
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        HALF=half, BLOCK=max(16, next_power_of_2(half)), num_warps=1 if half <= 64 else 2)
+    return q, k, _split(qkv, hq, hkv, d)[2]

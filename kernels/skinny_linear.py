@@ -1,0 +1,95 @@
+"""Linear layer for few rows (the action expert's 50 tokens): y = x @ W^T, weight-streaming.
+
+At M <= 64 rows a bf16 GEMM is bound by reading W once, but library GEMMs tuned
+for large M leave much of the memory bandwidth unused. Here every program owns a
+BLOCK_N slice of W's rows and (with split-K) a slice of K, streams it once with
+all M rows of x resident, and accumulates in fp32; split-K partials are summed by
+a second small kernel. Reference: ``linear_ref``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._common import HAVE_TRITON, available, check_tensors, num_sms, tl, triton
+
+__all__ = ["available", "skinny_linear", "linear_ref", "MAX_ROWS"]
+
+MAX_ROWS = 64
+
+
+def linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(x, weight)
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _skinny_kernel(X, W, P, M, N, K, k_per_split, sxm, swn, spk, spm,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        k0 = pid_k * k_per_split
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kk in range(0, k_per_split, BLOCK_K):
+            k = k0 + kk + offs_k
+            km = k < K
+            a = tl.load(X + offs_m[:, None] * sxm + k[None, :], mask=(offs_m[:, None] < M) & km[None, :], other=0.0)
+            w = tl.load(W + offs_n[:, None].to(tl.int64) * swn + k[None, :], mask=(offs_n[:, None] < N) & km[None, :],
+                        other=0.0)
+            acc += tl.dot(a, tl.trans(w), input_precision="ieee")
+        dst = P + pid_k * spk + offs_m[:, None] * spm + offs_n[None, :]
+        tl.store(dst, acc.to(P.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+    @triton.jit
+    def _sum_splits_kernel(P, Y, M, N, SPLITS, spk, spm, sym, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        m = offs // N
+        n = offs % N
+        mask = offs < M * N
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in range(0, SPLITS):
+            acc += tl.load(P + s * spk + m * spm + n, mask=mask, other=0.0)
+        tl.store(Y + m * sym + n, acc.to(Y.dtype.element_ty), mask=mask)
+
+
+def _split_k(n_blocks: int, k: int, block_k: int, device: torch.device) -> int:
+    """Enough K splits to give every multiprocessor about two programs, each with >= 2 K blocks."""
+    target = 2 * num_sms(device)
+    splits = max(1, min(target // max(n_blocks, 1), k // (2 * block_k)))
+    return splits
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 64, block_k: int = 128,
+                  num_warps: int = 4, num_stages: int = 3, splits: Optional[int] = None) -> torch.Tensor:
+    """x [..., K] (at most MAX_ROWS rows after flattening) @ weight [N, K]^T -> [..., N] in x.dtype."""
+    check_tensors(("x", x), ("weight", weight))
+    if not HAVE_TRITON:
+        raise RuntimeError("triton is not importable here; use linear_ref")
+    k = x.shape[-1]
+    n = weight.shape[0]
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    if m > MAX_ROWS or weight.shape[1] != k or weight.dtype != x.dtype or weight.stride(1) != 1:
+        raise ValueError(f"skinny_linear needs <= {MAX_ROWS} rows and a [N, {k}] weight of x's dtype; got "
+                         f"{m} rows, weight {tuple(weight.shape)} {weight.dtype}")
+    block_m = max(16, triton.next_power_of_2(m))
+    n_blocks = triton.cdiv(n, block_n)
+    s = splits or _split_k(n_blocks, k, block_k, x.device)
+    k_per = triton.cdiv(triton.cdiv(k, s), block_k) * block_k
+    s = triton.cdiv(k, k_per)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    part = y if s == 1 else torch.empty(s, m, n, dtype=torch.float32, device=x.device)
+    spk = 0 if s == 1 else part.stride(0)
+    _skinny_kernel[(n_blocks, s)](x2, weight, part, m, n, k, k_per, x2.stride(0), weight.stride(0), spk,
+                                  n, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                                  num_warps=num_warps, num_stages=num_stages)
+    if s > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](part, y, m, n, s, part.stride(0), n, n, BLOCK=block)
+    return y.view(*x.shape[:-1], n)

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Write the per-device operator profile that the runner's selector reads.
+
+Runs the model once to record every (op, shape) the layers dispatch, then times
+each usable candidate for each of them inside a CUDA graph (what the runner
+replays), checks it against the torch candidate, and keeps the fastest correct
+one. Run it on the target (Jetson Thor, or the H200 for benchmarks):
+
+    python scripts/profile_ops.py --checkpoint DIR --tokenizer FILE --out profiles/thor.json
+    PHYAI_OP_PROFILE=profiles/thor.json  (or node parameter model.op_profile)
+
+Without --checkpoint a random full-size pi0.5 is built in memory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from phyai_ros.layers.selector import SELECTOR, device_signature  # noqa: E402
+
+
+def graph_time_us(fn, reps: int = 20) -> float:
+    """Median microseconds of one call replayed from a CUDA graph of `reps` calls."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(7):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(1e3 * a.elapsed_time(b) / reps)
+    return statistics.median(times)
+
+
+def first_tensor(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def rel_err(a, b) -> float:
+    a, b = first_tensor(a).float(), first_tensor(b).float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def record_model_calls(args) -> dict:
+    import numpy as np
+
+    from phyai_ros.models.pi05 import Pi05Config, Pi05Policy
+    from phyai_ros.models.pi05.checkpoint import make_random_model
+    from phyai_ros.runtime.runner import FlowRunner
+
+    if args.checkpoint:
+        stats = args.checkpoint / "norm_stats.json"
+        policy = Pi05Policy.from_files(args.checkpoint, args.tokenizer, stats if stats.is_file() else None,
+                                       device="cuda", dtype=torch.bfloat16)
+        model, cfg = policy.model, policy.config
+    else:
+        cfg = Pi05Config()
+        model = make_random_model(cfg, seed=0, std=0.02, dtype=torch.bfloat16, device="cuda")
+    b, s = args.batch, args.cameras
+    runner = FlowRunner(model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False)
+    images = torch.rand(b, s, 3, 224, 224, device="cuda") * 2 - 1
+    masks = torch.ones(b, s, dtype=torch.bool, device="cuda")
+    tokens = torch.randint(0, 1000, (b, cfg.token_budget), device="cuda")
+    tmask = torch.arange(cfg.token_budget, device="cuda")[None].expand(b, -1) < 40
+    SELECTOR.recording = {}
+    bucket = runner.set_observation(images, masks, tokens, tmask)
+    runner.sample(bucket, torch.randn(b, cfg.chunk_size, cfg.max_action_dim, device="cuda"))
+    torch.cuda.synchronize()
+    rec, SELECTOR.recording = SELECTOR.recording, None
+    return rec
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", type=Path)
+    ap.add_argument("--tokenizer", type=Path)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--cameras", type=int, default=3)
+    ap.add_argument("--tolerance", type=float, default=2e-2, help="largest relative error vs torch (bf16)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_ops: needs a CUDA device")
+    device = torch.device("cuda")
+    signature = device_signature(device)
+    calls = record_model_calls(args)
+    table, timings = {}, {}
+    for (op, key), (a, kw) in sorted(calls.items()):
+        ref = next(c for c in SELECTOR.candidates[op] if c.name == "torch").fn(*a, **kw)
+        best = None
+        for c in SELECTOR.usable(op, key, device):
+            try:
+                out = c.fn(*a, **kw)
+                err = rel_err(out, ref)
+                us = graph_time_us(lambda: c.fn(*a, **kw))
+            except Exception as exc:  # a candidate that cannot run here is simply not chosen
+                timings.setdefault(op, {}).setdefault(key, {})[c.name] = f"failed: {exc}"[:200]
+                continue
+            ok = err <= args.tolerance
+            timings.setdefault(op, {}).setdefault(key, {})[c.name] = {"us": round(us, 2), "rel_err": err, "ok": ok}
+            if ok and (best is None or us < best[1]):
+                best = (c.name, us)
+        if best:
+            table.setdefault(op, {})[key] = best[0]
+        print(f"{op:22} {key:45} " + "  ".join(
+            f"{n}={v['us']:.1f}us" if isinstance(v, dict) else f"{n}=x" for n, v in timings[op][key].items())
+            + f"  -> {best[0] if best else '-'}", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"devices": {signature: table}, "timings": {signature: timings}}, indent=1))
+    print(f"profile for {signature} written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

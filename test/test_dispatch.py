@@ -1,0 +1,152 @@
+"""Operator dispatch: the selector's choice rules, and the Triton adapters against the torch candidates.
+
+The Triton candidates run here through Triton's interpreter on CPU tensors (the selector itself only offers
+them on CUDA); on the device the same comparisons run in bf16 at real shapes (test_kernels_gpu, profile_ops).
+"""
+import pytest
+import torch
+
+from phyai_ros.kernels import _common
+from phyai_ros.layers import dispatch
+from phyai_ros.layers.selector import Candidate, OperatorSelector
+
+# test/conftest.py switches Triton's interpreter on where there is no GPU.
+needs_interpreter = pytest.mark.skipif(not (_common.HAVE_TRITON and _common.interpret_mode()),
+                                       reason="Triton interpreter check for CPU-only machines")
+
+
+def test_selector_prefers_profile_then_order_and_falls_back_on_failure():
+    sel = OperatorSelector()
+    calls = []
+
+    def broken(x):
+        calls.append("fast")
+        raise RuntimeError("no kernel for this platform")
+
+    sel.register("op", Candidate("fast", broken))
+    sel.register("op", Candidate("slow", lambda x: x + 1))
+    sel.register("op", Candidate("torch", lambda x: x + 2))
+    cpu = torch.device("cpu")
+    # No profile: first usable in order ("fast"), which fails once, is disabled for that key, and the call
+    # falls back to the next usable candidate.
+    assert sel.call("op", "k", cpu, 1) == 2
+    assert sel.call("op", "k", cpu, 1) == 2 and calls == ["fast"]
+    assert ("op", "k", "fast") in sel.disabled
+    # Another key is unaffected by the failure.
+    sel2 = OperatorSelector(candidates=sel.candidates)
+    sel2.profile = {"cpu": {"op": {"k": "torch"}}}
+    assert sel2.call("op", "k", cpu, 1) == 3
+    assert sel2.call("op", "other", cpu, 1) == 2  # not in the profile: order, "fast" failing -> "slow"
+    sel3 = OperatorSelector(candidates=sel.candidates, forced="torch")
+    assert sel3.call("op", "k", cpu, 1) == 3
+
+
+def test_device_restricted_candidates_are_not_offered_on_cpu():
+    sel = OperatorSelector()
+    sel.register("op", Candidate("gpu_only", lambda x: -1, devices=("cuda",)))
+    sel.register("op", Candidate("torch", lambda x: x))
+    assert sel.choose("op", "k", torch.device("cpu")).name == "torch"
+    with pytest.raises(RuntimeError, match="no usable candidate"):
+        OperatorSelector(candidates={"op": [Candidate("g", lambda: 0, devices=("cuda",))]}).choose(
+            "op", "k", torch.device("cpu"))
+
+
+def test_recording_keeps_each_op_and_shape_once():
+    sel = OperatorSelector()
+    sel.register("op", Candidate("torch", lambda x: x))
+    sel.recording = {}
+    for _ in range(3):
+        sel.call("op", "k1", torch.device("cpu"), torch.ones(1))
+    sel.call("op", "k2", torch.device("cpu"), torch.ones(2))
+    assert list(sel.recording) == [("op", "k1"), ("op", "k2")]
+
+
+@needs_interpreter
+def test_triton_adapters_match_torch_candidates_on_model_layouts():
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    b, t, w, eps = 2, 5, 64, 1e-6
+    h, y = r(b, t, w), r(b, t, w)
+    mod = r(1, 3, 3, 1, w)  # [1, norms, (scale, shift, gate), 1, W] as the pi0.5 expert slices it
+    got = dispatch._triton_gated_ada(h, y, mod[:, 0, 2], mod[:, 1, 0], mod[:, 1, 1], eps)
+    want = dispatch._torch_gated_ada(h, y, mod[:, 0, 2], mod[:, 1, 0], mod[:, 1, 1], eps)
+    for a, e in zip(got, want):
+        assert (a - e).abs().max().item() < 1e-5
+    a = dispatch._triton_ada(h, mod[:, 2, 0], mod[:, 2, 1], eps)
+    assert (a - dispatch.ops.ada_rms_norm(h, mod[:, 2, 0], mod[:, 2, 1], eps)).abs().max().item() < 1e-5
+    wt = r(w)
+    got = dispatch._triton_add_rms(h, y, wt, eps)
+    want = dispatch._torch_add_rms_norm(h, y, wt, eps)
+    assert all((a - e).abs().max().item() < 1e-5 for a, e in zip(got, want))
+    gu = r(b, t, 2 * 48)
+    assert (dispatch._triton_geglu(gu) - dispatch._torch_geglu(gu)).abs().max().item() < 1e-5
+    q, kp, vp, ks, vs = r(b, 8, 6, 16), r(b, 1, 20, 16), r(b, 1, 20, 16), r(b, 1, 6, 16), r(b, 1, 6, 16)
+    valid = torch.ones(b, 6, 26, dtype=torch.bool)
+    valid[1, :, 12:20] = False
+    mask = dispatch.ops.bool_to_additive_mask(valid)
+    got = dispatch._triton_attention_with_prefix(q, kp, vp, ks, vs, mask)
+    want = dispatch._torch_attention_with_prefix(q, kp, vp, ks, vs, mask)
+    assert (got - want).abs().max().item() < 1e-5
+
+
+@needs_interpreter
+def test_fused_qkv_rope_matches_split_and_rotate():
+    g = torch.Generator().manual_seed(1)
+    b, t, hq, hkv, d = 2, 7, 4, 1, 16
+    qkv = torch.randn(b, t, (hq + 2 * hkv) * d, generator=g)
+    pos = torch.arange(t)[None].expand(b, t) + torch.tensor([[0], [3]])
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    cos, sin = dispatch.ops.rope_cos_sin(pos, inv, torch.float32)
+    got = dispatch._triton_qkv_rope(qkv, cos, sin, hq, hkv, d)
+    want = dispatch._torch_qkv_rope(qkv, cos, sin, hq, hkv, d)
+    for a, e in zip(got, want):
+        assert a.shape == e.shape and (a - e).abs().max().item() < 1e-5
+
+
+@needs_interpreter
+@pytest.mark.parametrize("rows, k, n, splits", [(5, 96, 40, 1), (50, 256, 72, 3), (64, 384, 16, None)])
+def test_skinny_linear_matches_torch(rows, k, n, splits):
+    from phyai_ros.kernels.skinny_linear import linear_ref, skinny_linear
+    g = torch.Generator().manual_seed(rows)
+    x, w = torch.randn(1, rows, k, generator=g), torch.randn(n, k, generator=g)
+    got = skinny_linear(x, w, block_n=16, block_k=32, splits=splits)
+    assert got.shape == (1, rows, n)
+    assert (got - linear_ref(x, w)).abs().max().item() < 1e-4
+
+
+def test_skinny_candidate_declines_shapes_it_cannot_take():
+    w = torch.zeros(8, 4)
+    assert dispatch._skinny_shape(torch.zeros(50, 4), w)
+    assert not dispatch._skinny_shape(torch.zeros(65, 4), w)
+    assert not dispatch._skinny_shape(torch.zeros(50, 4), w, torch.zeros(8))
+    assert not dispatch._skinny_shape(torch.zeros(50, 4, dtype=torch.float64), w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, k, n", [(50, 1024, 2560), (50, 2048, 1024), (50, 1024, 8192), (50, 4096, 1024),
+                                        (64, 1152, 4304)])
+def test_skinny_linear_bf16_on_the_device(rows, k, n):
+    """bf16 operands, fp32 accumulation: within bf16 output rounding of the fp32 product of the same operands."""
+    from phyai_ros.kernels.skinny_linear import skinny_linear
+    g = torch.Generator(device="cuda").manual_seed(rows + n)
+    x = torch.randn(1, rows, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
+    out = torch.full((1, rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out.copy_(skinny_linear(x, w))
+    ref = x.float() @ w.float().T
+    assert torch.isfinite(out).all()
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 4e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [50, 968])
+def test_fused_qkv_rope_bf16_on_the_device(t):
+    g = torch.Generator(device="cuda").manual_seed(t)
+    hq, hkv, d = 8, 1, 256
+    qkv = torch.randn(1, t, (hq + 2 * hkv) * d, device="cuda", generator=g).bfloat16()
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    cos, sin = dispatch.ops.rope_cos_sin(torch.arange(t, device="cuda")[None] + 700, inv, torch.bfloat16)
+    got = dispatch._triton_qkv_rope(qkv, cos, sin, hq, hkv, d)
+    want = dispatch._torch_qkv_rope(qkv.float(), cos.float(), sin.float(), hq, hkv, d)
+    for a, e in zip(got, want):
+        assert ((a.float() - e).norm() / e.norm()).item() < 8e-3
