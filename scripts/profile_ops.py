@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
+from phyai_ros.layers.ops import MASK_VALUE  # noqa: E402
 from phyai_ros.layers.selector import SELECTOR, device_signature  # noqa: E402
 
 
@@ -53,9 +54,21 @@ def first_tensor(out):
     return out[0] if isinstance(out, tuple) else out
 
 
-def rel_err(a, b) -> float:
+def rel_err(a, b, rows=None) -> float:
+    """Relative error; for attention only over query rows that may attend somewhere (rows of fully masked
+    queries are padding whose values nothing reads, and candidates legitimately differ there)."""
     a, b = first_tensor(a).float(), first_tensor(b).float()
+    if rows is not None:
+        a, b = a * rows, b * rows
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def valid_query_rows(op: str, args: tuple):
+    """[B, 1, Lq, 1] float mask of attention queries with at least one allowed key, or None."""
+    mask = args[-1] if op in ("attention", "attention_with_prefix") else None
+    if mask is None or mask.dtype == torch.bool:
+        return None if mask is None else mask.any(-1, keepdim=True).float()
+    return (mask > MASK_VALUE / 2).any(-1, keepdim=True).float()
 
 
 def record_model_calls(args) -> dict:
@@ -108,7 +121,7 @@ def main() -> None:
         for c in SELECTOR.usable(op, key, device):
             try:
                 out = c.fn(*a, **kw)
-                err = rel_err(out, ref)
+                err = rel_err(out, ref, valid_query_rows(op, a))
                 us = graph_time_us(lambda: c.fn(*a, **kw))
             except Exception as exc:  # a candidate that cannot run here is simply not chosen
                 timings.setdefault(op, {}).setdefault(key, {})[c.name] = f"failed: {exc}"[:200]
