@@ -252,11 +252,11 @@ def main() -> None:
         stages = {"vision": bucket.vision.replay, "prefix": bucket.prefix.replay, "loop": bucket.loop.replay}
     else:  # the same stage functions, eagerly
         embs = runner._vision(bucket.images, bucket.image_masks, bucket.tokens, bucket.token_masks)
-        kv, ctx = runner._prefix(*embs)
-        loop_args = (kv, ctx, bucket.noise, bucket.rtc_y, bucket.rtc_weights, bucket.rtc_guidance)
+        prefix_state = runner._prefix(*embs, bucket.state)
+        loop_args = (prefix_state, bucket.noise, bucket.rtc_y, bucket.rtc_weights, bucket.rtc_guidance)
         stages = {"vision": lambda: runner._vision(bucket.images, bucket.image_masks, bucket.tokens,
                                                    bucket.token_masks),
-                  "prefix": lambda: runner._prefix(*embs), "loop": lambda: runner._loop(*loop_args)}
+                  "prefix": lambda: runner._prefix(*embs, bucket.state), "loop": lambda: runner._loop(*loop_args)}
     costs = pi05_stage_costs(cfg.replace(token_budget=res["prefix_len_run"] - len(CAMERAS) * cfg.siglip.num_patches),
                              1, len(CAMERAS))
     peak, bw = res["ceilings"]["gemm_tflops"] * 1e12, res["ceilings"]["copy_tbps"] * 1e12

@@ -116,3 +116,26 @@ def test_token_buckets_cut_only_padding_and_capture_every_length():
     assert (got - exp["actions.model"]).abs().max().item() <= 1e-4
     keys = cut.capture_all_buckets(*args, inp["noise"])
     assert sorted(k[2] for k in keys) == list(range(32, 200, 32)) + [200]
+
+
+@pytest.mark.parametrize("case", ["plain", "rtc_linear"])
+def test_the_same_runner_runs_pi0(case):
+    """pi0 (state as a suffix token, action-time MLP) through the unchanged runner: the adapter boundary holds."""
+    from safetensors.torch import load_file
+
+    from phyai_ros.models.pi0 import Pi0Policy
+    pi0 = FIXTURES / "pi0"
+    policy = Pi0Policy.from_files(pi0 / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model",
+                                  pi0 / "norm_stats.json")
+    inp, exp = load_file(str(pi0 / "inputs.safetensors")), load_file(str(pi0 / "expected.safetensors"))
+    tasks = json.loads((pi0 / "inputs.json").read_text())["tasks"]
+    images = {k[len(IMG):]: v.numpy() for k, v in inp.items() if k.startswith(IMG)}
+    x = policy.prepare(images, inp["raw.observation.state"].numpy(), tasks)
+    cfg = policy.config
+    runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False,
+                        state_dim=cfg.max_state_dim)
+    bucket = runner.set_observation(x.images, x.image_masks, x.tokens, x.token_masks, policy.state_padded(x))
+    rtc = None if case == "plain" else policy.rtc_guide(rtc_params(inp, "linear"), 2)
+    out = runner.sample(bucket, inp["noise"], rtc)
+    key = "actions.model" if case == "plain" else f"{case}.actions.model"
+    assert (out - exp[key]).abs().max().item() <= 1e-4

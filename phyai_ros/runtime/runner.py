@@ -7,13 +7,12 @@ captured graphs per bucket (vision+embedding, prefix KV, the whole denoising loo
 with its RTC guidance). On the CPU, or with graphs off, the same functions run
 eagerly on the same buffers, so both paths compute the same thing.
 
-The model object must provide the pi-family stage API::
+The model object must provide the pi-family stage API (pi0.5 and pi0 both do)::
 
     embed_prefix(images, image_masks, tokens, token_masks) -> (embs, pad)
-    prefix_kv(embs, pad) -> kv
-    suffix_context(pad) -> ctx
-    time_modulation(t_table) -> per-step tables (indexable by step)
-    denoise_velocity(x_t, kv, ctx=ctx, modulation=table_k) -> v
+    prefix_state(embs, pad, state_padded) -> what every step of one observation reuses (KV, masks, ...)
+    step_tables(t_table) -> per-step time conditioning, indexable by step
+    velocity(x_t, prefix_state, table_k) -> v
 """
 from __future__ import annotations
 
@@ -37,6 +36,7 @@ class _Bucket:
     image_masks: Tensor
     tokens: Tensor
     token_masks: Tensor
+    state: Tensor
     noise: Tensor
     rtc_y: Tensor
     rtc_weights: Tensor
@@ -51,7 +51,7 @@ class FlowRunner:
     """Runs prefix + Euler loop (+ identity-form RTC guidance) for one model on one device."""
 
     def __init__(self, model, num_steps: int, chunk_size: int, action_dim: int, use_graphs: bool = True,
-                 token_bucket: int = 0):
+                 token_bucket: int = 0, state_dim: int = 32):
         self.model = model
         # Language tokens are right-padded to the budget; pad tokens are masked keys whose own outputs
         # nothing reads, so cutting them changes no valid result. token_bucket > 0 keeps the prompt's
@@ -59,10 +59,11 @@ class FlowRunner:
         self.token_bucket = int(token_bucket)
         self.device = model.device
         self.num_steps, self.chunk_size, self.action_dim = num_steps, chunk_size, action_dim
+        self.state_dim = state_dim
         self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
         with torch.no_grad():
             self.t_table, self.dt = solver.euler_schedule(num_steps, device=self.device)
-            self.tables = model.time_modulation(self.t_table)   # before the loop, once per model
+            self.tables = model.step_tables(self.t_table)   # before the loop, once per model
         self.registry = GraphRegistry() if self.use_graphs else None
         self._buckets: dict[tuple, _Bucket] = {}
         self._observation_ids = itertools.count(1)
@@ -71,14 +72,14 @@ class FlowRunner:
     def _vision(self, images, image_masks, tokens, token_masks):
         return self.model.embed_prefix(images, image_masks, tokens, token_masks)
 
-    def _prefix(self, embs, pad):
-        return self.model.prefix_kv(embs, pad), self.model.suffix_context(pad)
+    def _prefix(self, embs, pad, state):
+        return self.model.prefix_state(embs, pad, state)
 
-    def _loop(self, kv, ctx, noise, y, weights, guidance):
+    def _loop(self, prefix_state, noise, y, weights, guidance):
         x = noise
         for k in range(self.num_steps):
             t = self.t_table[k]
-            v = self.model.denoise_velocity(x, kv, ctx=ctx, modulation=self.tables[k])
+            v = self.model.velocity(x, prefix_state, self.tables[k])
             # Zero weights (RTC off) make this exactly v: one graph serves both.
             v = solver.rtc_guided_velocity(x, v, t, y, weights, guidance[k])
             x = solver.euler_step(x, v, self.dt)
@@ -95,6 +96,7 @@ class FlowRunner:
                 image_masks=torch.zeros(batch, n_slots, device=dev, dtype=torch.bool),
                 tokens=torch.zeros(batch, n_tokens, device=dev, dtype=torch.long),
                 token_masks=torch.zeros(batch, n_tokens, device=dev, dtype=torch.bool),
+                state=torch.zeros(batch, self.state_dim, device=dev, dtype=f32),
                 noise=torch.zeros(batch, self.chunk_size, self.action_dim, device=dev, dtype=f32),
                 rtc_y=torch.zeros(batch, self.chunk_size, self.action_dim, device=dev, dtype=f32),
                 rtc_weights=torch.zeros(self.chunk_size, device=dev, dtype=f32),
@@ -128,8 +130,10 @@ class FlowRunner:
 
     # ---------------------------------------------------------------- execution
     @torch.no_grad()
-    def set_observation(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor) -> _Bucket:
-        """Copy a new observation into its bucket and compute its prefix state (invalidating the old one)."""
+    def set_observation(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor,
+                        state: Optional[Tensor] = None) -> _Bucket:
+        """Copy a new observation into its bucket and compute its prefix state (invalidating the old one).
+        state: normalized, zero-padded [B, state_dim] (models that take the state in the prompt ignore it)."""
         batch, n_slots, _, size, _ = images.shape
         if self.token_bucket:
             keep = self.bucket_length(token_masks)
@@ -140,16 +144,21 @@ class FlowRunner:
         b.image_masks.copy_(image_masks, non_blocking=True)
         b.tokens.copy_(tokens, non_blocking=True)
         b.token_masks.copy_(token_masks, non_blocking=True)
+        if state is None:
+            b.state.zero_()
+        else:
+            b.state.copy_(state, non_blocking=True)
         if self.use_graphs:
             if b.vision is None:
                 b.vision = self.registry.capture(("vision",) + self._key(b), self._vision,
                                                  (b.images, b.image_masks, b.tokens, b.token_masks))
-                b.prefix = self.registry.capture(("prefix",) + self._key(b), self._prefix, tuple(b.vision.outputs))
+                b.prefix = self.registry.capture(("prefix",) + self._key(b), self._prefix,
+                                                 (*b.vision.outputs, b.state))
             b.vision.replay()
             b.prefix.replay()
         else:
             embs, pad = self._vision(b.images, b.image_masks, b.tokens, b.token_masks)
-            b.prefix = CapturedCall(graph=None, inputs=(), outputs=self._prefix(embs, pad))
+            b.prefix = CapturedCall(graph=None, inputs=(), outputs=self._prefix(embs, pad, b.state))
         b.prefix_for = next(self._observation_ids)
         return b
 
@@ -173,8 +182,7 @@ class FlowRunner:
             bucket.rtc_y.copy_(guide.y, non_blocking=True)
             bucket.rtc_weights.copy_(guide.weights, non_blocking=True)
             bucket.rtc_guidance.copy_(guide.guidance, non_blocking=True)
-        kv, ctx = bucket.prefix.outputs
-        args = (kv, ctx, bucket.noise, bucket.rtc_y, bucket.rtc_weights, bucket.rtc_guidance)
+        args = (bucket.prefix.outputs, bucket.noise, bucket.rtc_y, bucket.rtc_weights, bucket.rtc_guidance)
         if not self.use_graphs:
             return self._loop(*args)
         if bucket.loop is None:

@@ -199,6 +199,11 @@ class FlowPolicy:
                             torch.from_numpy(tmasks).to(self.device), state_n, prompts, present + absent, truncated)
 
     # ---------------------------------------------------------------- inference helpers
+    def state_padded(self, inputs: PolicyInputs) -> Tensor:
+        """Normalized state zero-padded to the model's max_state_dim, on the device (pi0's state token)."""
+        s = inputs.state_normalized.to(self.device, torch.float32)
+        return torch.nn.functional.pad(s, (0, self.config.max_state_dim - s.shape[-1]))
+
     def make_noise(self, batch: int, generator: Optional[torch.Generator] = None) -> Tensor:
         cfg = self.config
         return torch.randn(batch, cfg.chunk_size, cfg.max_action_dim, generator=generator,

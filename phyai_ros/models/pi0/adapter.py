@@ -45,10 +45,6 @@ class Pi0Policy(FlowPolicy):
     def build_prompts(self, tasks: List[str], state_normalized: np.ndarray) -> List[str]:
         return [pi0_prompt(t) for t in tasks]
 
-    def state_padded(self, inputs: PolicyInputs) -> Tensor:
-        s = inputs.state_normalized.to(self.device, torch.float32)
-        return torch.nn.functional.pad(s, (0, self.config.max_state_dim - s.shape[-1]))
-
     @torch.no_grad()
     def sample_actions(self, inputs: PolicyInputs, noise=None, rtc: Optional[RtcParams] = None,
                        trace: Optional[Dict[str, list]] = None) -> Tensor:

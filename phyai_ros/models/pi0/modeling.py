@@ -52,6 +52,20 @@ class Pi0Model(PaliGemmaPrefix):
         self.register_buffer("atm_out_b", e((w,)))
         self.register_buffer("expert_inv_freq", rope_inv_freq(x, device))
 
+    # ------------------------------------------------------------------ runner-facing stage API (shared with pi0.5)
+    def prefix_state(self, prefix_embs: Tensor, prefix_pad: Tensor, state_padded: Tensor):
+        """What every denoising step of one observation reuses: (prefix KV, suffix context, state token)."""
+        return (self.prefix_kv(prefix_embs, prefix_pad), self.suffix_context(prefix_pad),
+                self.embed_state(state_padded))
+
+    def step_tables(self, t_table: Tensor) -> Tensor:
+        """Per-step time conditioning computed before the loop: the time half of action_time_mlp_in."""
+        return self.time_bias(t_table)
+
+    def velocity(self, x_t: Tensor, prefix_state, table: Tensor) -> Tensor:
+        kv, ctx, state_emb = prefix_state
+        return self.denoise_velocity(x_t, kv, state_emb, ctx=ctx, time_bias=table)
+
     def embed_state(self, state_padded: Tensor) -> Tensor:
         """Normalized state zero-padded to max_state_dim [B, 32] -> state token [B, 1, We] (float32)."""
         return ops.linear(state_padded.to(torch.float32), self.state_w, self.state_b)[:, None, :]

@@ -76,6 +76,20 @@ class Pi05Model(PaliGemmaPrefix):
         n, w = cond.shape
         return torch.stack(mods, dim=1).view(n, len(mods), 3, w)
 
+    # ------------------------------------------------------------------ runner-facing stage API (shared with pi0)
+    def prefix_state(self, prefix_embs: Tensor, prefix_pad: Tensor, state_padded: Optional[Tensor] = None):
+        """What every denoising step of one observation reuses: (prefix KV, suffix context). The state is
+        already in the prompt for pi0.5, so state_padded is unused."""
+        return self.prefix_kv(prefix_embs, prefix_pad), self.suffix_context(prefix_pad)
+
+    def step_tables(self, t_table: Tensor) -> Tensor:
+        """Per-step time conditioning computed before the loop: the adaRMS modulation of every norm."""
+        return self.time_modulation(t_table)
+
+    def velocity(self, x_t: Tensor, prefix_state, table: Tensor) -> Tensor:
+        kv, ctx = prefix_state
+        return self.denoise_velocity(x_t, kv, ctx=ctx, modulation=table)
+
     # ------------------------------------------------------------------ denoising
     def embed_actions(self, x_t: Tensor) -> Tensor:
         """Action tokens: action_in_proj(x_t) [B,H,We] (float32 projection, cast to the model dtype)."""
