@@ -47,7 +47,8 @@ def test_installed_tree_has_what_ros2_run_and_launch_need(installed):
     prefix, site = installed
     for rel in ("share/phyai_ros/package.xml", "share/phyai_ros/launch/pi05_thor.launch.py",
                 "share/phyai_ros/config/pi05_thor.yaml", "share/phyai_ros/config/pi05_cpu_test.yaml",
-                "lib/phyai_ros/onboard_node", "lib/phyai_ros/predict"):
+                "lib/phyai_ros/onboard_node", "lib/phyai_ros/predict", "lib/phyai_ros/replay",
+                "lib/phyai_ros/report", "share/phyai_ros/launch/replay.launch.py"):
         assert (prefix / rel).is_file(), rel
     assert os.access(prefix / "lib/phyai_ros/onboard_node", os.X_OK)
     assert (site / "phyai_ros" / "kernels" / "rms_norm.py").is_file()

@@ -1,0 +1,138 @@
+"""Start the policy node as a subprocess for a replay (the CLI's ``--start-node``, the demo and
+``phyai_ros.testing``): ``python -m phyai_ros.node.main --ros-args --params-file F -p k:=v ...``
+with ``use_sim_time`` on, its output drained by a thread (and kept for error messages).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+from phyai_ros.replay.nodeinfo import NODE_NAME, NodeInfo, load_params_file
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]   # folder holding the phyai_ros package
+
+
+def default_params_file(name: str = "pi05_cpu_test.yaml") -> Path:
+    """config/<name> of the source tree, or of an installed share/phyai_ros."""
+    candidates = [PACKAGE_ROOT / "config" / name]
+    for prefix in [p for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p] + [sys.prefix]:
+        candidates.append(Path(prefix) / "share" / "phyai_ros" / "config" / name)
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise FileNotFoundError(f"params file {name} not found in: " + ", ".join(map(str, candidates)))
+
+
+def param_arg(name: str, value: Any) -> str:
+    """``name:=value`` typed the way rcl's YAML parser reads it."""
+    def fmt(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(fmt(x) for x in v) + "]"
+        return "'" + str(v).replace("'", "''") + "'"
+    return f"{name}:={fmt(value)}"
+
+
+def parse_param_args(items) -> Dict[str, Any]:
+    """['name:=value', ...] (as after -p) -> dict, values parsed as YAML like rcl does."""
+    import yaml
+    out = {}
+    for item in items or ():
+        name, sep, value = item.partition(":=")
+        if not sep or not name:
+            raise ValueError(f"bad parameter {item!r}: expected NAME:=VALUE")
+        out[name.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGINT when the parent dies, so a killed replay leaves no node behind."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+
+
+class PolicyNodeProcess:
+    """The policy node in a subprocess, following the replay's /clock.
+
+    ``info`` describes it (from the params file + overrides, without asking the live node)."""
+
+    def __init__(self, params_file=None, *, overrides: Optional[Mapping[str, Any]] = None,
+                 remaps: Optional[Mapping[str, str]] = None, use_sim_time: bool = True,
+                 env: Optional[Mapping[str, str]] = None, log_path=None, module: str = "phyai_ros.node.main"):
+        self.params_file = Path(params_file) if params_file else default_params_file()
+        self.overrides = dict(overrides or {})
+        params = {**load_params_file(self.params_file), **self.overrides}
+        if use_sim_time:
+            params["use_sim_time"] = True
+        self.info = NodeInfo.from_params(params, source=f"params file {self.params_file} + overrides")
+        args = [sys.executable, "-m", module, "--ros-args", "--params-file", str(self.params_file)]
+        for name, value in self.overrides.items():
+            args += ["-p", param_arg(name, value)]
+        if use_sim_time:
+            args += ["-p", "use_sim_time:=true"]
+        for src, dst in (remaps or {}).items():
+            args += ["-r", f"{src}:={dst}"]
+        self.args = args
+        full_env = dict(os.environ if env is None else env)
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full_env.get("PYTHONPATH")]))
+        full_env.setdefault("PYTHONUNBUFFERED", "1")
+        self._log = open(log_path, "w") if log_path else None
+        self.proc = subprocess.Popen(args, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        self._lines: List[str] = []
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.append(line)
+            if self._log is not None:
+                self._log.write(line)
+                self._log.flush()
+
+    @property
+    def name(self) -> str:
+        return NODE_NAME
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def output(self, last: Optional[int] = None) -> str:
+        lines = self._lines if last is None else self._lines[-last:]
+        return "".join(lines)
+
+    def stop(self, timeout: float = 15.0) -> str:
+        """Ctrl-C the node, wait (kill if it hangs) and return what it printed."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(5.0)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return self.output()
+
+    def __enter__(self) -> "PolicyNodeProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+__all__ = ["PolicyNodeProcess", "default_params_file", "param_arg", "parse_param_args", "PACKAGE_ROOT"]

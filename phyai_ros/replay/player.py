@@ -1,0 +1,806 @@
+"""Play a scanned bag into live topics, drive the replay clock, and record the node's outputs.
+
+The node must run with ``use_sim_time:=true``: the player publishes ``/clock`` and the node's
+stamps, timers and latency segments all follow it.
+
+Modes
+-----
+``realtime`` (rate r): messages leave at their recorded spacing divided by r (paced on the
+monotonic clock); ``/clock`` follows the bag's time source, published with every message, at
+every control-grid instant (multiples of the node's dt) and at ``clock_hz`` in between, so
+ticks fire on the grid and latencies are resolved to about 1/clock_hz.  Latencies are in
+replay-clock time: at rate r a replay second lasts 1/r wall seconds, so at r < 1 the node
+looks r times as fast as it is (a slower robot), at r > 1 slower; r = 1 measures it.
+
+``stepped``: deterministic and as fast as the node allows.  The clock advances on the
+control grid one dt at a time.  Before each step the messages recorded up to it are
+published (the clock set to each one's time first), the player waits ``settle`` (wall) so
+the node has taken them, then moves the clock to the grid instant; the node ticks and
+reports on /diagnostics (needs ``diagnostics.period == control.dt``: one report per tick);
+if that report says an inference is in flight, the clock is held until its chunk arrives.
+So which messages each inference sees, and when its chunk is adopted, do not depend on CPU
+speed: with a fixed noise seed two runs give identical chunks.  The price: an inference
+takes zero replay-clock time, so latencies and margins of a stepped run describe the
+logic, not the machine (the report says so).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from phyai_ros.replay.accounting import Accounting, Snapshot, account
+from phyai_ros.replay.bagtypes import NS, stamp_ns, typestore
+from phyai_ros.replay.nodeinfo import NodeInfo, query_node
+from phyai_ros.replay.scan import CLOCK_TOPIC, Event, Session, iter_bag
+
+SUMMARY_TOPIC = "/replay/summary"
+EVENTS_TOPIC = "/replay/events"
+MODES = ("realtime", "stepped")
+
+
+@dataclass
+class ReplayOptions:
+    mode: str = "realtime"          # 'realtime' | 'stepped'
+    rate: float = 1.0               # realtime speed factor
+    clock_hz: float = 200.0         # realtime: /clock rate between messages and grid instants
+    preroll: float = 0.2            # replay-clock seconds before the first message
+    tail: float = 1.0               # replay-clock seconds after the last message
+    settle: float = 0.01            # stepped: wall seconds between publishing inputs and the tick
+    step_timeout: float = 10.0      # stepped: wall seconds to wait for the node's report of a tick
+    inference_timeout: float = 60.0 # stepped: wall seconds to wait for an in-flight chunk
+    startup_timeout: float = 60.0   # wall seconds for the node to follow /clock
+    race_window: Optional[float] = None  # accounting: publish->receive uncertainty (s); None: by mode
+    out_storage: str = "mcap"
+    record_inputs: bool = False     # also copy the played inputs into the output bag
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if not (self.rate > 0 and math.isfinite(self.rate)):
+            raise ValueError("rate must be > 0")
+        if self.out_storage not in ("mcap", "sqlite3"):
+            raise ValueError("out_storage must be 'mcap' or 'sqlite3'")
+
+
+@dataclass
+class Received:
+    seq: int          # receipt order over all recorded topics
+    sim_ns: int       # replay clock at receipt
+    epoch: int        # replay-clock segment at receipt
+    wall: float       # time.monotonic() at receipt
+    msg: Any
+    bag_ns: int = 0   # input-bag time at receipt (the output bag's timestamp)
+
+
+@dataclass
+class ReplayResult:
+    """Everything a replay produced, as Python objects (also written to the output bag)."""
+
+    session: Session
+    options: ReplayOptions
+    out_path: Optional[Path]
+    chunks: List[Received]            # msg: phyai_ros.messages.ChunkData
+    margins: List[Received]           # msg: dict (phyai_ros.messages.msg_to_margin)
+    commands: List[Received]          # msg: (slot stamp ns or None, np.ndarray action)
+    diagnostics: List[Received]       # msg: dict(stamp_ns, counters, margin_level, margin_message, inputs_level)
+    events: List[Event]
+    accounting: Accounting
+    node_counters: Dict[str, int]     # the node's counter increments during the replay
+    played: int
+    complete: bool
+    wall_s: float
+    lag_ms: Dict[str, float] = field(default_factory=dict)
+    snapshots: List[Snapshot] = field(default_factory=list)
+    session_ns: tuple = (None,) * 5   # replay clock at the first / last message, of the session's last
+    tail_counters: Dict[str, int] = field(default_factory=dict)  # last node report; counters after the bag ended
+
+    @property
+    def chunk_data(self):
+        return [r.msg for r in self.chunks]
+
+    @property
+    def margin_values(self):
+        return [r.msg for r in self.margins]
+
+    def summary(self) -> dict:
+        s = self.session
+        return {
+            "bag": str(s.path), "storage": s.storage, "clock_source": s.clock_source,
+            "bag_duration_s": s.duration(), "messages": len(s.items), "played": self.played,
+            "complete": self.complete, "mode": self.options.mode, "rate": self.options.rate,
+            "wall_s": self.wall_s, "lag_ms": self.lag_ms, "node": s.node.to_dict(),
+            "topics": s.topics, "chunks": len(self.chunks), "margins": len(self.margins),
+            "commands": len(self.commands), "diagnostics": len(self.diagnostics),
+            "node_counters": self.node_counters, "tail_counters": self.tail_counters,
+            "session_start_ns": self.session_ns[0], "session_end_ns": self.session_ns[1],
+            "session_report_ns": self.session_ns[2], "session_start_bag_ns": self.session_ns[3],
+            "session_end_bag_ns": self.session_ns[4], "accounting": self.accounting.to_dict(s.items),
+            "events": [e.to_dict() for e in self.events], "out": str(self.out_path) if self.out_path else None,
+        }
+
+
+def ros_type(msgtype: str):
+    """'sensor_msgs/msg/Image' -> the rclpy message class (ImportError/AttributeError if unavailable)."""
+    pkg, kind, name = msgtype.split("/")
+    return getattr(importlib.import_module(f"{pkg}.{kind}"), name)
+
+
+def parse_diagnostics(msg) -> Optional[dict]:
+    """The policy node's /diagnostics report as a dict, or None for someone else's."""
+    out = {"stamp_ns": stamp_ns(msg.header.stamp), "counters": {}, "flags": {}}
+    mine = False
+    for st in msg.status:
+        if st.name.endswith("inputs and loop"):
+            mine = True
+            for kv in st.values:
+                v = kv.value.strip()
+                if v.lstrip("-").isdigit():
+                    out["counters"][kv.key] = int(v)
+                else:
+                    out["flags"][kv.key] = v
+            out["inputs_level"] = int(st.level[0]) if isinstance(st.level, (bytes, bytearray)) else int(st.level)
+            out["inputs_message"] = st.message
+        elif st.name.endswith("control margin"):
+            out["margin_level"] = int(st.level[0]) if isinstance(st.level, (bytes, bytearray)) else int(st.level)
+            out["margin_message"] = st.message
+            out["margin_values"] = {kv.key: kv.value for kv in st.values}
+    return out if mine else None
+
+
+def in_flight(diag: dict) -> bool:
+    flag = diag["flags"].get("inference_in_flight")
+    if flag is not None:
+        return flag == "true"
+    c = diag["counters"]
+    done = sum(c.get(k, 0) for k in ("chunks", "inference_errors", "bad_chunks", "discarded_after_reset",
+                                     "worker_crashes"))
+    return c.get("inferences_started", 0) > done
+
+
+class _Output:
+    """Thread-safe output bag (rosbags Writer) keyed by topic."""
+
+    def __init__(self, path: Path, storage: str):
+        from rosbags.rosbag2 import StoragePlugin, Writer
+        self.path = Path(path)
+        self._writer = Writer(self.path, version=9,
+                              storage_plugin=StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3)
+        self._writer.open()
+        self._conns: Dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def add(self, topic: str, msgtype: str) -> None:
+        with self._lock:
+            if topic not in self._conns:
+                self._conns[topic] = self._writer.add_connection(topic, msgtype, typestore=typestore())
+
+    def write(self, topic: str, t_ns: int, raw: bytes) -> None:
+        with self._lock:
+            if not self.closed:
+                self._writer.write(self._conns[topic], int(t_ns), raw)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                self._writer.close()
+
+
+class ReplayNode:
+    """The replay's rclpy side: its own Context, a node, an executor spinning in a thread.
+
+    Use as a context manager.  ``wait_for_node`` / ``node_info`` find the policy node;
+    ``play(session, out, options)`` replays and returns a ``ReplayResult``."""
+
+    def __init__(self, name: str = "phyai_replay", node_name: str = "phyai_policy"):
+        import rclpy
+        from rclpy.executors import SingleThreadedExecutor
+        self.node_name = node_name.lstrip("/")
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context)
+        self.node = rclpy.create_node(name, context=self.context)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self._thread = threading.Thread(target=self._spin, name="replay-executor", daemon=True)
+        self._thread.start()
+
+    def _spin(self) -> None:
+        try:
+            self.executor.spin()
+        except Exception:  # noqa: BLE001 - shutdown races end the spin thread quietly
+            pass
+
+    def __enter__(self) -> "ReplayNode":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        import rclpy
+        try:
+            self.executor.shutdown(timeout_sec=2.0)
+        except Exception:  # noqa: BLE001
+            pass
+        self._thread.join(3.0)
+        try:
+            self.node.destroy_node()
+        finally:
+            rclpy.try_shutdown(context=self.context)
+
+    # -- the policy node
+    def node_present(self) -> bool:
+        return any(n == self.node_name for n, _ in self.node.get_node_names_and_namespaces())
+
+    def wait_for_node(self, timeout: float = 60.0, alive: Optional[Callable[[], bool]] = None) -> bool:
+        """Until the policy node is on the graph with its /diagnostics publisher."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if alive is not None and not alive():
+                return False
+            if self.node_present() and self.node.count_publishers("/diagnostics") > 0:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def node_info(self, timeout: float = 10.0) -> Optional[NodeInfo]:
+        return query_node(self.node, self.node_name, timeout)
+
+    # -- replay
+    def play(self, session: Session, out_path, options: Optional[ReplayOptions] = None,
+             alive: Optional[Callable[[], bool]] = None, log: Callable[[str], None] = lambda s: None
+             ) -> ReplayResult:
+        return _Replay(self, session, out_path, options or ReplayOptions(), alive, log).run()
+
+
+class _Replay:
+    def __init__(self, rn: ReplayNode, session: Session, out_path, options: ReplayOptions,
+                 alive: Optional[Callable[[], bool]], log: Callable[[str], None]):
+        from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+        from rosgraph_msgs.msg import Clock
+        self.rn, self.s, self.o, self.log = rn, session, options, log
+        self.alive = alive or (lambda: True)
+        node = rn.node
+        self.info = session.node
+        self.dt_ns = int(round(self.info.dt * NS))
+        self.events: List[Event] = list(session.events)
+        self._cond = threading.Condition()
+        self._seq = 0
+        self.clock_ns = 0          # replay clock (what /clock says)
+        self.bag_ns = 0            # position on the input bag's timeline (monotonic): the output bag's time
+        self._offset = 0           # bag time - replay clock in the current clock segment
+        self.epoch = 0
+        self.chunks: List[Received] = []
+        self.margins: List[Received] = []
+        self.commands: List[Received] = []
+        self.diags: List[Received] = []
+        self._diag_by_stamp: Dict[int, dict] = {}
+        self._first_pub: Optional[Tuple[int, int]] = None   # (diagnostics received, clock) at the first message
+        self._last_pub: Optional[Tuple[int, int]] = None    # ... at the last message
+        self.out = _Output(Path(out_path), options.out_storage) if out_path is not None else None
+        self.ClockMsg = Clock
+
+        reliable = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        self.clock_pub = node.create_publisher(Clock, CLOCK_TOPIC, QoSProfile(
+            depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST))
+        self.pubs: Dict[str, Any] = {}
+        unavailable = set()
+        for topic, meta in session.topics.items():
+            out_topic = meta["out_topic"]
+            if meta.get("role") in ("clock", "excluded") or out_topic in self.pubs:
+                continue
+            try:
+                cls = ros_type(meta["msgtype"])
+            except (ImportError, AttributeError, ValueError):
+                unavailable.add(topic)
+                continue
+            qos = latched if (out_topic == self.info.instruction_topic or _recorded_latched(session, topic)) \
+                else reliable
+            self.pubs[out_topic] = node.create_publisher(cls, out_topic, qos)
+        for it in session.items:
+            if it.topic in unavailable and it.publish:
+                it.publish = False
+                it.detail = "message type not available to rclpy here"
+        for topic in sorted(unavailable):
+            self._add_event(Event("type_unavailable", f"{session.topics[topic]['msgtype']} cannot be published "
+                                     "(no rclpy type installed); not played", topic=topic, source="replay"))
+
+        # outputs
+        self._subs = []
+        record_qos = QoSProfile(depth=200, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+        for topic, msgtype in self.info.output_types().items():
+            cls = ros_type(msgtype)
+            if self.out is not None:
+                self.out.add(topic, msgtype)
+            self._subs.append(node.create_subscription(cls, topic, self._recorder(topic, msgtype, cls),
+                                                       record_qos, raw=True))
+        if self.out is not None and options.record_inputs:
+            for topic, meta in session.topics.items():
+                if meta.get("role") not in ("excluded", "clock") and meta["out_topic"] in self.pubs:
+                    self.out.add(meta["out_topic"], meta["msgtype"])
+
+    # ------------------------------------------------------------------ recording
+    def _recorder(self, topic: str, msgtype: str, cls):
+        from rclpy.serialization import deserialize_message
+        from phyai_ros.messages import msg_to_chunk, msg_to_margin
+        info = self.info
+
+        def parse(raw: bytes):
+            msg = deserialize_message(raw, cls)
+            if topic == info.chunk_topic:
+                return msg_to_chunk(msg)
+            if topic == info.margin_topic:
+                return msg_to_margin(msg)
+            if topic == "/diagnostics":
+                return parse_diagnostics(msg)
+            if topic == info.command_topic:
+                if hasattr(msg, "points"):
+                    return (stamp_ns(msg.header.stamp), np.asarray(msg.points[0].positions if msg.points else [],
+                                                                   dtype=np.float64))
+                return (None, np.asarray(msg.data, dtype=np.float64))
+            return None
+
+        def callback(raw: bytes) -> None:
+            t, tb = self.clock_ns, self.bag_ns
+            if self.out is not None:
+                self.out.write(topic, tb, raw)
+            try:
+                value = parse(raw)
+            except Exception as exc:  # noqa: BLE001 - a malformed output is an event, not a crash
+                with self._cond:
+                    self._add_event(Event("bad_output", f"{topic}: {type(exc).__name__}: {exc}", topic=topic,
+                                             sim_ns=t, source="replay"))
+                return
+            if value is None:
+                return
+            with self._cond:
+                rec = Received(self._seq, t, self.epoch, time.monotonic(), value, tb)
+                self._seq += 1
+                if topic == info.chunk_topic:
+                    self.chunks.append(rec)
+                elif topic == info.margin_topic:
+                    self.margins.append(rec)
+                elif topic == info.command_topic:
+                    self.commands.append(rec)
+                elif topic == "/diagnostics":
+                    self.diags.append(rec)
+                    self._diag_by_stamp[value["stamp_ns"]] = value
+                self._cond.notify_all()
+
+        return callback
+
+    def _add_event(self, e: Event) -> None:
+        if e.log_ns is None:
+            e.log_ns = self.bag_ns or None
+        with self._cond:
+            self.events.append(e)
+
+    # ------------------------------------------------------------------ clock and publishing
+    def _set_clock(self, t_ns: int, bag_ns: Optional[int] = None) -> None:
+        """Publish /clock = t_ns.  ``bag_ns``: the input-bag time it corresponds to (else the current
+        segment's offset applies); outputs are recorded on that (monotonic) timeline."""
+        if bag_ns is not None:
+            self._offset = int(bag_ns) - int(t_ns)
+        self.bag_ns = max(self.bag_ns, int(t_ns) + self._offset)
+        self.clock_ns = int(t_ns)
+        msg = self.ClockMsg()
+        msg.clock.sec, msg.clock.nanosec = divmod(int(t_ns), NS)
+        self.clock_pub.publish(msg)
+
+    def _publish(self, item, raw: bytes) -> None:
+        with self._cond:
+            if self._first_pub is None:
+                self._first_pub = (len(self.diags), self.clock_ns, self.bag_ns)
+            self._last_pub = (len(self.diags), self.clock_ns, self.bag_ns)
+        pub = self.pubs.get(item.out_topic)
+        if pub is not None:
+            pub.publish(bytes(raw))
+        if self.out is not None and self.o.record_inputs:
+            self.out.write(item.out_topic, self.bag_ns, bytes(raw))
+
+    def _wait(self, predicate: Callable[[], bool], timeout: float, republish: Optional[int] = None) -> bool:
+        """Wait (wall) until predicate() under the lock; optionally re-send /clock every 0.5 s
+        (it is best-effort on the node's side)."""
+        deadline = time.monotonic() + timeout
+        next_resend = time.monotonic() + 0.5
+        with self._cond:
+            while not predicate():
+                now = time.monotonic()
+                if now >= deadline:
+                    return False
+                if republish is not None and now >= next_resend:
+                    self._cond.release()
+                    try:
+                        self._set_clock(republish)
+                    finally:
+                        self._cond.acquire()
+                    next_resend = now + 0.5
+                self._cond.wait(min(0.05, max(0.0, deadline - now)))
+            return True
+
+    def _latest_diag(self) -> Optional[dict]:
+        with self._cond:
+            return self.diags[-1].msg if self.diags else None
+
+    # ------------------------------------------------------------------ startup
+    def _sync_start(self, t0: int) -> dict:
+        """Hold the replay clock at t0 until the node reports at exactly t0 (it follows /clock)."""
+        deadline = time.monotonic() + self.o.startup_timeout
+        t = t0
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError("the policy node exited before the replay started")
+            self._set_clock(t)
+            if self._wait(lambda: t in self._diag_by_stamp, 2.0, republish=t):
+                return self._diag_by_stamp[t]
+            with self._cond:
+                foreign = [d.msg["stamp_ns"] for d in self.diags if abs(d.msg["stamp_ns"] - t) > 60 * NS]
+            if len(foreign) >= 2:
+                raise RuntimeError("the policy node does not follow /clock (its reports carry another time): "
+                                   "start it with -p use_sim_time:=true")
+            # a node whose clock was ahead (an earlier replay) resets its timers on the jump back:
+            # move on by one control period so they fire
+            t += self.dt_ns
+        raise RuntimeError(f"the policy node did not report on /diagnostics within {self.o.startup_timeout:.0f} s "
+                           "of receiving /clock (is it running with use_sim_time:=true?)")
+
+    # ------------------------------------------------------------------ main
+    def run(self) -> ReplayResult:
+        s, o = self.s, self.o
+        playable = [it for it in s.items if it.role not in ("clock",)]
+        if not playable:
+            raise ValueError(f"{s.path}: nothing to play")
+        self.rn.wait_for_node(o.startup_timeout, self.alive)
+        start_sim = s.start_sim
+        t0 = ((start_sim - int(o.preroll * NS)) // self.dt_ns) * self.dt_ns
+        w_start = time.monotonic()
+        baseline = self._sync_start(t0)
+        self.log(f"replay: node follows /clock; playing {len(s.items)} messages ({o.mode}"
+                 + (f" x{o.rate:g}" if o.mode == "realtime" else "") + ")")
+        played, lags = 0, []
+        complete = False
+        try:
+            if o.mode == "stepped":
+                played = self._run_stepped(t0)
+            else:
+                played, lags = self._run_realtime(t0)
+            complete = played == len(s.items)
+        except _NodeLost as exc:
+            played = exc.played
+            self._add_event(Event("node_lost", "the policy node exited during the replay", sim_ns=self.clock_ns,
+                                     source="replay"))
+        wall = time.monotonic() - w_start
+        time.sleep(0.2)  # outputs still in flight
+        return self._finish(baseline, played, complete, wall, lags)
+
+    # ------------------------------------------------------------------ stepped
+    def _tick(self, t: int, inputs_pending: bool, stats: dict) -> None:
+        """Move the clock to grid instant t and wait until the node has ticked and finished any inference."""
+        if inputs_pending and self.o.settle > 0:
+            time.sleep(self.o.settle)
+        if not self.alive():
+            raise _NodeLost(stats["played"])
+        self._set_clock(t)
+        if not self._wait(lambda: t in self._diag_by_stamp, self.o.step_timeout, republish=t):
+            stats["missed_reports"] += 1
+            if stats["missed_reports"] <= 3:
+                self._add_event(Event("step_timeout", f"no node report for the tick at {t} within "
+                                         f"{self.o.step_timeout:g} s; stepping on (results may depend on timing)",
+                                         sim_ns=t, source="replay"))
+            return
+        d = self._diag_by_stamp[t]
+        ticks = d["counters"].get("ticks")
+        if stats["ticks"] is not None and ticks is not None and ticks != stats["ticks"] + 1:
+            stats["tick_mismatch"] += 1
+        stats["ticks"] = ticks
+        if in_flight(d):
+            base = stats["baseline_chunks"]
+            want = d["counters"].get("chunks", 0) - base + 1
+            if not self._wait(lambda: len(self.chunks) >= want, self.o.inference_timeout):
+                self._add_event(Event("inference_timeout", f"an inference started by the tick at {t} delivered "
+                                         f"no chunk within {self.o.inference_timeout:g} s", sim_ns=t,
+                                         source="replay"))
+
+    def _resync(self, t: int, stats: dict, attempts: int = 5) -> int:
+        """Step on grid points from t until the node reports a tick; returns the grid point reached."""
+        for _ in range(attempts):
+            self._set_clock(t)
+            if self._wait(lambda: t in self._diag_by_stamp, 1.0, republish=t):
+                stats["ticks"] = None
+                self._tick(t, False, stats)  # consumes the report (in-flight inference, tick count)
+                return t
+            t += self.dt_ns
+        self._add_event(Event("step_timeout", "the node did not report a tick after the clock jump; stepping on",
+                                 sim_ns=t, source="replay"))
+        return t
+
+    def _run_stepped(self, t0: int) -> int:
+        s, dt = self.s, self.dt_ns
+        if abs(self.info.diagnostics_period - self.info.dt) > 1e-9:
+            raise RuntimeError(f"stepped mode needs one node report per tick: start the node with "
+                               f"-p diagnostics.period:={self.info.dt:g} (it has {self.info.diagnostics_period:g})")
+        stats = {"played": 0, "missed_reports": 0, "tick_mismatch": 0, "ticks": None,
+                 "baseline_chunks": self._latest_diag()["counters"].get("chunks", 0)}
+        cur = t0
+        pending = False
+        jumps = list(s.time_map.jumps)  # (bag time, clock before, clock after), in bag order
+        n = len(s.items)
+        for item, (conn, log_ns, raw, _) in zip(s.items, iter_bag(s.path)):
+            assert item.log_ns == log_ns and item.topic == conn.topic, "bag changed between scan and play"
+            while jumps and jumps[0][0] <= item.log_ns:
+                _, before, after = jumps.pop(0)
+                target = (after // dt) * dt
+                self._add_event(Event("clock_jump_played", f"replay clock jumped {(target - cur) / NS:+.3f} s",
+                                         sim_ns=target, log_ns=item.log_ns, source="replay"))
+                if after < before:
+                    # The node resets its timers on a jump back to (new time + period).  Land the jump on
+                    # the grid point before the target and publish nothing but grid points until the node
+                    # reports a tick again, so its timer phase stays on the grid.
+                    with self._cond:
+                        self.epoch += 1
+                        self._diag_by_stamp.clear()
+                    if pending and self.o.settle > 0:
+                        time.sleep(self.o.settle)
+                    pending = False
+                    self._set_clock(target - dt, item.log_ns - (item.sim_ns - (target - dt)))
+                    time.sleep(max(self.o.settle, 0.02))
+                    cur = self._resync(target, stats)
+                else:
+                    self._tick(target, pending, stats)  # a jump forward fires the timers once
+                    pending = False
+                    cur = target
+            while item.role != "clock" and cur + dt <= item.sim_ns:
+                cur += dt
+                self._tick(cur, pending, stats)
+                pending = False
+            if item.publish and item.role not in ("clock", "excluded"):
+                if item.sim_ns > self.clock_ns:
+                    self._set_clock(item.sim_ns, item.log_ns)
+                self._publish(item, raw)
+                pending = True
+            stats["played"] += 1
+        end = s.end_sim + int(self.o.tail * NS)
+        while cur + dt <= end:
+            cur += dt
+            self._tick(cur, pending, stats)
+            pending = False
+        if stats["tick_mismatch"]:
+            self._add_event(Event("tick_mismatch", f"{stats['tick_mismatch']} steps did not advance the node's tick "
+                                     "counter by exactly one (timer phase off the grid?)", source="replay"))
+        return n if stats["played"] == n else stats["played"]
+
+    # ------------------------------------------------------------------ realtime
+    def _clock_plan(self, log_start: int, log_end: int) -> np.ndarray:
+        """Bag times (ns) at which /clock is published besides the messages: every 1/clock_hz and
+        where the replay clock crosses a control-grid instant."""
+        tm, dt = self.s.time_map, self.dt_ns
+        step = int(NS / self.o.clock_hz)
+        uniform = np.arange(log_start, log_end + 1, step, dtype=np.int64)
+        if tm.identity:
+            grid = np.arange(((log_start // dt) + 1) * dt, log_end + 1, dt, dtype=np.int64)
+        else:
+            pts = []
+            samples = tm.samples
+            bounds = [log_start] + [l for l, _ in samples if log_start < l < log_end] + [log_end]
+            for a, b in zip(bounds, bounds[1:]):
+                sa, sb = tm(a), tm(max(a, b - 1))
+                g = ((sa // dt) + 1) * dt
+                while g <= sb:
+                    pts.append(a + (g - sa))
+                    g += dt
+            grid = np.array(pts, dtype=np.int64)
+        return np.unique(np.concatenate([uniform, grid]))
+
+    def _run_realtime(self, t0: int) -> Tuple[int, list]:
+        s, o = self.s, self.o
+        tm = s.time_map
+        first_log = min(it.log_ns for it in s.items)
+        # the bag time whose replay clock is t0 (identity map: t0 itself)
+        log0 = first_log - (tm(first_log) - t0)
+        log_end = max(it.log_ns for it in s.items) + int(o.tail * NS)
+        plan = self._clock_plan(log0, log_end)
+        wall0 = time.monotonic()
+
+        def wait_until(log_ns: int) -> float:
+            target = wall0 + (log_ns - log0) / NS / o.rate
+            delay = target - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            return time.monotonic() - target
+
+        lags: List[float] = []
+        played = 0
+        k = 0
+        n_plan = len(plan)
+        jumps = list(tm.jumps)
+        last_alive_check = time.monotonic()
+
+        def pass_jumps(log_ns: int) -> None:
+            while jumps and jumps[0][0] <= log_ns:
+                jl, before, after = jumps.pop(0)
+                self._add_event(Event("clock_jump_played", f"replay clock jumped {(after - before) / NS:+.3f} s",
+                                         sim_ns=after, log_ns=jl, source="replay"))
+                if after < before:
+                    with self._cond:
+                        self.epoch += 1
+                    # land on the control grid so the node's reset timer keeps ticking on it
+                    g = (after // self.dt_ns) * self.dt_ns
+                    self._set_clock(g, jl - (after - g))
+
+        for item, (conn, log_ns, raw, _) in zip(s.items, iter_bag(s.path)):
+            assert item.log_ns == log_ns and item.topic == conn.topic, "bag changed between scan and play"
+            while k < n_plan and plan[k] < item.log_ns:
+                wait_until(int(plan[k]))
+                pass_jumps(int(plan[k]))
+                self._set_clock(tm(int(plan[k])), int(plan[k]))
+                k += 1
+            lag = wait_until(item.log_ns)
+            pass_jumps(item.log_ns)
+            if item.publish and item.role not in ("clock", "excluded"):
+                if item.sim_ns != self.clock_ns:
+                    self._set_clock(item.sim_ns, item.log_ns)
+                self._publish(item, raw)
+                lags.append(lag)
+            played += 1
+            if time.monotonic() - last_alive_check > 0.5:
+                last_alive_check = time.monotonic()
+                if not self.alive():
+                    raise _NodeLost(played)
+        while k < n_plan:
+            wait_until(int(plan[k]))
+            self._set_clock(tm(int(plan[k])), int(plan[k]))
+            k += 1
+        # run the clock on until the node reports once more, so the counters cover the whole replay
+        end_clock = self.clock_ns
+        step = int(NS / o.clock_hz)
+        deadline = time.monotonic() + 2.0 + 2 * self.info.diagnostics_period / o.rate
+        log_now = log_end
+        while time.monotonic() < deadline:
+            with self._cond:
+                if any(d.msg["stamp_ns"] >= end_clock for d in self.diags[-3:]):
+                    break
+            log_now += step
+            wait_until(log_now)
+            self._set_clock(tm(log_now), log_now)
+        return played, lags
+
+    # ------------------------------------------------------------------ results
+    def _finish(self, baseline: dict, played: int, complete: bool, wall: float, lags: list) -> ReplayResult:
+        s, o = self.s, self.o
+        with self._cond:
+            chunks, margins = list(self.chunks), list(self.margins)
+            commands, diags = list(self.commands), list(self.diags)
+        from phyai_ros.control.loop import COUNTERS
+        last = diags[-1].msg if diags else baseline
+        # The session: from the last report before the first message to the first report after the last
+        # one.  Preroll ticks (no data yet) and the tail (inputs age out after the bag ends, so the node
+        # reports stale snapshots and misses) are not the recorded session's doing.
+        start = diags[self._first_pub[0] - 1].msg if self._first_pub and self._first_pub[0] > 0 else baseline
+        end = (diags[self._last_pub[0]].msg if self._last_pub and len(diags) > self._last_pub[0] else last)
+
+        def delta(a: dict, b: dict) -> Dict[str, int]:
+            return {k: v - a["counters"].get(k, 0) for k, v in b["counters"].items() if k in COUNTERS}
+
+        counters = delta(start, end)
+        tail = {k: v for k, v in delta(end, last).items() if v > 0 and k not in ("ticks", "ticks_without_chunk")}
+        self.session_bounds = (self._first_pub[1] if self._first_pub else None,
+                               self._last_pub[1] if self._last_pub else None, end["stamp_ns"],
+                               self._first_pub[2] if self._first_pub else None,
+                               self._last_pub[2] if self._last_pub else None)
+        snapshots = reconstruct_snapshots(chunks, margins, self.dt_ns)
+        race = o.race_window if o.race_window is not None else (0.0 if o.mode == "stepped" else 0.02 * o.rate)
+        end_epoch = max((it.epoch for it in s.items[:played]), default=0)
+        acc = account(s, snapshots, played=played, end_sim_ns=self._last_pub[1] if self._last_pub else self.clock_ns,
+                      end_epoch=end_epoch,
+                      node_counters=counters, race_window_ns=int(race * NS))
+        events = list(self.events)
+        for kind in ("stale_snapshots", "deadline_misses", "clock_jumps", "inference_errors", "bad_chunks",
+                     "expired_chunks", "late_chunks", "discarded_after_reset", "callback_errors", "worker_crashes"):
+            if counters.get(kind, 0) > 0:
+                events.append(Event(f"node_{kind}", f"the node counted {counters[kind]} {kind.replace('_', ' ')}",
+                                    source="node"))
+        if tail:
+            events.append(Event("after_bag_end", "in the replay's tail after the last message the node counted "
+                                + ", ".join(f"{k} {v}" for k, v in sorted(tail.items()))
+                                + " (not counted as the session's)", sim_ns=end["stamp_ns"],
+                                log_ns=self._last_pub[2] if self._last_pub else None, source="node"))
+        lag_ms = {}
+        if lags:
+            arr = np.array(lags) * 1e3
+            lag_ms = {"p50": float(np.percentile(arr, 50)), "p99": float(np.percentile(arr, 99)),
+                      "max": float(arr.max())}
+            if lag_ms["p99"] > 20.0:
+                events.append(Event("replay_lag", f"messages left up to {lag_ms['max']:.0f} ms late (p99 "
+                                    f"{lag_ms['p99']:.1f} ms): this machine could not keep the recorded timing",
+                                    source="replay"))
+        events.sort(key=lambda e: (0 if e.log_ns is None and e.source != "node" else 1 if e.log_ns is not None else 2,
+                                   e.log_ns or 0))
+        result = ReplayResult(session=s, options=o, out_path=self.out.path if self.out else None, chunks=chunks,
+                              margins=margins, commands=commands, diagnostics=diags, events=events, accounting=acc,
+                              node_counters=counters, played=played, complete=complete, wall_s=wall, lag_ms=lag_ms,
+                              snapshots=snapshots, session_ns=self.session_bounds, tail_counters=tail)
+        if self.out is not None:
+            from rosbags.typesys import Stores  # noqa: F401 - typestore() already holds String
+            ts = typestore()
+            String = ts.types["std_msgs/msg/String"]
+            self.out.add(SUMMARY_TOPIC, "std_msgs/msg/String")
+            self.out.add(EVENTS_TOPIC, "std_msgs/msg/String")
+            for e in events:
+                t = e.log_ns if e.log_ns is not None else self.bag_ns
+                self.out.write(EVENTS_TOPIC, max(0, t), bytes(ts.serialize_cdr(String(data=json.dumps(e.to_dict())),
+                                                                              "std_msgs/msg/String")))
+            summary = json.dumps(result.summary(), default=_json_default)
+            self.out.write(SUMMARY_TOPIC, self.bag_ns, bytes(ts.serialize_cdr(String(data=summary),
+                                                                               "std_msgs/msg/String")))
+            self.out.close()
+        for sub in self._subs:
+            self.rn.node.destroy_subscription(sub)
+        return result
+
+
+class _NodeLost(Exception):
+    def __init__(self, played: int):
+        super().__init__("node lost")
+        self.played = played
+
+
+def _recorded_latched(session: Session, topic: str) -> bool:
+    return session.topics.get(topic, {}).get("latched", False)
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, Path):
+        return str(o)
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return str(o)
+
+
+def reconstruct_snapshots(chunks: List[Received], margins: List[Received], dt_ns: int) -> List[Snapshot]:
+    """One snapshot per published chunk.  A ControlMargin follows its chunk (published on the tick that
+    adopts it) and carries the same inference latency; the snapshot time is then exact:
+    observation stamp + L_observe + L_transfer.  A chunk without a margin (dropped by a clock reset
+    before adoption) gets t0 - dt, the tick that triggered it."""
+    events = sorted([(r.seq, "c", r) for r in chunks] + [(r.seq, "m", r) for r in margins], key=lambda x: x[0])
+    open_chunks: List[Received] = []
+    matched: Dict[int, dict] = {}
+    for _, kind, r in events:
+        if kind == "c":
+            open_chunks.append(r)
+            continue
+        m = r.msg
+        for c in reversed(open_chunks):
+            if c.msg.inference_latency == m["latency_inference"] or (
+                    math.isnan(c.msg.inference_latency) and math.isnan(m["latency_inference"])):
+                matched[c.seq] = m
+                open_chunks.remove(c)
+                break
+    out = []
+    for r in chunks:
+        c = r.msg
+        m = matched.get(r.seq)
+        if m is not None and math.isfinite(m["latency_observe"]) and math.isfinite(m["latency_transfer"]):
+            taken = c.observation_ns + int(round((m["latency_observe"] + m["latency_transfer"]) * NS))
+            out.append(Snapshot(taken, c.observation_ns, c.seq, r.epoch, True))
+        else:
+            out.append(Snapshot(c.t0_ns - dt_ns, c.observation_ns, c.seq, r.epoch, False))
+    return out
+
+
+__all__ = ["ReplayNode", "ReplayOptions", "ReplayResult", "Received", "reconstruct_snapshots", "parse_diagnostics",
+           "SUMMARY_TOPIC", "EVENTS_TOPIC", "MODES", "ros_type"]

@@ -1,0 +1,120 @@
+"""Read a bag of the policy node's outputs back into Python objects.
+
+Works on the replay's output bags (which add ``/replay/summary`` and ``/replay/events``) and on
+any rosbag2 recorded on a robot with ``ros2 bag record`` of the node's topics: topics are found
+by message type (the command topic by the summary, else the busiest single-point
+JointTrajectory / Float64MultiArray topic).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from phyai_ros.replay.bagtypes import stamp_ns, typestore
+
+CHUNK_TYPE = "phyai_ros/msg/ActionChunk"
+MARGIN_TYPE = "phyai_ros/msg/ControlMargin"
+DIAG_TYPE = "diagnostic_msgs/msg/DiagnosticArray"
+
+
+@dataclass
+class Run:
+    path: Path
+    chunks: List[Tuple[int, Any]] = field(default_factory=list)       # (bag time ns, ChunkData)
+    margins: List[Tuple[int, dict]] = field(default_factory=list)     # (bag time ns, msg_to_margin dict)
+    commands: List[Tuple[int, Optional[int], np.ndarray]] = field(default_factory=list)  # (bag t, slot stamp, action)
+    diagnostics: List[Tuple[int, dict]] = field(default_factory=list)  # (bag t, parse_diagnostics dict)
+    summary: Optional[dict] = None
+    events: List[dict] = field(default_factory=list)
+    topics: Dict[str, str] = field(default_factory=dict)
+    bad_messages: int = 0
+
+    @property
+    def t0(self) -> int:
+        times = [t for t, *_ in self.chunks] + [t for t, _ in self.margins] + [t for t, _ in self.diagnostics]
+        return min(times) if times else 0
+
+
+def load_run(path) -> Run:
+    from rosbags.highlevel import AnyReader
+    from phyai_ros.messages import MalformedMessageError, msg_to_chunk, msg_to_margin
+    from phyai_ros.replay.player import EVENTS_TOPIC, SUMMARY_TOPIC, parse_diagnostics
+
+    path = Path(path)
+    run = Run(path=path)
+    with AnyReader([path], default_typestore=typestore()) as reader:
+        run.topics = {c.topic: c.msgtype for c in reader.connections}
+        # the summary first: it names the command topic
+        sconns = [c for c in reader.connections if c.topic in (SUMMARY_TOPIC, EVENTS_TOPIC)]
+        for conn, t, raw in reader.messages(connections=sconns):
+            data = reader.deserialize(raw, conn.msgtype).data
+            try:
+                value = json.loads(data)
+            except ValueError:
+                continue
+            if conn.topic == SUMMARY_TOPIC:
+                run.summary = value
+        if run.summary is not None:
+            run.events = list(run.summary.get("events", []))
+        command_topic = _command_topic(reader, run.summary)
+        wanted = [c for c in reader.connections
+                  if c.msgtype in (CHUNK_TYPE, MARGIN_TYPE, DIAG_TYPE) or c.topic == command_topic]
+        for conn, t, raw in reader.messages(connections=wanted):
+            try:
+                msg = reader.deserialize(raw, conn.msgtype)
+                if conn.msgtype == CHUNK_TYPE:
+                    run.chunks.append((t, msg_to_chunk(msg)))
+                elif conn.msgtype == MARGIN_TYPE:
+                    run.margins.append((t, msg_to_margin(msg)))
+                elif conn.msgtype == DIAG_TYPE:
+                    d = parse_diagnostics(msg)
+                    if d is not None:
+                        run.diagnostics.append((t, d))
+                elif hasattr(msg, "points"):
+                    if msg.points:
+                        run.commands.append((t, stamp_ns(msg.header.stamp),
+                                             np.asarray(msg.points[0].positions, dtype=np.float64)))
+                else:
+                    run.commands.append((t, None, np.asarray(msg.data, dtype=np.float64)))
+            except (MalformedMessageError, ValueError, KeyError, AttributeError):
+                run.bad_messages += 1
+    return run
+
+
+def _command_topic(reader, summary: Optional[dict]) -> Optional[str]:
+    if summary is not None and summary.get("node", {}).get("command_topic"):
+        return summary["node"]["command_topic"]
+    best, count = None, -1
+    for c in reader.connections:
+        if c.msgtype in ("trajectory_msgs/msg/JointTrajectory", "std_msgs/msg/Float64MultiArray") and \
+                "chunk" not in c.topic and c.msgcount > count:
+            best, count = c.topic, c.msgcount
+    return best
+
+
+def match_chunks_and_margins(chunks: List[Tuple[int, Any]], margins: List[Tuple[int, dict]]) -> Dict[int, int]:
+    """chunk list index -> margin list index.  A margin is published on the tick that adopts its chunk
+    (after the chunk) and carries the same inference latency."""
+    events = sorted([(t, 0, i) for i, (t, _) in enumerate(chunks)] + [(t, 1, j) for j, (t, _) in enumerate(margins)])
+    open_chunks: List[int] = []
+    out: Dict[int, int] = {}
+    for _, kind, i in events:
+        if kind == 0:
+            open_chunks.append(i)
+            continue
+        li = margins[i][1]["latency_inference"]
+        for ci in reversed(open_chunks):
+            lc = chunks[ci][1].inference_latency
+            if lc == li or (math.isnan(lc) and math.isnan(li)):
+                out[ci] = i
+                open_chunks.remove(ci)
+                break
+    return out
+
+
+__all__ = ["Run", "load_run", "match_chunks_and_margins"]

@@ -1,0 +1,354 @@
+"""First pass over an input bag: what will be played, when (on the replay clock), and
+what is wrong with it, before anything is published.
+
+* **Order and time.**  Messages are played in bag-timestamp order (the order every rosbag2
+  reader yields).  The replay clock (``/clock`` the node follows under ``use_sim_time``) is
+  the bag timestamp, unless the bag recorded a ``/clock`` topic (a simulator session): then
+  the recorded clock is the time source, continued between its samples at the bag's rate,
+  and a jump in it is replayed as a jump (``TimeMap``).
+* **Roles.**  Each message is a node input (camera / state / instruction, after remapping),
+  the recorded clock, or another topic (played as is, not accounted against the node).
+* **Verdicts.**  Each node input is judged with the node's own rules before it is played:
+  ``ok``, or why the node will reject it (``undecodable`` CDR, ``bad_image``, ``bad_state``,
+  ``missing_joint``, ``out_of_order``, ``future_stamp``, ``type_mismatch``).  Undecodable
+  messages are not published by default (a subscriber's middleware drops them without the
+  node ever seeing them, so nobody could count them); everything else is published.
+* **Events.**  Missing input topics, per-topic gaps, clock jumps, sensor-stamp jumps and every
+  rejected message, each with its bag time.
+"""
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from phyai_ros.replay.bagtypes import NS, absolute_topic, stamp_ns, typestore
+from phyai_ros.replay.nodeinfo import CLOCK_JUMP_TOLERANCE, FUTURE_STAMP_TOLERANCE, NodeInfo
+
+CLOCK_TOPIC = "/clock"
+REJECTIONS = ("undecodable", "type_mismatch", "bad_image", "bad_state", "missing_joint", "out_of_order",
+              "future_stamp")
+
+
+@dataclass
+class Item:
+    """One bag message as the replay sees it (no payload; the play pass re-reads the bag)."""
+
+    index: int                 # position in play order
+    topic: str                 # bag topic
+    out_topic: str             # topic it is published on (after remapping)
+    msgtype: str
+    log_ns: int                # bag timestamp
+    sim_ns: int                # replay clock when it is published
+    stamp_ns: Optional[int]    # header stamp (None: no header or undecodable)
+    role: str                  # 'camera' | 'state' | 'instruction' | 'clock' | 'other'
+    verdict: str = "ok"        # 'ok' or one of REJECTIONS
+    detail: str = ""
+    publish: bool = True
+    epoch: int = 0             # replay-clock segment (increments at each backward clock jump)
+
+
+@dataclass
+class Event:
+    kind: str                  # missing_topic | undecodable | bad_image | ... | time_gap | clock_jump | stamp_jump | ...
+    detail: str
+    topic: str = ""
+    log_ns: Optional[int] = None
+    sim_ns: Optional[int] = None
+    index: Optional[int] = None
+    source: str = "bag"        # 'bag' (found by the scan) | 'replay' (while playing) | 'node' (node counters)
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None and v != ""}
+
+
+class TimeMap:
+    """Bag timestamp -> replay clock.  Identity without a recorded /clock; otherwise the recorded
+    clock, advancing at the bag's rate between samples (never past the next sample), with jumps
+    where the recorded clock jumps (back by more than the node's tolerance, or forward by more than
+    ``forward_jump``)."""
+
+    def __init__(self, samples: Sequence[Tuple[int, int]] = (), forward_jump: float = 1.0):
+        self.samples = sorted(samples)
+        self._logs = [s[0] for s in self.samples]
+        self.jumps: List[Tuple[int, int, int]] = []   # (log_ns, sim_before, sim_after)
+        self._jump_logs: List[int] = []
+        for (l0, c0), (l1, c1) in zip(self.samples, self.samples[1:]):
+            expected = c0 + (l1 - l0)
+            if c1 < c0 - CLOCK_JUMP_TOLERANCE * NS or c1 > expected + forward_jump * NS:
+                self.jumps.append((l1, min(expected, max(c0, expected)), c1))
+                self._jump_logs.append(l1)
+
+    @property
+    def identity(self) -> bool:
+        return not self.samples
+
+    def __call__(self, log_ns: int) -> int:
+        if not self.samples:
+            return int(log_ns)
+        i = bisect.bisect_right(self._logs, log_ns) - 1
+        if i < 0:
+            l0, c0 = self.samples[0]
+            return c0 - (l0 - log_ns)
+        l0, c0 = self.samples[i]
+        sim = c0 + (log_ns - l0)
+        if i + 1 < len(self.samples):
+            c1 = self.samples[i + 1][1]
+            if c1 >= c0:  # same segment: the clock does not run past its next sample
+                sim = min(sim, c1)
+        return int(sim)
+
+    def epoch(self, log_ns: int) -> int:
+        """Number of backward jumps at or before ``log_ns``."""
+        n = bisect.bisect_right(self._jump_logs, log_ns)
+        return sum(1 for j in self.jumps[:n] if j[2] < j[1])
+
+    def segment_start(self, log_ns: int) -> Optional[int]:
+        """Log time of the last jump at or before ``log_ns`` (None: first segment)."""
+        n = bisect.bisect_right(self._jump_logs, log_ns)
+        return self._jump_logs[n - 1] if n else None
+
+
+@dataclass
+class Session:
+    """The scan's result: what the replay will do with every message of the bag."""
+
+    path: Path
+    storage: str
+    items: List[Item]
+    events: List[Event]
+    time_map: TimeMap
+    topics: Dict[str, dict]                   # bag topic -> {msgtype, count, role, out_topic, rate_hz}
+    node: NodeInfo
+    clock_source: str                         # 'bag timestamps' | 'recorded /clock'
+    publish_undecodable: bool = False
+
+    @property
+    def start_sim(self) -> int:
+        return min((i.sim_ns for i in self.items if i.role != "clock"), default=0)
+
+    @property
+    def end_sim(self) -> int:
+        return max((i.sim_ns for i in self.items if i.role != "clock"), default=0)
+
+    def inputs(self) -> List[Item]:
+        return [i for i in self.items if i.role in ("camera", "state", "instruction")]
+
+    def duration(self) -> float:
+        logs = [i.log_ns for i in self.items]
+        return (max(logs) - min(logs)) / NS if logs else 0.0
+
+
+def bag_storage(path) -> str:
+    import yaml
+    meta = Path(path) / "metadata.yaml"
+    if not meta.is_file():
+        raise FileNotFoundError(f"{path} is not a rosbag2 folder (no metadata.yaml)")
+    info = yaml.safe_load(meta.read_text()).get("rosbag2_bagfile_information", {})
+    return str(info.get("storage_identifier", "?"))
+
+
+def iter_bag(path, topics: Optional[Sequence[str]] = None) -> Iterator[tuple]:
+    """(connection, log_ns, raw bytes, reader) in bag-timestamp order; the same order on every call."""
+    from rosbags.highlevel import AnyReader
+    with AnyReader([Path(path)], default_typestore=typestore()) as reader:
+        conns = [c for c in reader.connections if topics is None or c.topic in topics]
+        for conn, log_ns, raw in reader.messages(connections=conns):
+            yield conn, log_ns, raw, reader
+
+
+# ----------------------------------------------------------------------------- judging inputs
+class _Judge:
+    """The node's input checks, applied to deserialized bag messages (rosbags objects have the
+    same field names as rclpy messages, so the node's own converters are reused)."""
+
+    def __init__(self, node: NodeInfo):
+        from phyai_ros.control.observation import JointStateMapper, ObservationError
+        from phyai_ros.node.images import ImageConverter, ImageDecodeError
+        self.node = node
+        self.images = ImageConverter()
+        self.mapper = JointStateMapper(node.joint_names)
+        self._errors = (ImageDecodeError,)
+        self._obs_error = ObservationError
+
+    def __call__(self, item: Item, msg) -> Tuple[str, str]:
+        node = self.node
+        if item.role == "camera":
+            cam = node.camera(item.out_topic)
+            if item.msgtype != cam.msgtype:
+                return "type_mismatch", f"node subscribes {cam.msgtype}, bag has {item.msgtype}"
+            try:
+                rgb = self.images.from_compressed(msg) if cam.compressed else self.images.from_image(msg)
+            except self._errors as exc:
+                return "bad_image", _first_line(exc)
+            if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3 or 0 in rgb.shape:
+                return "bad_image", f"decoded to {rgb.dtype} {list(rgb.shape)}"
+        elif item.role == "state":
+            if item.msgtype != "sensor_msgs/msg/JointState":
+                return "type_mismatch", f"node subscribes sensor_msgs/msg/JointState, bag has {item.msgtype}"
+            if len(msg.position) != len(msg.name):
+                return "bad_state", f"JointState has {len(msg.name)} names and {len(msg.position)} positions"
+            try:
+                self.mapper.map(list(msg.name), np.asarray(msg.position, dtype=np.float64))
+            except self._obs_error as exc:
+                return exc.kind, _first_line(exc)
+        elif item.role == "instruction":
+            if item.msgtype != "std_msgs/msg/String":
+                return "type_mismatch", f"node subscribes std_msgs/msg/String, bag has {item.msgtype}"
+        return "ok", ""
+
+
+def _first_line(exc, limit: int = 200) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:limit]
+
+
+def _header_stamp(msg) -> Optional[int]:
+    header = getattr(msg, "header", None)
+    if header is None or not hasattr(header, "stamp"):
+        return None
+    return stamp_ns(header.stamp)
+
+
+def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
+             exclude: Sequence[str] = (), only: Optional[Sequence[str]] = None,
+             clock_source: str = "auto", forward_jump: float = 1.0, gap_factor: float = 4.0,
+             min_gap: float = 0.25, publish_undecodable: bool = False) -> Session:
+    """Read the bag once (decoding and judging every message) and plan the replay.
+
+    ``clock_source``: 'auto' (recorded /clock if the bag has one, else bag timestamps),
+    'bag' (bag timestamps) or 'clock' (recorded /clock, required)."""
+    path = Path(path)
+    remaps = dict(remaps or {})
+    exclude = {absolute_topic(t) for t in exclude}
+    only_set = {absolute_topic(t) for t in only} if only else None
+    judge = _Judge(node)
+    roles = node.input_topics
+    items: List[Item] = []
+    msgs_clock: List[Tuple[int, int]] = []
+    topics: Dict[str, dict] = {}
+    events: List[Event] = []
+    decoded_stamps: Dict[int, Optional[int]] = {}
+    pending_verdicts: Dict[int, Tuple[str, str]] = {}
+
+    for conn, log_ns, raw, reader in iter_bag(path):
+        topic = conn.topic
+        out = remaps.get(topic, topic)
+        info = topics.get(topic)
+        if info is None:
+            qos = getattr(conn.ext, "offered_qos_profiles", None) or []
+            latched = any(getattr(q, "durability", None) is not None and q.durability.name == "TRANSIENT_LOCAL"
+                          for q in qos if not isinstance(q, str))
+            info = topics[topic] = {"msgtype": conn.msgtype, "count": 0, "out_topic": out, "latched": latched}
+        info["count"] += 1
+        if topic == CLOCK_TOPIC and clock_source != "bag" and out == CLOCK_TOPIC:
+            role = "clock"
+        elif out in roles:
+            role = roles[out]
+        else:
+            role = "other"
+        info["role"] = role
+        item = Item(index=len(items), topic=topic, out_topic=out, msgtype=conn.msgtype, log_ns=int(log_ns),
+                    sim_ns=int(log_ns), stamp_ns=None, role=role)
+        excluded = topic in exclude or (only_set is not None and topic not in only_set and role != "clock")
+        try:
+            msg = reader.deserialize(raw, conn.msgtype)
+        except Exception as exc:  # noqa: BLE001 - any decoding failure is the same verdict
+            item.verdict, item.detail = "undecodable", f"{type(exc).__name__}: {_first_line(exc)}"
+            item.publish = publish_undecodable and role != "clock"
+            msg = None
+        if msg is not None:
+            item.stamp_ns = _header_stamp(msg)
+            if role == "clock":
+                msgs_clock.append((int(log_ns), stamp_ns(msg.clock)))
+                item.stamp_ns = stamp_ns(msg.clock)
+                item.publish = False
+            elif role in ("camera", "state", "instruction"):
+                pending_verdicts[item.index] = judge(item, msg)
+        if excluded:
+            item.role, item.publish, item.detail = "excluded", False, "excluded by --exclude/--topics"
+        items.append(item)
+        decoded_stamps[item.index] = item.stamp_ns
+
+    if clock_source == "clock" and not msgs_clock:
+        raise ValueError(f"clock source 'clock' asked for, but {path} has no decodable {CLOCK_TOPIC} topic")
+    tmap = TimeMap(msgs_clock if msgs_clock else (), forward_jump=forward_jump)
+    for it in items:
+        it.sim_ns = tmap(it.log_ns)
+        it.epoch = tmap.epoch(it.log_ns)
+        v = pending_verdicts.get(it.index)
+        if v is not None and it.verdict == "ok":
+            it.verdict, it.detail = v
+
+    # stamp order and future stamps, as the node's buffer judges them (reset at backward jumps)
+    held: Dict[str, Tuple[int, int]] = {}  # out_topic -> (epoch, stamp)
+    for it in items:
+        if it.role not in ("camera", "state") or it.verdict != "ok" or it.stamp_ns is None:
+            continue
+        if it.stamp_ns > it.sim_ns + FUTURE_STAMP_TOLERANCE * NS:
+            it.verdict = "future_stamp"
+            it.detail = f"stamp {(it.stamp_ns - it.sim_ns) / NS:.3f} s ahead of the replay clock"
+            continue
+        prev = held.get(it.out_topic)
+        if prev is not None and prev[0] == it.epoch and it.stamp_ns < prev[1]:
+            it.verdict = "out_of_order"
+            it.detail = f"stamp {(prev[1] - it.stamp_ns) / NS:.3f} s older than the previous one"
+            continue
+        held[it.out_topic] = (it.epoch, it.stamp_ns)
+
+    # ---- events
+    present = {info["out_topic"] for info in topics.values() if info["count"]}
+    for cam in node.cameras:
+        if cam.topic not in present:
+            kind = "required" if cam.required else "optional"
+            events.append(Event("missing_topic", f"{kind} camera {cam.slot} ({cam.topic}) is not in the bag"
+                                + ("" if cam.required else "; the node masks it out"), topic=cam.topic))
+    if node.state_topic not in present:
+        events.append(Event("missing_topic", f"joint states ({node.state_topic}) are not in the bag",
+                            topic=node.state_topic))
+    if node.instruction_topic not in present:
+        events.append(Event("missing_topic", f"no instruction on {node.instruction_topic}: the node waits for one "
+                            "unless instruction.default is set", topic=node.instruction_topic))
+    for it in items:
+        if it.verdict != "ok":
+            note = "" if it.publish else " (not published)"
+            events.append(Event(it.verdict, it.detail + note, topic=it.topic, log_ns=it.log_ns, sim_ns=it.sim_ns,
+                                index=it.index))
+    for log_ns, before, after in tmap.jumps:
+        direction = "back" if after < before else "forward"
+        events.append(Event("clock_jump", f"recorded clock jumps {direction} {(after - before) / NS:+.3f} s",
+                            topic=CLOCK_TOPIC, log_ns=log_ns, sim_ns=after))
+    by_topic: Dict[str, List[Item]] = defaultdict(list)
+    for it in items:
+        if it.role not in ("clock", "excluded"):
+            by_topic[it.topic].append(it)
+    for topic, its in by_topic.items():
+        logs = np.array([i.log_ns for i in its], dtype=np.int64)
+        if len(logs) >= 2:
+            d = np.diff(logs)
+            med = float(np.median(d))
+            topics[topic]["rate_hz"] = NS / med if med > 0 else float("inf")
+            limit = max(gap_factor * med, min_gap * NS)
+            for k in np.flatnonzero(d > limit):
+                events.append(Event("time_gap", f"no message for {d[k] / NS:.3f} s (median period {med / 1e6:.1f} ms)",
+                                    topic=topic, log_ns=int(logs[k]), sim_ns=its[k].sim_ns, index=its[k].index))
+        ages = [(i.sim_ns - i.stamp_ns, i) for i in its if i.stamp_ns is not None and i.verdict == "ok"]
+        if len(ages) >= 2:
+            vals = np.array([a for a, _ in ages], dtype=np.int64)
+            topics[topic]["delivery_age_ms_p50"] = float(np.median(vals)) / 1e6
+            for (a0, i0), (a1, i1) in zip(ages, ages[1:]):
+                if abs(a1 - a0) > 0.5 * NS and i0.epoch == i1.epoch:
+                    events.append(Event("stamp_jump", f"header stamps jump {(a0 - a1) / NS:+.3f} s relative to the "
+                                        "replay clock", topic=topic, log_ns=i1.log_ns, sim_ns=i1.sim_ns,
+                                        index=i1.index))
+    events.sort(key=lambda e: (e.log_ns if e.log_ns is not None else -1))
+    return Session(path=path, storage=bag_storage(path), items=items, events=events, time_map=tmap, topics=topics,
+                   node=node, clock_source="recorded /clock" if msgs_clock else "bag timestamps",
+                   publish_undecodable=publish_undecodable)
+
+
+__all__ = ["Item", "Event", "Session", "TimeMap", "scan_bag", "iter_bag", "bag_storage", "REJECTIONS", "CLOCK_TOPIC"]

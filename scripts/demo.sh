@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The main job on a fresh machine, no robot, no GPU: set up (if needed), generate a synthetic
+# robot session bag, run the small pi0.5 onboard node on the CPU, replay the bag into it in
+# real time, and write the report (HTML + Markdown + PNG plots). Prints where the report is.
+#
+#   scripts/demo.sh [--workdir DIR] [--duration SECONDS] [--mode realtime|stepped]
+#
+# Needs the fixture tokenizer ($PHYAI_PARITY_FIXTURES, default ../shared/fixtures/lerobot_parity).
+# About a minute on 2 CPU cores after setup.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+"$repo/scripts/setup_env.sh"
+cd "$repo"
+# This demo's DDS traffic stays on this machine and in its own domain.
+export ROS_AUTOMATIC_DISCOVERY_RANGE="${ROS_AUTOMATIC_DISCOVERY_RANGE:-LOCALHOST}"
+export ROS_DOMAIN_ID="${ROS_DOMAIN_ID:-$(( ($$ % 90) + 10 ))}"
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+exec "$repo/.venv/bin/python" -m phyai_ros.replay.demo "$@"
