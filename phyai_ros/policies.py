@@ -41,7 +41,7 @@ class ControlPolicy:
             return None
         if rtc.mode != "guided":
             raise ValueError(f"RTC mode {rtc.mode!r} is not supported by the {type(self.adapter).__name__} adapter")
-        prev = torch.from_numpy(np.ascontiguousarray(rtc.prefix, dtype=np.float32)).to(self.adapter.device)
+        prev = torch.from_numpy(np.array(rtc.prefix, dtype=np.float32)).to(self.adapter.device)  # writable copy
         # The loop's Y starts at the new chunk's action 0, so LeRobot's execution horizon
         # (where the soft mask reaches 0) is the length of Y: H - s in the paper's terms.
         return RtcParams(self.adapter.normalize_actions(prev), rtc.d, rtc.n, rtc.schedule, self.max_guidance)
@@ -74,6 +74,21 @@ class ControlPolicy:
             self.predict(images, np.zeros(state_dim, dtype=np.float32), "warm up")
 
 
+def norm_stats_path(param: str, checkpoint: Path) -> Optional[Path]:
+    """``model.norm_stats``, or when empty the checkpoint folder's own statistics: a LeRobot normalizer
+    file (the loader finds it from the folder: None) or else a ``norm_stats.json`` in the folder."""
+    if param:
+        if not Path(param).is_file():
+            raise FileNotFoundError(f"model.norm_stats: no statistics file at '{param}'")
+        return Path(param)
+    if any(checkpoint.glob("policy_preprocessor_step_*_normalizer_processor.safetensors")):
+        return None
+    if (checkpoint / "norm_stats.json").is_file():
+        return checkpoint / "norm_stats.json"
+    raise FileNotFoundError(f"model.norm_stats is empty and the checkpoint folder '{checkpoint}' holds no "
+                            "statistics (a LeRobot normalizer .safetensors or norm_stats.json)")
+
+
 def build_policy(p: dict, logger=None) -> ControlPolicy:
     """Load the adapter named by ``model.type`` and wrap it (with a runner on CUDA)."""
     if p["model.type"] != "pi05":
@@ -83,10 +98,14 @@ def build_policy(p: dict, logger=None) -> ControlPolicy:
         raise FileNotFoundError(f"model.checkpoint: no checkpoint folder at '{p['model.checkpoint']}'")
     if not p["model.tokenizer"] or not Path(p["model.tokenizer"]).is_file():
         raise FileNotFoundError(f"model.tokenizer: no tokenizer file at '{p['model.tokenizer']}'")
+    if p["rtc.mode"] == "trained":
+        raise ValueError("rtc.mode 'trained' needs a checkpoint trained with prefix-action tokens; the pi05 "
+                         "adapter supports 'guided' and 'off'")
     device = p["model.device"]
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("model.device is 'cuda' but no CUDA device is available (use a CPU config)")
-    adapter = Pi05Policy.from_files(checkpoint, p["model.tokenizer"], p["model.norm_stats"] or None,
+    stats = norm_stats_path(p["model.norm_stats"], checkpoint)
+    adapter = Pi05Policy.from_files(checkpoint, p["model.tokenizer"], stats,
                                     camera_names=list(p["cameras.slots"]), device=device,
                                     dtype=DTYPES[p["model.dtype"]])
     names = p["control.action_names"]

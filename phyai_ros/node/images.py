@@ -3,7 +3,8 @@
 cv_bridge does the decoding (the distro's on the robot, the PyPI port here); this
 module checks what cv_bridge would otherwise turn into a crash or a garbled image:
 unknown encodings, a data buffer that does not match width/height/step, and
-undecodable compressed payloads.
+undecodable compressed payloads; rows padded beyond width (step > width * channels) are
+packed before conversion.
 """
 from __future__ import annotations
 
@@ -17,6 +18,16 @@ _CHANNELS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1}
 
 class ImageDecodeError(ValueError):
     """A camera frame that cannot be turned into an RGB image."""
+
+
+def _tight(msg, channels: int):
+    """A copy of an 8-bit Image with rows packed (step = width * channels) and is_bigendian cleared:
+    the PyPI cv_bridge port ignores ``step`` (padded rows come out sheared) and fails on the
+    big-endian flag with NumPy 2, although byte order means nothing for 8-bit channels."""
+    from sensor_msgs.msg import Image
+    rows = np.frombuffer(msg.data, dtype=np.uint8).reshape(msg.height, msg.step)[:, :msg.width * channels]
+    return Image(header=msg.header, height=msg.height, width=msg.width, encoding=msg.encoding, is_bigendian=0,
+                 step=msg.width * channels, data=np.ascontiguousarray(rows).tobytes())
 
 
 class ImageConverter:
@@ -38,6 +49,8 @@ class ImageConverter:
         if len(msg.data) != msg.step * msg.height:
             raise ImageDecodeError(
                 f"image data has {len(msg.data)} bytes, expected step*height = {msg.step}*{msg.height}")
+        if msg.step != msg.width * channels or msg.is_bigendian:
+            msg = _tight(msg, channels)
         try:
             rgb = self._bridge.imgmsg_to_cv2(msg, desired_encoding="rgb8")
         except Exception as exc:  # cv_bridge raises several unrelated types

@@ -6,19 +6,26 @@ loop's worker thread runs the policy and hands chunks back through ``on_chunk``.
 Everything that can go wrong with inputs is counted by the loop and reported on
 /diagnostics; nothing here raises into the executor.
 
-Run: ``python -m phyai_ros.node.main --ros-args --params-file config/pi05_cpu_test.yaml``
-(``ros2 run phyai_ros onboard_node`` on a ROS install).
+Threads: the executor (one thread) runs subscriptions, the action timer and diagnostics; the
+loop's worker thread runs inference and publishes each chunk as it is delivered. The timer
+never waits for inference: it only takes the loop's short bookkeeping lock.
+
+Run: ``python -m phyai_ros.node.main --ros-args --params-file config/pi05_cpu_test.yaml
+-p model.checkpoint:=DIR -p model.tokenizer:=FILE`` (``ros2 run phyai_ros onboard_node`` or
+``ros2 launch phyai_ros pi05_thor.launch.py`` on a ROS install). A node that cannot start logs
+why and exits with status 1.
 """
 from __future__ import annotations
 
-import threading
+import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import rclpy
 from builtin_interfaces.msg import Duration
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import (DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy,
@@ -73,7 +80,6 @@ class PolicyNode(Node):
         self._images = ImageConverter()
         self._event_log_times: dict[str, float] = {}
         self._last_counters: dict[str, int] = {}
-        self._publish_lock = threading.Lock()
 
         t = time.monotonic()
         self.policy = build_policy(self.p, logger=self.get_logger())
@@ -86,13 +92,24 @@ class PolicyNode(Node):
                                 on_chunk=self._publish_chunk, on_margin=self._publish_margin,
                                 on_event=self._on_event)
         self._make_subscriptions()
-        self.create_timer(self.p["control.dt"], self._tick)
-        self.create_timer(self.p["diagnostics.period"], self._publish_diagnostics)
+        self.create_timer(self.p["control.dt"], self._guarded("action timer", self._tick))
+        self.create_timer(self.p["diagnostics.period"], self._guarded("diagnostics", self._publish_diagnostics))
+
+    def _guarded(self, what: str, fn: Callable) -> Callable:
+        """An executor callback that cannot raise: an exception (a bug or an input no check foresaw) is
+        counted under ``callback_errors`` and reported, and the node keeps running."""
+        def callback(*args) -> None:
+            try:
+                fn(*args)
+            except Exception as exc:  # noqa: BLE001 - nothing may propagate into the executor
+                self.loop.report_bad_input("callback_errors", f"{what}: {type(exc).__name__}: {exc}")
+        return callback
 
     # -- wiring ---------------------------------------------------------------------------------
     def _make_publishers(self) -> None:
         p = self.p
-        command_type = JointTrajectory if p["output.command_type"] == "joint_trajectory" else Float64MultiArray
+        self._command_is_trajectory = p["output.command_type"] == "joint_trajectory"
+        command_type = JointTrajectory if self._command_is_trajectory else Float64MultiArray
         self.command_pub = self.create_publisher(command_type, p["output.command_topic"], RELIABLE)
         self.chunk_pub = self.create_publisher(ActionChunk, p["output.chunk_topic"], RELIABLE)
         self.chunk_traj_pub = (self.create_publisher(JointTrajectory, p["output.chunk_trajectory_topic"], RELIABLE)
@@ -104,10 +121,19 @@ class PolicyNode(Node):
         p = self.p
         for slot, topic, compressed in zip(p["cameras.slots"], p["cameras.topics"], p["cameras.compressed"]):
             msg_type = CompressedImage if compressed else Image
-            self.create_subscription(msg_type, topic, self._camera_callback(slot, compressed),
+            self.create_subscription(msg_type, topic, self._guarded(f"camera {slot}",
+                                                                    self._camera_callback(slot, compressed)),
                                      qos_profile_sensor_data)
-        self.create_subscription(JointState, p["state.topic"], self._on_joint_state, qos_profile_sensor_data)
-        self.create_subscription(String, p["instruction.topic"], self._on_instruction, LATCHED)
+        self.create_subscription(JointState, p["state.topic"], self._guarded("joint state", self._on_joint_state),
+                                 qos_profile_sensor_data)
+        # The instruction is latched: a transient-local subscription gets the last instruction of a
+        # publisher that started earlier. A volatile publisher (a plain `ros2 topic pub`, a bag replay)
+        # cannot match it, so a second, volatile subscription takes those; a latched publisher matches
+        # both and the same text is set twice, which is harmless.
+        on_instruction = self._guarded("instruction", self._on_instruction)
+        self.create_subscription(String, p["instruction.topic"], on_instruction, LATCHED,
+                                 event_callbacks=SubscriptionEventCallbacks(incompatible_qos=lambda _: None))
+        self.create_subscription(String, p["instruction.topic"], on_instruction, RELIABLE)
 
     # -- inputs ---------------------------------------------------------------------------------
     def _camera_callback(self, slot: str, compressed: bool):
@@ -137,10 +163,12 @@ class PolicyNode(Node):
     # -- outputs --------------------------------------------------------------------------------
     def _tick(self) -> None:
         emission = self.loop.tick()
-        if emission is None:
+        if emission is None or emission.kind == "duplicate":
+            # Nothing to act on, or a tick whose slot was already served (timer jitter): the
+            # command for that slot is out already and the loop counted the duplicate.
             return
         action = emission.action.astype(np.float64)
-        if isinstance(self.command_pub.msg_type(), JointTrajectory):
+        if self._command_is_trajectory:
             msg = JointTrajectory()
             msg.header.stamp = ns_to_time(max(0, emission.slot_ns))
             msg.joint_names = self._names
@@ -152,15 +180,16 @@ class PolicyNode(Node):
         self.command_pub.publish(msg)
 
     def _publish_chunk(self, chunk) -> None:
-        """Runs on the inference worker thread, right after the chunk is handed to the timer."""
+        """Runs on the inference worker thread, right after the chunk is handed to the timer. Takes no
+        lock the executor thread could wait on (rcl publishers are thread-safe, and only this thread
+        publishes chunks)."""
         data = ChunkData(seq=chunk.seq, t0_ns=chunk.t0_ns, observation_ns=chunk.observation_stamp_ns,
                          dt=chunk.dt_ns * 1e-9, actions=chunk.actions, frozen_prefix=chunk.d,
                          action_names=tuple(self._names), model_id=chunk.model_id,
                          inference_latency=chunk.latency.inference)
-        with self._publish_lock:
-            self.chunk_pub.publish(chunk_to_msg(data))
-            if self.chunk_traj_pub is not None:
-                self.chunk_traj_pub.publish(self._chunk_trajectory(chunk))
+        self.chunk_pub.publish(chunk_to_msg(data))
+        if self.chunk_traj_pub is not None:
+            self.chunk_traj_pub.publish(self._chunk_trajectory(chunk))
 
     def _chunk_trajectory(self, chunk) -> JointTrajectory:
         msg = JointTrajectory()
@@ -178,8 +207,7 @@ class PolicyNode(Node):
                       margin=r.margin, margin_p50=r.p50, margin_p95=r.p95, margin_p99=r.p99,
                       window_size=r.n, p_nonnegative=r.p_nonneg, p_nonnegative_lower=r.p_nonneg_lower,
                       target=r.target, level=r.level, message=r.message, roofline_x=r.X, roofline_y=r.Y)
-        with self._publish_lock:
-            self.margin_pub.publish(margin_to_msg(max(0, r.stamp_ns), values))
+        self.margin_pub.publish(margin_to_msg(max(0, r.stamp_ns), values))
 
     def _on_event(self, kind: str, detail: str) -> None:
         """Log each kind of event at most every 2 s (counters keep the exact numbers)."""
@@ -208,21 +236,30 @@ class PolicyNode(Node):
         inputs.level = DiagnosticStatus.WARN if grown else DiagnosticStatus.OK
         inputs.message = ("problems this period: " + ", ".join(grown)) if grown else "ok"
         inputs.values = [KeyValue(key=k, value=str(v)) for k, v in counters.items()]
+        inputs.values += [KeyValue(key="delay_estimate_ticks", value=str(self.loop.delay_estimate())),
+                          KeyValue(key="inference_in_flight", value=str(self.loop.inference_in_flight).lower())]
         array = DiagnosticArray(status=[margin, inputs])
         array.header.stamp = self.get_clock().now().to_msg()
-        with self._publish_lock:
-            self.diag_pub.publish(array)
+        self.diag_pub.publish(array)
 
     def destroy_node(self) -> None:
         self.loop.close()
         super().destroy_node()
 
 
-def main(args: Optional[list] = None) -> None:
+def main(args: Optional[list] = None) -> int:
+    """Run the node until Ctrl-C / shutdown. A node that cannot start (bad parameters, missing model
+    files, no CUDA) logs why on one line and exits with status 1 instead of a traceback."""
     rclpy.init(args=args)
     node = None
     try:
-        node = PolicyNode()
+        try:
+            node = PolicyNode()
+        except (KeyboardInterrupt, ExternalShutdownException):
+            raise
+        except Exception as exc:  # noqa: BLE001 - any start-up failure ends here, explained
+            rclpy.logging.get_logger(NODE_NAME).fatal(f"cannot start: {type(exc).__name__}: {exc}")
+            return 1
         executor = SingleThreadedExecutor()
         executor.add_node(node)
         executor.spin()
@@ -232,7 +269,8 @@ def main(args: Optional[list] = None) -> None:
         if node is not None:
             node.destroy_node()
         rclpy.try_shutdown()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

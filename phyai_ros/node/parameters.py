@@ -1,13 +1,12 @@
 """The node's parameters: one table with type, default, range and description.
 
 Declaring from a table keeps the YAML files, the launch file and the docs honest:
-every parameter is typed and documented where it is declared, and read-only
-parameters (those that size buffers or pick the model) cannot change under a
-running node.
+every parameter is typed and documented where it is declared, and none can
+change under a running node (all are read at start, so all are read-only).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
@@ -90,13 +89,13 @@ SPECS: dict[str, Spec] = {
     "diagnostics.period": Spec(1.0, "seconds between /diagnostics reports", range=(0.05, 60.0)),
 }
 
-# Parameters that size buffers or pick the model: fixed for the node's lifetime.
-READ_ONLY_PREFIXES = ("model.", "cameras.", "state.joint_names", "control.", "rtc.", "output.")
-
 
 def descriptor(name: str, spec: Spec) -> ParameterDescriptor:
+    """Every parameter is read-only: the node reads them once at start (they size buffers, pick the
+    model, name topics, configure the loop), so a change at run time is refused instead of being
+    silently ignored."""
     text = spec.description + (f" (one of: {', '.join(spec.choices)})" if spec.choices else "")
-    desc = ParameterDescriptor(description=text, read_only=name.startswith(READ_ONLY_PREFIXES))
+    desc = ParameterDescriptor(description=text, read_only=True)
     if spec.range is not None and not isinstance(spec.default, bool):
         lo, hi = spec.range
         if isinstance(spec.default, int):
@@ -110,11 +109,24 @@ class ParameterError(ValueError):
     """Parameters that contradict each other or name a bad choice."""
 
 
+_YAML_BOOLS = {"off", "on", "yes", "no", "y", "n", "true", "false"}
+
+
 def declare_and_read(node) -> dict[str, Any]:
     """Declare every parameter on an rclpy node and return their values by name, validated."""
+    from rclpy.exceptions import InvalidParameterTypeException
     values = {}
     for name, spec in SPECS.items():
-        node.declare_parameter(name, spec.default, descriptor(name, spec))
+        try:
+            node.declare_parameter(name, spec.default, descriptor(name, spec))
+        except InvalidParameterTypeException as exc:
+            hint = ""
+            if isinstance(spec.default, float):
+                hint = " (a float parameter: write 1.0, not 1)"
+            if isinstance(spec.default, str) and any(c.lower() in _YAML_BOOLS for c in spec.choices):
+                hint = (" (YAML reads off/on/yes/no as booleans: quote the value, e.g. "
+                        f"{name.split('.')[-1]}: 'off' in a params file or -p \"{name}:='off'\")")
+            raise ParameterError(f"{exc}{hint}") from None
         values[name] = node.get_parameter(name).value
     validate(values)
     return values

@@ -1,0 +1,523 @@
+"""Drive the onboard policy node over real DDS: a small random-weight pi0.5, the node as a
+separate process, and a fake robot (an rclpy node in the test process) that publishes the
+node's inputs and records everything it outputs.
+
+Reusable by any test or tool that needs a live node (e.g. rosbag replay tests)::
+
+    tokenizer = require_tokenizer()                          # pytest.skip if the fixture is absent
+    ckpt = make_small_checkpoint(tmp_dir)                    # ~20 ms, random weights
+    node = NodeProcess(ckpt, tokenizer, overrides={"rtc.mode": "off"})
+    robot = FakeRobot(node.params)                           # topics/types from the node's parameters
+    try:
+        assert robot.wait_for_node(timeout=60), node.output()
+        robot.set_instruction("pick up the cup")
+        assert robot.spin_until(lambda: len(robot.chunks) >= 3, timeout=60), node.output()
+    finally:
+        robot.close()
+        node.stop()
+
+Tests in test/ import it as ``node_harness`` (pytest puts test/ on sys.path); a tool adds test/ to
+sys.path. Besides the above: ``node_ros_args``/``node_params`` for a node built in-process
+(``PolicyNode(cli_args=...)``, e.g. to wrap its policy), ``NodeProcess.from_ros_args`` for a
+ready-made command line, ``remapped`` for a robot on remapped topics, ``FakeRobot(sim_time=True)``
+for /clock-driven runs with ``jump_clock``, and ``diagnostics_*`` to read the node's reports.
+
+Conventions: every wait has a generous timeout and returns a bool (assert on it with the
+node's output as the message); received messages are kept with their arrival time
+(``time.monotonic()``) in ``Received`` records. All times in messages are ROS time (int ns
+helpers below). The node runs with ``config/pi05_cpu_test.yaml`` plus overrides; by default
+``control.horizon = HORIZON`` (the checkpoint's chunk size must match) and ``control.dt = DT``:
+short chunks at 50 Hz, so a test sees a chunk boundary every ~0.3 s and an inference of the
+small model (~50 ms here) spans several ticks, which makes the RTC frozen prefix non-empty.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+import yaml
+
+from ros_helpers import REPO, spawn_python
+
+FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
+                Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "lerobot_parity")
+TOKENIZER = FIXTURES / "tokenizer" / "tokenizer.model"
+CPU_CONFIG = REPO / "config" / "pi05_cpu_test.yaml"
+THOR_CONFIG = REPO / "config" / "pi05_thor.yaml"
+NODE_NAME = "phyai_policy"
+HORIZON = 20  # actions per chunk in tests (the CPU config says 50; overridden with the checkpoint)
+DT = 0.02     # action period in tests (the CPU config says 0.05)
+NS = 1_000_000_000
+
+
+# ----------------------------------------------------------------------------- model files
+def tokenizer_path() -> Optional[Path]:
+    """The parity fixture's SentencePiece model (honours PHYAI_PARITY_FIXTURES), or None."""
+    return TOKENIZER if TOKENIZER.is_file() else None
+
+
+def require_tokenizer() -> Path:
+    """The tokenizer path, or skip the calling test cleanly when the fixture is absent."""
+    path = tokenizer_path()
+    if path is None:
+        import pytest
+        pytest.skip(f"fixture tokenizer not found at {TOKENIZER} (set PHYAI_PARITY_FIXTURES)")
+    return path
+
+
+def small_model_config(horizon: int = HORIZON, image_size: int = 224):
+    """Fixture-like pi0.5 sizes (VLM 128x2, expert 64x2, SigLIP 64x2 at 224 px, vocab 1024) with a
+    48-token prompt budget: one CPU inference takes ~30-80 ms on 2 cores."""
+    from phyai_ros.models.common.config import GemmaConfig, SiglipConfig
+    from phyai_ros.models.pi05 import Pi05Config
+    return Pi05Config(
+        vlm=GemmaConfig(width=128, depth=2, mlp_dim=256, num_heads=8, num_kv_heads=1, head_dim=16),
+        expert=GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=16),
+        siglip=SiglipConfig(width=64, depth=2, num_heads=4, mlp_dim=128, patch_size=14, image_size=image_size),
+        vocab_size=1024, chunk_size=horizon, num_steps=10, token_budget=48)
+
+
+def make_small_checkpoint(directory, *, horizon: int = HORIZON, state_dim: int = 8, action_dim: int = 7,
+                          seed: int = 0, image_size: int = 224,
+                          cameras: Sequence[str] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")) -> Path:
+    """Write a random-weight pi0.5 checkpoint (config.json, model.safetensors, model_dims.json,
+    norm_stats.json) into ``directory`` and return it. state_dim must equal len(state.joint_names) and
+    action_dim len(control.action_names) of the node's parameters (8 and 7 in the CPU config)."""
+    from phyai_ros.models.pi05 import make_random_checkpoint
+    directory = Path(directory)
+    make_random_checkpoint(directory, small_model_config(horizon, image_size), seed=seed, std=0.1,
+                           camera_names=tuple(cameras), state_dim=state_dim, action_dim=action_dim)
+    return directory
+
+
+# ----------------------------------------------------------------------------- parameters
+def load_params(params_file: Path = CPU_CONFIG, node_name: str = NODE_NAME) -> Dict[str, Any]:
+    """The ``ros__parameters`` of ``node_name`` (or ``/**``) in a params file, flattened to dotted names."""
+    raw = yaml.safe_load(Path(params_file).read_text())
+    section = raw.get(node_name) or raw.get("/" + node_name) or raw.get("/**") or {}
+    out: Dict[str, Any] = {}
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}{k}.", v)
+        else:
+            out[prefix[:-1]] = value
+
+    walk("", section.get("ros__parameters", {}))
+    return out
+
+
+def remapped(params: Dict[str, Any], remaps: Dict[str, str]) -> Dict[str, Any]:
+    """``params`` with every topic name that ``remaps`` (node name -> robot name) renames replaced, so
+    a FakeRobot built from the result talks to a node started with those remappings."""
+    topic_keys = ("state.topic", "instruction.topic", "output.command_topic", "output.chunk_topic",
+                  "output.chunk_trajectory_topic", "output.margin_topic")
+    out = dict(params)
+    out["cameras.topics"] = [remaps.get(t, t) for t in params["cameras.topics"]]
+    for key in topic_keys:
+        out[key] = remaps.get(params[key], params[key])
+    return out
+
+
+def param_arg(name: str, value: Any) -> str:
+    """One ``-p name:=value`` argument value, YAML-typed the way rcl parses it."""
+    def fmt(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(fmt(x) for x in v) + "]"
+        return "'" + str(v).replace("'", "''") + "'"
+    return f"{name}:={fmt(value)}"
+
+
+# ----------------------------------------------------------------------------- the node
+def with_test_defaults(overrides: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """``overrides`` with the test defaults (``control.horizon = HORIZON``, ``control.dt = DT``) filled in."""
+    out = {"control.horizon": HORIZON, "control.dt": DT}
+    out.update(overrides or {})
+    return out
+
+
+def node_ros_args(checkpoint, tokenizer, *, params_file: Path = CPU_CONFIG,
+                  overrides: Optional[Dict[str, Any]] = None, remaps: Optional[Dict[str, str]] = None,
+                  use_sim_time: bool = False) -> List[str]:
+    """The arguments after ``--ros-args`` for a node with these model files, params file, parameter
+    overrides (taken as given: see ``with_test_defaults``) and topic remappings (node name -> new name).
+    Also what an in-process ``PolicyNode(cli_args=["--ros-args", *node_ros_args(...)])`` takes."""
+    args = ["--params-file", str(params_file), "-p", param_arg("model.checkpoint", str(checkpoint)),
+            "-p", param_arg("model.tokenizer", str(tokenizer))]
+    for name, value in (overrides or {}).items():
+        args += ["-p", param_arg(name, value)]
+    if use_sim_time:
+        args += ["-p", "use_sim_time:=true"]
+    for src, dst in (remaps or {}).items():
+        args += ["-r", f"{src}:={dst}"]
+    return args
+
+
+def node_params(checkpoint, tokenizer, *, params_file: Path = CPU_CONFIG,
+                overrides: Optional[Dict[str, Any]] = None, remaps: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """What a node started with ``node_ros_args`` (same arguments) runs with, topics as remapped:
+    the dict a matching ``FakeRobot`` is built from."""
+    params = {**load_params(params_file), **(overrides or {}),
+              "model.checkpoint": str(checkpoint), "model.tokenizer": str(tokenizer)}
+    return remapped(params, remaps or {})
+
+
+class NodeProcess:
+    """``python -m phyai_ros.node.main`` in a subprocess (this test run's DDS domain), with a thread
+    draining its output so it can never block on a full pipe.
+
+    Arguments as ``node_ros_args``, except that ``overrides`` get the test defaults (``with_test_defaults``).
+    ``params`` is what the node runs with (``node_params``), for building a matching robot."""
+
+    def __init__(self, checkpoint, tokenizer, *, params_file: Path = CPU_CONFIG,
+                 overrides: Optional[Dict[str, Any]] = None, remaps: Optional[Dict[str, str]] = None,
+                 use_sim_time: bool = False, module: str = "phyai_ros.node.main"):
+        overrides = with_test_defaults(overrides)
+        self.params = node_params(checkpoint, tokenizer, params_file=params_file, overrides=overrides,
+                                  remaps=remaps)
+        self._spawn(["-m", module, "--ros-args",
+                     *node_ros_args(checkpoint, tokenizer, params_file=params_file, overrides=overrides,
+                                    remaps=remaps, use_sim_time=use_sim_time)])
+
+    @classmethod
+    def from_ros_args(cls, ros_args: Sequence[str], params: Dict[str, Any],
+                      module: str = "phyai_ros.node.main") -> "NodeProcess":
+        """Start the node with a ready-made ``--ros-args`` list (e.g. what a launch file gives it);
+        ``params`` is what those arguments amount to, for building a matching robot."""
+        self = cls.__new__(cls)
+        self.params = dict(params)
+        self._spawn(["-m", module, "--ros-args", *ros_args])
+        return self
+
+    def _spawn(self, args: List[str]) -> None:
+        self.args = args
+        self.proc = spawn_python(args)
+        self._lines: List[str] = []
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.append(line)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def output(self) -> str:
+        return "".join(self._lines)
+
+    def wait_exit(self, timeout: float) -> Optional[int]:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, timeout: float = 15.0) -> str:
+        """Ctrl-C the node, wait (kill if it hangs) and return everything it printed."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(5.0)
+        return self.output()
+
+
+# ----------------------------------------------------------------------------- the robot
+@dataclass
+class Received:
+    t: float  # time.monotonic() at arrival
+    msg: Any
+
+
+def stamp_ns(stamp) -> int:
+    return int(stamp.sec) * NS + int(stamp.nanosec)
+
+
+def diagnostics_status(msg, suffix: str):
+    """The DiagnosticStatus of the node whose name ends with ``suffix`` ('control margin' or
+    'inputs and loop'), or None."""
+    for status in msg.status:
+        if status.name.startswith(NODE_NAME) and status.name.endswith(suffix):
+            return status
+    return None
+
+
+def diagnostics_values(status) -> Dict[str, str]:
+    return {kv.key: kv.value for kv in status.values}
+
+
+def diagnostics_counters(msg) -> Dict[str, int]:
+    """The loop's counters from one /diagnostics message ({} if it is not the node's)."""
+    status = diagnostics_status(msg, "inputs and loop")
+    if status is None:
+        return {}
+    return {k: int(v) for k, v in diagnostics_values(status).items() if v.lstrip("-").isdigit()}
+
+
+def pattern_image(hw, seed: int) -> np.ndarray:
+    """A deterministic RGB frame (smooth pattern plus noise) of size hw."""
+    h, w = hw
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([(x * 255 // max(w - 1, 1)), (y * 255 // max(h - 1, 1)), np.full_like(x, 40 * seed % 256)], -1)
+    return np.clip(base + rng.integers(-20, 20, (h, w, 3)), 0, 255).astype(np.uint8)
+
+
+class FakeRobot:
+    """An rclpy node (own Context, so it is a separate DDS participant) that plays the robot.
+
+    Publishes, from a timer at ``rate_hz`` while spinning: one frame per enabled camera (``Image``
+    rgb8 or ``CompressedImage`` jpeg per ``cameras.compressed``, sensor-data QoS) and a JointState
+    (joint names in reverse policy order, so the node's name mapping is exercised) stamped with
+    ``now_ns()``, and the instruction (see ``set_instruction``). With ``sim_time`` it also
+    publishes /clock at ``clock_hz`` (simulated time runs at the real rate from ``sim_start_ns``)
+    and stamps with it; ``jump_clock`` moves it (a bag loop).
+
+    Records ``chunks``, ``chunk_trajectories``, ``margins``, ``commands`` and ``diagnostics`` as lists of
+    ``Received``. Drive it with ``spin_for`` / ``spin_until``; nothing happens between those calls.
+    """
+
+    def __init__(self, params: Dict[str, Any], *, image_hw=(48, 64), rate_hz: float = 20.0,
+                 sim_time: bool = False, sim_start_ns: int = 1_000 * NS, clock_hz: float = 200.0,
+                 latched_instruction: bool = True, name: str = "fake_robot"):
+        import rclpy
+        from rclpy.executors import SingleThreadedExecutor
+        from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+        from diagnostic_msgs.msg import DiagnosticArray
+        from rosgraph_msgs.msg import Clock
+        from sensor_msgs.msg import CompressedImage, Image, JointState
+        from std_msgs.msg import Float64MultiArray, String
+        from trajectory_msgs.msg import JointTrajectory
+
+        from phyai_ros.msg import ActionChunk, ControlMargin
+
+        self.params = params
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context)
+        self.node = rclpy.create_node(name, context=self.context)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self._types = dict(Image=Image, CompressedImage=CompressedImage, JointState=JointState, String=String,
+                           Clock=Clock)
+        reliable = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
+
+        self.slots = list(params["cameras.slots"])
+        self.compressed = dict(zip(self.slots, params["cameras.compressed"]))
+        self.camera_pubs = {
+            slot: self.node.create_publisher(CompressedImage if self.compressed[slot] else Image, topic,
+                                             qos_profile_sensor_data)
+            for slot, topic in zip(self.slots, params["cameras.topics"])}
+        self.state_pub = self.node.create_publisher(JointState, params["state.topic"], qos_profile_sensor_data)
+        self.latched_instruction = latched_instruction
+        self.instruction_pub = self.node.create_publisher(String, params["instruction.topic"],
+                                                          latched if latched_instruction else reliable)
+        self.instruction: Optional[str] = None
+        self.joint_names = list(params["state.joint_names"])
+        self.enabled_cameras = set(self.slots)
+        self.state_enabled = True
+        self.frames_published = 0
+        self.image_hw = tuple(image_hw)
+        self._frames = {slot: pattern_image(self.image_hw, i) for i, slot in enumerate(self.slots)}
+        self._jpeg: Dict[str, bytes] = {}
+
+        # simulated time
+        self.sim_time = sim_time
+        self._sim_start_ns = int(sim_start_ns)
+        self._mono0 = time.monotonic_ns()
+        self._sim_offset_ns = 0
+        if sim_time:
+            self.clock_pub = self.node.create_publisher(Clock, "/clock", reliable)
+            self.node.create_timer(1.0 / clock_hz, self.publish_clock)
+
+        # outputs
+        self.chunks: List[Received] = []
+        self.chunk_trajectories: List[Received] = []
+        self.margins: List[Received] = []
+        self.commands: List[Received] = []
+        self.diagnostics: List[Received] = []
+
+        def recorder(store):
+            return lambda msg: store.append(Received(time.monotonic(), msg))
+
+        command_type = (JointTrajectory if params["output.command_type"] == "joint_trajectory"
+                        else Float64MultiArray)
+        self.node.create_subscription(ActionChunk, params["output.chunk_topic"], recorder(self.chunks), reliable)
+        self.node.create_subscription(ControlMargin, params["output.margin_topic"], recorder(self.margins), reliable)
+        self.node.create_subscription(command_type, params["output.command_topic"], recorder(self.commands),
+                                      QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+        if params.get("output.chunk_trajectory_topic"):
+            self.node.create_subscription(JointTrajectory, params["output.chunk_trajectory_topic"],
+                                          recorder(self.chunk_trajectories), reliable)
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", recorder(self.diagnostics), reliable)
+        self.sensor_timer = self.node.create_timer(1.0 / rate_hz, self.publish_sensors)
+
+    # -- time
+    def now_ns(self) -> int:
+        """Stamp time: the system clock, or with sim_time the simulated clock the node follows."""
+        if self.sim_time:
+            return self._sim_start_ns + (time.monotonic_ns() - self._mono0) + self._sim_offset_ns
+        return self.node.get_clock().now().nanoseconds
+
+    def jump_clock(self, seconds: float) -> None:
+        """Move the simulated clock by ``seconds`` (negative: back, as a bag loop does)."""
+        self._sim_offset_ns += int(seconds * NS)
+        self.publish_clock()
+
+    def publish_clock(self) -> None:
+        msg = self._types["Clock"]()
+        msg.clock = self.time_msg(self.now_ns())
+        self.clock_pub.publish(msg)
+
+    @staticmethod
+    def time_msg(ns: int):
+        from builtin_interfaces.msg import Time
+        sec, nanosec = divmod(int(ns), NS)
+        return Time(sec=sec, nanosec=nanosec)
+
+    # -- inputs
+    def camera_msg(self, slot: str, stamp: Optional[int] = None):
+        """A well-formed frame for ``slot`` in the message type the node subscribes with."""
+        stamp = self.now_ns() if stamp is None else stamp
+        if self.compressed[slot]:
+            msg = self._types["CompressedImage"]()
+            if slot not in self._jpeg:
+                import cv2
+                ok, buf = cv2.imencode(".jpg", self._frames[slot][..., ::-1])
+                assert ok
+                self._jpeg[slot] = buf.tobytes()
+            msg.format = "rgb8; jpeg compressed bgr8"
+            msg.data = self._jpeg[slot]
+        else:
+            frame = self._frames[slot]
+            msg = self._types["Image"]()
+            msg.height, msg.width = frame.shape[:2]
+            msg.encoding, msg.step = "rgb8", frame.shape[1] * 3
+            msg.data = frame.tobytes()
+        msg.header.stamp = self.time_msg(stamp)
+        msg.header.frame_id = slot
+        return msg
+
+    def joint_state_msg(self, stamp: Optional[int] = None, positions: Optional[Iterable[float]] = None,
+                        names: Optional[Sequence[str]] = None):
+        """JointState in reverse policy order (positions given in policy order, default 0.1*i)."""
+        stamp = self.now_ns() if stamp is None else stamp
+        policy = list(positions) if positions is not None else [0.1 * i for i in range(len(self.joint_names))]
+        msg = self._types["JointState"]()
+        msg.header.stamp = self.time_msg(stamp)
+        if names is None:
+            msg.name = self.joint_names[::-1]
+            msg.position = [float(v) for v in policy[::-1]]
+        else:
+            msg.name, msg.position = list(names), [float(v) for v in policy]
+        return msg
+
+    def publish_camera(self, slot: str, msg) -> None:
+        self.camera_pubs[slot].publish(msg)
+
+    def publish_state(self, msg) -> None:
+        self.state_pub.publish(msg)
+
+    def publish_sensors(self) -> None:
+        stamp = self.now_ns()
+        for slot in self.slots:
+            if slot in self.enabled_cameras:
+                self.publish_camera(slot, self.camera_msg(slot, stamp))
+        if self.state_enabled:
+            self.publish_state(self.joint_state_msg(stamp))
+        if self.instruction is not None and not self.latched_instruction:
+            self.instruction_pub.publish(self._types["String"](data=self.instruction))
+        self.frames_published += 1
+
+    def set_instruction(self, text: str) -> None:
+        """Latched (transient local, once: a node that starts later still gets it) or, with
+        ``latched_instruction=False``, volatile and repeated with every sensor frame."""
+        self.instruction = text
+        self.instruction_pub.publish(self._types["String"](data=text))
+
+    # -- spinning
+    def spin_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            self.executor.spin_once(timeout_sec=0.01)
+        return predicate()
+
+    def spin_for(self, seconds: float) -> None:
+        self.spin_until(lambda: False, seconds)
+
+    def wait_for_node(self, timeout: float = 60.0) -> bool:
+        """Until the node's first /diagnostics report (it is up, its policy loaded)."""
+        return self.spin_until(lambda: any(diagnostics_counters(r.msg) for r in self.diagnostics), timeout)
+
+    # -- outputs
+    def counters(self) -> Dict[str, int]:
+        """The node's counters from its newest /diagnostics report ({} before the first)."""
+        for r in reversed(self.diagnostics):
+            c = diagnostics_counters(r.msg)
+            if c:
+                return c
+        return {}
+
+    def wait_counter(self, name: str, above: int, timeout: float) -> bool:
+        """Until the node reports counter ``name`` > ``above``."""
+        return self.spin_until(lambda: self.counters().get(name, 0) > above, timeout)
+
+    def last_seq(self) -> int:
+        return self.chunks[-1].msg.seq if self.chunks else -1
+
+    def wait_chunks_after(self, seq: int, count: int = 1, timeout: float = 30.0) -> bool:
+        """Until ``count`` chunks with a sequence number above ``seq`` have arrived."""
+        return self.spin_until(lambda: sum(r.msg.seq > seq for r in self.chunks) >= count, timeout)
+
+    def wait_commands(self, count: int = 1, timeout: float = 30.0) -> bool:
+        """Until ``count`` more commands than now have arrived."""
+        target = len(self.commands) + count
+        return self.spin_until(lambda: len(self.commands) >= target, timeout)
+
+    def input_warnings(self, since: float = 0.0) -> List[str]:
+        """Messages of the node's 'inputs and loop' diagnostics at WARN or worse, received after ``since``."""
+        out = []
+        for r in self.diagnostics:
+            status = diagnostics_status(r.msg, "inputs and loop")
+            if r.t >= since and status is not None and status.level[0] >= 1:
+                out.append(status.message)
+        return out
+
+    def close(self) -> None:
+        import rclpy
+        try:
+            self.executor.shutdown()
+            self.node.destroy_node()
+        finally:
+            rclpy.try_shutdown(context=self.context)
+
+
+def command_stamp_ns(msg) -> Optional[int]:
+    """Slot time of a per-tick command (JointTrajectory header; None for Float64MultiArray)."""
+    header = getattr(msg, "header", None)
+    return None if header is None else stamp_ns(header.stamp)
+
+
+def command_action(msg) -> np.ndarray:
+    if hasattr(msg, "points"):
+        return np.asarray(msg.points[0].positions, dtype=np.float64)
+    return np.asarray(msg.data, dtype=np.float64)

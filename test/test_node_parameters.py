@@ -1,0 +1,100 @@
+"""The node's parameters: declared with type, range and description; both YAML files load through
+rcl's own parser into valid values; bad values are refused; a node that cannot start says why."""
+import pytest
+
+from node_harness import CPU_CONFIG, THOR_CONFIG, NodeProcess, load_params, make_small_checkpoint, require_tokenizer
+from phyai_ros.node.parameters import SPECS, ParameterError, declare_and_read
+
+
+@pytest.fixture
+def ros_context():
+    import rclpy
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    yield context
+    rclpy.try_shutdown(context=context)
+
+
+def make_node(context, *cli):
+    import rclpy
+    return rclpy.create_node("phyai_policy", context=context, cli_args=["--ros-args", *cli])
+
+
+def test_every_parameter_is_declared_typed_ranged_documented_and_read_only(ros_context):
+    from rcl_interfaces.msg import ParameterType
+    node = make_node(ros_context)
+    values = declare_and_read(node)
+    assert set(values) == set(SPECS)
+    expected_type = {bool: ParameterType.PARAMETER_BOOL, int: ParameterType.PARAMETER_INTEGER,
+                     float: ParameterType.PARAMETER_DOUBLE, str: ParameterType.PARAMETER_STRING}
+    list_type = {bool: ParameterType.PARAMETER_BOOL_ARRAY, str: ParameterType.PARAMETER_STRING_ARRAY}
+    for name, desc in zip(SPECS, node.describe_parameters(list(SPECS))):
+        spec = SPECS[name]
+        assert desc.name == name and desc.read_only and len(desc.description) > 15, name
+        if isinstance(spec.default, list):
+            assert desc.type == list_type[type(spec.default[0])], name
+        else:
+            assert desc.type == expected_type[type(spec.default)], name
+        if spec.range is not None:
+            ranges = desc.integer_range if isinstance(spec.default, int) else desc.floating_point_range
+            assert (ranges[0].from_value, ranges[0].to_value) == spec.range, name
+        if spec.choices:
+            assert all(c in desc.description for c in spec.choices), name
+    # Read-only: a change at run time is refused, not silently ignored.
+    from rclpy.parameter import Parameter
+    result = node.set_parameters([Parameter("margin.eps", value=0.2)])[0]
+    assert not result.successful
+    node.destroy_node()
+
+
+@pytest.mark.parametrize("params_file", [CPU_CONFIG, THOR_CONFIG], ids=["cpu", "thor"])
+def test_yaml_files_load_through_rcl_into_valid_values(ros_context, params_file):
+    in_file = load_params(params_file)
+    assert set(in_file) <= set(SPECS), set(in_file) - set(SPECS)
+    node = make_node(ros_context, "--params-file", str(params_file))
+    values = declare_and_read(node)  # declares with rcl's parsed overrides, then validates
+    for name, value in in_file.items():
+        assert values[name] == value, name
+    missing = set(SPECS) - set(in_file)
+    assert missing <= {"model.checkpoint", "model.tokenizer", "model.norm_stats"}, missing
+    node.destroy_node()
+
+
+def test_thor_defaults():
+    p = load_params(THOR_CONFIG)
+    assert (p["model.device"], p["model.dtype"], p["model.cuda_graphs"]) == ("cuda", "bfloat16", True)
+    assert p["control.dt"] == 0.02 and p["control.horizon"] == 50 and p["rtc.mode"] == "guided"
+    assert len(p["cameras.slots"]) == 3 and all(p["cameras.required"])
+
+
+def test_out_of_range_and_bad_choices_are_refused(ros_context):
+    from rclpy.exceptions import InvalidParameterValueException
+    with pytest.raises(InvalidParameterValueException):
+        declare_and_read(make_node(ros_context, "--params-file", str(CPU_CONFIG), "-p", "control.dt:=5.0"))
+    with pytest.raises(ParameterError, match="rtc.mode"):
+        declare_and_read(make_node(ros_context, "--params-file", str(CPU_CONFIG), "-p", "rtc.mode:=sometimes"))
+    # YAML 1.1 reads an unquoted `off` as false: the error says to quote it; quoted, it works.
+    with pytest.raises(ParameterError, match="quote the value"):
+        declare_and_read(make_node(ros_context, "--params-file", str(CPU_CONFIG), "-p", "rtc.mode:=off"))
+    assert declare_and_read(make_node(ros_context, "--params-file", str(CPU_CONFIG),
+                                      "-p", "rtc.mode:='off'"))["rtc.mode"] == "off"
+    with pytest.raises(ParameterError, match="cameras.topics has 2 entries for 3"):
+        declare_and_read(make_node(ros_context, "--params-file", str(CPU_CONFIG), "-p", "cameras.topics:=[a, b]"))
+
+
+@pytest.mark.ros
+def test_a_node_that_cannot_start_says_why_and_exits_1(tmp_path):
+    tokenizer = require_tokenizer()
+    node = NodeProcess(tmp_path / "no_such_checkpoint", tokenizer)
+    assert node.wait_exit(timeout=60) == 1, node.stop()
+    assert "cannot start: FileNotFoundError: model.checkpoint: no checkpoint folder" in node.stop()
+
+    ckpt = make_small_checkpoint(tmp_path / "pi05_small", state_dim=6)
+    node = NodeProcess(ckpt, tokenizer)
+    assert node.wait_exit(timeout=60) == 1, node.stop()
+    out = node.stop()
+    assert "state.joint_names has 8 names; the policy's state has 6 dims" in out and "Traceback" not in out
+
+    node = NodeProcess(make_small_checkpoint(tmp_path / "pi05_ok"), tokenizer, overrides={"rtc.mode": "trained"})
+    assert node.wait_exit(timeout=60) == 1, node.stop()
+    assert "rtc.mode 'trained' needs a checkpoint trained with prefix-action tokens" in node.stop()
