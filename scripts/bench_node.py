@@ -56,19 +56,7 @@ CPU_CONFIG = REPO / "config" / "pi05_cpu_test.yaml"
 SLOTS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 # Fast DDS (Jazzy: 2.14) profile: shared memory with a 32 MB segment (whole 0.9 MB frames fit), UDP kept
 # for discovery and other hosts.
-LARGE_SHM_PROFILE = """<?xml version="1.0" encoding="UTF-8" ?>
-<profiles xmlns="http://www.eprosima.com/XMLSchemas/fastRTPS_Profiles">
-  <transport_descriptors>
-    <transport_descriptor><transport_id>shm_large</transport_id><type>SHM</type>
-      <segment_size>33554432</segment_size><maxMessageSize>4194304</maxMessageSize></transport_descriptor>
-    <transport_descriptor><transport_id>udp</transport_id><type>UDPv4</type></transport_descriptor>
-  </transport_descriptors>
-  <participant profile_name="phyai_large_shm" is_default_profile="true">
-    <rtps><userTransports><transport_id>shm_large</transport_id><transport_id>udp</transport_id></userTransports>
-      <useBuiltinTransports>false</useBuiltinTransports></rtps>
-  </participant>
-</profiles>
-"""
+LARGE_SHM_PROFILE = (REPO / "config" / "fastdds_large_shm.xml").read_text()
 
 
 # ----------------------------------------------------------------------------- camera process

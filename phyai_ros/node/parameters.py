@@ -86,7 +86,7 @@ SPECS: dict[str, Spec] = {
                                           "this and an OK lower bound the status is WARN", range=(0.0, 1.0)),
     "margin.error_consecutive_misses": Spec(3, "ERROR when this many chunks in a row had M_ctrl < 0",
                                             range=(1, 1000)),
-    "diagnostics.period": Spec(1.0, "seconds between /diagnostics reports", range=(0.05, 60.0)),
+    "diagnostics.period": Spec(1.0, "seconds between /diagnostics reports", range=(0.001, 60.0)),
 }
 
 
