@@ -16,8 +16,13 @@ import torch
 
 from phyai_ros.control import ObservationSnapshot
 from phyai_ros.control import RtcRequest as LoopRtcRequest
-from phyai_ros.models.pi05 import Pi05Policy, RtcParams
+from phyai_ros.layers.selector import SELECTOR
+from phyai_ros.models.common.policy import FlowPolicy, RtcParams
+from phyai_ros.models.pi0 import Pi0Policy
+from phyai_ros.models.pi05 import Pi05Policy
 from phyai_ros.runtime.runner import FlowRunner
+
+ADAPTERS = {"pi05": Pi05Policy, "pi0": Pi0Policy}
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -25,7 +30,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 class ControlPolicy:
     """policy(snapshot, rtc) -> float32 [H, D] in robot units, for ``ControlLoop``."""
 
-    def __init__(self, adapter: Pi05Policy, runner: Optional[FlowRunner] = None, noise_seed: int = 0,
+    def __init__(self, adapter: FlowPolicy, runner: Optional[FlowRunner] = None, noise_seed: int = 0,
                  max_guidance: float = 10.0):
         self.adapter = adapter
         self.runner = runner
@@ -62,7 +67,7 @@ class ControlPolicy:
         else:
             guide = a.rtc_guide(params, 1) if params is not None else None
             bucket = self.runner.set_observation(inputs.images, inputs.image_masks, inputs.tokens,
-                                                 inputs.token_masks)
+                                                 inputs.token_masks, a.state_padded(inputs))
             x = self.runner.sample(bucket, noise, guide)
         return a.unnormalize_actions(x)[0].to("cpu", torch.float32).numpy()
 
@@ -70,6 +75,10 @@ class ControlPolicy:
         """Run the whole path on a synthetic observation (cold start, graph capture) before acting."""
         rng = np.random.default_rng(0)
         images = {slot: rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for slot in self.camera_slots}
+        if self.runner is not None and self.runner.token_bucket:
+            x = self.adapter.prepare(images, np.zeros(state_dim, dtype=np.float32), "warm up")
+            self.runner.capture_all_buckets(x.images, x.image_masks, x.tokens, x.token_masks,
+                                            self.adapter.make_noise(1))
         for _ in range(runs):
             self.predict(images, np.zeros(state_dim, dtype=np.float32), "warm up")
 
@@ -91,21 +100,24 @@ def norm_stats_path(param: str, checkpoint: Path) -> Optional[Path]:
 
 def build_policy(p: dict, logger=None) -> ControlPolicy:
     """Load the adapter named by ``model.type`` and wrap it (with a runner on CUDA)."""
-    if p["model.type"] != "pi05":
-        raise ValueError(f"model.type {p['model.type']!r} is not available (choices: pi05)")
+    adapter_cls = ADAPTERS.get(p["model.type"])
+    if adapter_cls is None:
+        raise ValueError(f"model.type {p['model.type']!r} is not available (choices: {', '.join(ADAPTERS)})")
     checkpoint = Path(p["model.checkpoint"])
     if not p["model.checkpoint"] or not checkpoint.is_dir():
         raise FileNotFoundError(f"model.checkpoint: no checkpoint folder at '{p['model.checkpoint']}'")
     if not p["model.tokenizer"] or not Path(p["model.tokenizer"]).is_file():
         raise FileNotFoundError(f"model.tokenizer: no tokenizer file at '{p['model.tokenizer']}'")
     if p["rtc.mode"] == "trained":
-        raise ValueError("rtc.mode 'trained' needs a checkpoint trained with prefix-action tokens; the pi05 "
-                         "adapter supports 'guided' and 'off'")
+        raise ValueError("rtc.mode 'trained' needs a checkpoint trained with prefix-action tokens; the "
+                         "adapters support guided and off")
     device = p["model.device"]
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("model.device is 'cuda' but no CUDA device is available (use a CPU config)")
     stats = norm_stats_path(p["model.norm_stats"], checkpoint)
-    adapter = Pi05Policy.from_files(checkpoint, p["model.tokenizer"], stats,
+    if p["model.op_profile"]:
+        SELECTOR.load_profile(p["model.op_profile"])
+    adapter = adapter_cls.from_files(checkpoint, p["model.tokenizer"], stats,
                                     camera_names=list(p["cameras.slots"]), device=device,
                                     dtype=DTYPES[p["model.dtype"]])
     names = p["control.action_names"]
@@ -118,7 +130,8 @@ def build_policy(p: dict, logger=None) -> ControlPolicy:
         raise ValueError(f"control.horizon {p['control.horizon']} != the model's chunk size {adapter.chunk_size}")
     cfg = adapter.config
     runner = FlowRunner(adapter.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim,
-                        use_graphs=p["model.cuda_graphs"]) if device == "cuda" else None
+                        use_graphs=p["model.cuda_graphs"], token_bucket=p["model.token_bucket"],
+                        state_dim=cfg.max_state_dim) if device == "cuda" else None
     policy = ControlPolicy(adapter, runner, p["model.noise_seed"], p["rtc.max_guidance"])
     if p["model.warmup_runs"]:
         policy.warmup(p["model.warmup_runs"], adapter.state_dim)

@@ -47,7 +47,8 @@ def test_every_parameter_is_declared_typed_ranged_documented_and_read_only(ros_c
     node.destroy_node()
 
 
-@pytest.mark.parametrize("params_file", [CPU_CONFIG, THOR_CONFIG], ids=["cpu", "thor"])
+@pytest.mark.parametrize("params_file", [CPU_CONFIG, THOR_CONFIG, THOR_CONFIG.parent / "pi0_thor.yaml"],
+                         ids=["cpu", "thor", "pi0_thor"])
 def test_yaml_files_load_through_rcl_into_valid_values(ros_context, params_file):
     in_file = load_params(params_file)
     assert set(in_file) <= set(SPECS), set(in_file) - set(SPECS)

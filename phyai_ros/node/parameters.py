@@ -23,7 +23,7 @@ class Spec:
 # name -> spec; dotted names become nested YAML keys under ros__parameters.
 SPECS: dict[str, Spec] = {
     # Model
-    "model.type": Spec("pi05", "policy adapter to load", choices=("pi05",)),
+    "model.type": Spec("pi05", "policy adapter to load", choices=("pi05", "pi0")),
     "model.id": Spec("pi05", "model id written into every ActionChunk"),
     "model.checkpoint": Spec("", "LeRobot/openpi checkpoint folder (config.json + model.safetensors); "
                                  "empty with model.random_init runs random weights for tests"),
@@ -33,6 +33,11 @@ SPECS: dict[str, Spec] = {
     "model.dtype": Spec("bfloat16", "weights/activations dtype", choices=("bfloat16", "float32")),
     "model.cuda_graphs": Spec(True, "replay prefix and denoising loop from CUDA graphs (cuda only)"),
     "model.noise_seed": Spec(0, "seed of the flow-matching noise generator", range=(0, 2**31 - 1)),
+    "model.token_bucket": Spec(0, "cut the prompt's right-padding to a multiple of this many tokens (one CUDA "
+                                  "graph per length, all captured at start-up); 0 keeps the full budget",
+                               range=(0, 1024)),
+    "model.op_profile": Spec("", "operator profile JSON written by scripts/profile_ops.py on this device; empty: "
+                                 "every fused kernel that builds here, torch otherwise"),
     "model.warmup_runs": Spec(2, "inferences run before the node starts acting (graph capture, cold start)",
                               range=(0, 100)),
     # Cameras: parallel arrays, one entry per policy camera slot, in slot order.

@@ -1,0 +1,47 @@
+"""The node's policy bridge: the runner path (what the GPU runs, here without graphs) gives the adapter's chunk,
+for pi0.5 and pi0, and RTC requests in robot units reach the solver."""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+
+from phyai_ros.control.rtc import make_request
+from phyai_ros.models.pi0 import Pi0Policy
+from phyai_ros.models.pi05 import Pi05Policy
+from phyai_ros.policies import ControlPolicy
+from phyai_ros.runtime.runner import FlowRunner
+
+FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
+                Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "lerobot_parity")
+pytestmark = pytest.mark.skipif(not (FIXTURES / "pi05" / "expected.safetensors").is_file(),
+                                reason=f"LeRobot parity fixtures not found at {FIXTURES}")
+IMG = "raw.observation.images."
+
+
+@pytest.mark.parametrize("name, cls", [("pi05", Pi05Policy), ("pi0", Pi0Policy)])
+def test_runner_path_equals_adapter_path_with_and_without_rtc(name, cls):
+    d = FIXTURES / name
+    adapter = cls.from_files(d / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model", d / "norm_stats.json")
+    cfg = adapter.config
+    runner = FlowRunner(adapter.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False,
+                        state_dim=cfg.max_state_dim, token_bucket=16)
+    inp = load_file(str(d / "inputs.safetensors"))
+    task = json.loads((d / "inputs.json").read_text())["tasks"][0]
+    images = {k[len(IMG):]: v[0].numpy() for k, v in inp.items() if k.startswith(IMG)}
+    state = inp["raw.observation.state"][0].numpy()
+    eager, graphed = ControlPolicy(adapter, None, noise_seed=3), ControlPolicy(adapter, runner, noise_seed=3)
+    first = eager.predict(images, state, task)
+    assert first.shape == (cfg.chunk_size, adapter.action_dim) and np.isfinite(first).all()
+    np.testing.assert_allclose(graphed.predict(images, state, task), first, atol=1e-5)
+    # RTC: the previous chunk's remainder in robot units, as the control loop hands it over.
+    rtc = make_request(first[10:], 4, mode="guided", schedule="exp", horizon=cfg.chunk_size, t0_ns=0, dt_ns=1)
+    guided_e, guided_r = eager.predict(images, state, task, rtc), graphed.predict(images, state, task, rtc)
+    np.testing.assert_allclose(guided_r, guided_e, atol=1e-5)
+    # With the same noise, guidance pulls the first d actions toward the remainder they must continue.
+    y = first[10:14]
+    unguided = ControlPolicy(adapter, None, noise_seed=7).predict(images, state, task)
+    guided = ControlPolicy(adapter, None, noise_seed=7).predict(images, state, task, rtc)
+    assert np.abs(guided[:4] - y).max() < 0.5 * np.abs(unguided[:4] - y).max()
