@@ -59,7 +59,7 @@ def require_tokenizer() -> Path:
     return p
 
 
-def small_model_config(horizon: int = 50):
+def small_model_config(horizon: int = 50, image_size: int = 224, token_budget: int = 64):
     """A small pi0.5 (parity-fixture sizes: VLM 128x2, expert 64x2, SigLIP 64x2 at 224 px, vocab 1024,
     64-token prompt): one CPU inference takes ~50-100 ms on 2 cores."""
     from phyai_ros.models.common.config import GemmaConfig, SiglipConfig
@@ -67,18 +67,20 @@ def small_model_config(horizon: int = 50):
     return Pi05Config(
         vlm=GemmaConfig(width=128, depth=2, mlp_dim=256, num_heads=8, num_kv_heads=1, head_dim=16),
         expert=GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=16),
-        siglip=SiglipConfig(width=64, depth=2, num_heads=4, mlp_dim=128, patch_size=14, image_size=224),
-        vocab_size=1024, chunk_size=horizon, num_steps=10, token_budget=64)
+        siglip=SiglipConfig(width=64, depth=2, num_heads=4, mlp_dim=128, patch_size=14, image_size=image_size),
+        vocab_size=1024, chunk_size=horizon, num_steps=10, token_budget=token_budget)
 
 
 def make_small_checkpoint(directory, *, horizon: int = 50, state_dim: int = 8, action_dim: int = 7, seed: int = 0,
-                          cameras: Sequence[str] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")) -> Path:
+                          cameras: Sequence[str] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"),
+                          image_size: int = 224, token_budget: int = 64) -> Path:
     """Write a random-weight small pi0.5 checkpoint (LeRobot layout) into ``directory``; its chunk size
     must equal the node's ``control.horizon``, state/action dims its joint/action name counts."""
     import torch
     from phyai_ros.models.pi05 import make_random_checkpoint
     directory = Path(directory)
-    make_random_checkpoint(directory, small_model_config(horizon), seed=seed, dtype=torch.float32, std=0.1,
+    make_random_checkpoint(directory, small_model_config(horizon, image_size, token_budget), seed=seed,
+                           dtype=torch.float32, std=0.1,
                            camera_names=tuple(cameras), state_dim=state_dim, action_dim=action_dim)
     return directory
 

@@ -101,15 +101,9 @@ def run_publisher(args) -> None:
 
 # ----------------------------------------------------------------------------- the node under test
 def make_checkpoint(directory: Path, horizon: int, image_size: int) -> Path:
-    from phyai_ros.models.common.config import GemmaConfig, SiglipConfig
-    from phyai_ros.models.pi05 import Pi05Config, make_random_checkpoint
-    cfg = Pi05Config(
-        vlm=GemmaConfig(width=128, depth=2, mlp_dim=256, num_heads=8, num_kv_heads=1, head_dim=16),
-        expert=GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=16),
-        siglip=SiglipConfig(width=64, depth=2, num_heads=4, mlp_dim=128, patch_size=14, image_size=image_size),
-        vocab_size=1024, chunk_size=horizon, num_steps=10, token_budget=48)
-    make_random_checkpoint(directory, cfg, seed=0, std=0.1, camera_names=SLOTS, state_dim=8, action_dim=7)
-    return directory
+    from phyai_ros.testing import make_small_checkpoint
+    return make_small_checkpoint(directory, horizon=horizon, image_size=image_size, token_budget=48,
+                                 cameras=SLOTS)
 
 
 def run_node(args, ckpt: Path, mode: str) -> dict:

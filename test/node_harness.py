@@ -44,6 +44,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import yaml
 
+from phyai_ros.replay.nodeproc import param_arg  # one typed `-p` formatter for tests and tools
 from ros_helpers import REPO, spawn_python
 
 FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
@@ -72,29 +73,13 @@ def require_tokenizer() -> Path:
     return path
 
 
-def small_model_config(horizon: int = HORIZON, image_size: int = 224):
-    """Fixture-like pi0.5 sizes (VLM 128x2, expert 64x2, SigLIP 64x2 at 224 px, vocab 1024) with a
-    48-token prompt budget: one CPU inference takes ~30-80 ms on 2 cores."""
-    from phyai_ros.models.common.config import GemmaConfig, SiglipConfig
-    from phyai_ros.models.pi05 import Pi05Config
-    return Pi05Config(
-        vlm=GemmaConfig(width=128, depth=2, mlp_dim=256, num_heads=8, num_kv_heads=1, head_dim=16),
-        expert=GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=16),
-        siglip=SiglipConfig(width=64, depth=2, num_heads=4, mlp_dim=128, patch_size=14, image_size=image_size),
-        vocab_size=1024, chunk_size=horizon, num_steps=10, token_budget=48)
-
-
 def make_small_checkpoint(directory, *, horizon: int = HORIZON, state_dim: int = 8, action_dim: int = 7,
                           seed: int = 0, image_size: int = 224,
                           cameras: Sequence[str] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")) -> Path:
-    """Write a random-weight pi0.5 checkpoint (config.json, model.safetensors, model_dims.json,
-    norm_stats.json) into ``directory`` and return it. state_dim must equal len(state.joint_names) and
-    action_dim len(control.action_names) of the node's parameters (8 and 7 in the CPU config)."""
-    from phyai_ros.models.pi05 import make_random_checkpoint
-    directory = Path(directory)
-    make_random_checkpoint(directory, small_model_config(horizon, image_size), seed=seed, std=0.1,
-                           camera_names=tuple(cameras), state_dim=state_dim, action_dim=action_dim)
-    return directory
+    """The users' helper (phyai_ros.testing) with the node tests' prompt budget of 48 tokens."""
+    from phyai_ros.testing import make_small_checkpoint as make
+    return make(directory, horizon=horizon, state_dim=state_dim, action_dim=action_dim, seed=seed, cameras=cameras,
+                image_size=image_size, token_budget=48)
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -125,19 +110,6 @@ def remapped(params: Dict[str, Any], remaps: Dict[str, str]) -> Dict[str, Any]:
     for key in topic_keys:
         out[key] = remaps.get(params[key], params[key])
     return out
-
-
-def param_arg(name: str, value: Any) -> str:
-    """One ``-p name:=value`` argument value, YAML-typed the way rcl parses it."""
-    def fmt(v) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(fmt(x) for x in v) + "]"
-        return "'" + str(v).replace("'", "''") + "'"
-    return f"{name}:={fmt(value)}"
 
 
 # ----------------------------------------------------------------------------- the node

@@ -5,19 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from phyai_ros.control import ControlConfig, DelayEstimator, soft_mask
+from phyai_ros.control import DelayEstimator, soft_mask
 from phyai_ros.control.testing import make_sim
 
-MS = 1_000_000
-DT = 10 * MS
-H = 10
-
-
-def cfg(**kw):
-    base = dict(dt=0.01, horizon=H, action_dim=2, cameras=("front",), state_dim=3, rtc_overlap=2,
-                initial_delay_ticks=2)
-    base.update(kw)
-    return ControlConfig(**base)
+from control_cases import DT, MS, H, cfg  # noqa: F401
 
 
 def traj(t_ns):
