@@ -31,10 +31,11 @@ class ControlPolicy:
     """policy(snapshot, rtc) -> float32 [H, D] in robot units, for ``ControlLoop``."""
 
     def __init__(self, adapter: FlowPolicy, runner: Optional[FlowRunner] = None, noise_seed: int = 0,
-                 max_guidance: float = 10.0):
+                 max_guidance: float = 10.0, jacobian: str = "identity"):
         self.adapter = adapter
         self.runner = runner
         self.max_guidance = float(max_guidance)
+        self.jacobian = jacobian  # "vjp": the paper's form, one backward pass per step, run eagerly
         self.generator = torch.Generator().manual_seed(int(noise_seed))
 
     @property
@@ -49,7 +50,8 @@ class ControlPolicy:
         prev = torch.from_numpy(np.array(rtc.prefix, dtype=np.float32)).to(self.adapter.device)  # writable copy
         # The loop's Y starts at the new chunk's action 0, so LeRobot's execution horizon
         # (where the soft mask reaches 0) is the length of Y: H - s in the paper's terms.
-        return RtcParams(self.adapter.normalize_actions(prev), rtc.d, rtc.n, rtc.schedule, self.max_guidance)
+        return RtcParams(self.adapter.normalize_actions(prev), rtc.d, rtc.n, rtc.schedule, self.max_guidance,
+                         self.jacobian)
 
     def __call__(self, snapshot: ObservationSnapshot, rtc: Optional[LoopRtcRequest] = None) -> np.ndarray:
         images = {slot: snapshot.images.get(slot) if snapshot.image_mask.get(slot, False) else None
@@ -62,7 +64,7 @@ class ControlPolicy:
         inputs = a.prepare(images, state, task)
         noise = a.make_noise(1, generator=self.generator)
         params = self._rtc(rtc)
-        if self.runner is None:
+        if self.runner is None or (params is not None and params.jacobian != "identity"):
             x = a.sample_actions(inputs, noise, params)
         else:
             guide = a.rtc_guide(params, 1) if params is not None else None
@@ -132,7 +134,7 @@ def build_policy(p: dict, logger=None) -> ControlPolicy:
     runner = FlowRunner(adapter.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim,
                         use_graphs=p["model.cuda_graphs"], token_bucket=p["model.token_bucket"],
                         state_dim=cfg.max_state_dim) if device == "cuda" else None
-    policy = ControlPolicy(adapter, runner, p["model.noise_seed"], p["rtc.max_guidance"])
+    policy = ControlPolicy(adapter, runner, p["model.noise_seed"], p["rtc.max_guidance"], p["rtc.jacobian"])
     if p["model.warmup_runs"]:
         policy.warmup(p["model.warmup_runs"], adapter.state_dim)
     return policy

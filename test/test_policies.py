@@ -45,3 +45,18 @@ def test_runner_path_equals_adapter_path_with_and_without_rtc(name, cls):
     unguided = ControlPolicy(adapter, None, noise_seed=7).predict(images, state, task)
     guided = ControlPolicy(adapter, None, noise_seed=7).predict(images, state, task, rtc)
     assert np.abs(guided[:4] - y).max() < 0.5 * np.abs(unguided[:4] - y).max()
+
+
+def test_paper_vjp_form_is_selectable_and_runs_eagerly_beside_a_runner():
+    d = FIXTURES / "pi05"
+    adapter = Pi05Policy.from_files(d / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model", d / "norm_stats.json")
+    cfg = adapter.config
+    runner = FlowRunner(adapter.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False)
+    inp = load_file(str(d / "inputs.safetensors"))
+    images = {k[len(IMG):]: v[0].numpy() for k, v in inp.items() if k.startswith(IMG)}
+    state, task = inp["raw.observation.state"][0].numpy(), "pick up the cup"
+    first = ControlPolicy(adapter, None, noise_seed=1).predict(images, state, task)
+    rtc = make_request(first[10:], 4, mode="guided", schedule="exp", horizon=cfg.chunk_size, t0_ns=0, dt_ns=1)
+    ident = ControlPolicy(adapter, runner, noise_seed=2).predict(images, state, task, rtc)
+    vjp = ControlPolicy(adapter, runner, noise_seed=2, jacobian="vjp").predict(images, state, task, rtc)
+    assert np.isfinite(vjp).all() and np.abs(vjp - ident).max() > 1e-3

@@ -73,6 +73,9 @@ SPECS: dict[str, Spec] = {
                            "beyond the expected delay d", range=(0, 1000)),
     "rtc.delay_quantile": Spec(0.95, "quantile of measured latency used as the expected delay d",
                                range=(0.5, 1.0)),
+    "rtc.jacobian": Spec("identity", "guided RTC correction: 'identity' (LeRobot's form, captured in the CUDA "
+                                     "graph) or 'vjp' (the paper's vector-Jacobian product: one backward pass "
+                                     "per step, run eagerly)", choices=("identity", "vjp")),
     "rtc.max_guidance": Spec(10.0, "largest guidance weight", range=(0.0, 100.0)),
     # Outputs
     "output.command_topic": Spec("command", "per-tick command topic"),
