@@ -45,13 +45,12 @@ class ControlPolicy:
     def _rtc(self, rtc: Optional[LoopRtcRequest]) -> Optional[RtcParams]:
         if rtc is None or rtc.mode == "off":
             return None
-        if rtc.mode != "guided":
-            raise ValueError(f"RTC mode {rtc.mode!r} is not supported by the {type(self.adapter).__name__} adapter")
+
         prev = torch.from_numpy(np.array(rtc.prefix, dtype=np.float32)).to(self.adapter.device)  # writable copy
         # The loop's Y starts at the new chunk's action 0, so LeRobot's execution horizon
         # (where the soft mask reaches 0) is the length of Y: H - s in the paper's terms.
         return RtcParams(self.adapter.normalize_actions(prev), rtc.d, rtc.n, rtc.schedule, self.max_guidance,
-                         self.jacobian)
+                         self.jacobian, rtc.mode)
 
     def __call__(self, snapshot: ObservationSnapshot, rtc: Optional[LoopRtcRequest] = None) -> np.ndarray:
         images = {slot: snapshot.images.get(slot) if snapshot.image_mask.get(slot, False) else None
@@ -64,7 +63,8 @@ class ControlPolicy:
         inputs = a.prepare(images, state, task)
         noise = a.make_noise(1, generator=self.generator)
         params = self._rtc(rtc)
-        if self.runner is None or (params is not None and params.jacobian != "identity"):
+        if self.runner is None or (params is not None and (params.jacobian != "identity"
+                                                           or params.mode != "guided")):
             x = a.sample_actions(inputs, noise, params)
         else:
             guide = a.rtc_guide(params, 1) if params is not None else None
@@ -110,9 +110,6 @@ def build_policy(p: dict, logger=None) -> ControlPolicy:
         raise FileNotFoundError(f"model.checkpoint: no checkpoint folder at '{p['model.checkpoint']}'")
     if not p["model.tokenizer"] or not Path(p["model.tokenizer"]).is_file():
         raise FileNotFoundError(f"model.tokenizer: no tokenizer file at '{p['model.tokenizer']}'")
-    if p["rtc.mode"] == "trained":
-        raise ValueError("rtc.mode 'trained' needs a checkpoint trained with prefix-action tokens; the "
-                         "adapters support guided and off")
     device = p["model.device"]
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("model.device is 'cuda' but no CUDA device is available (use a CPU config)")

@@ -96,6 +96,7 @@ def test_a_node_that_cannot_start_says_why_and_exits_1(tmp_path):
     out = node.stop()
     assert "state.joint_names has 8 names; the policy's state has 6 dims" in out and "Traceback" not in out
 
-    node = NodeProcess(make_small_checkpoint(tmp_path / "pi05_ok"), tokenizer, overrides={"rtc.mode": "trained"})
+    missing = tmp_path / "no_profile.json"
+    node = NodeProcess(make_small_checkpoint(tmp_path / "pi05_ok"), tokenizer, overrides={"model.op_profile": str(missing)})
     assert node.wait_exit(timeout=60) == 1, node.stop()
-    assert "rtc.mode 'trained' needs a checkpoint trained with prefix-action tokens" in node.stop()
+    assert f"cannot start: FileNotFoundError" in node.stop()

@@ -60,3 +60,29 @@ def test_paper_vjp_form_is_selectable_and_runs_eagerly_beside_a_runner():
     ident = ControlPolicy(adapter, runner, noise_seed=2).predict(images, state, task, rtc)
     vjp = ControlPolicy(adapter, runner, noise_seed=2, jacobian="vjp").predict(images, state, task, rtc)
     assert np.isfinite(vjp).all() and np.abs(vjp - ident).max() > 1e-3
+
+
+@pytest.mark.parametrize("name, cls", [("pi05", Pi05Policy), ("pi0", Pi0Policy)])
+def test_training_time_rtc_feeds_the_frozen_prefix_as_clean_actions(name, cls):
+    from phyai_ros.models.common.policy import RtcParams
+    d = FIXTURES / name
+    adapter = cls.from_files(d / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model", d / "norm_stats.json")
+    inp = load_file(str(d / "inputs.safetensors"))
+    tasks = json.loads((d / "inputs.json").read_text())["tasks"]
+    images = {k[len(IMG):]: v.numpy() for k, v in inp.items() if k.startswith(IMG)}
+    x = adapter.prepare(images, inp["raw.observation.state"].numpy(), tasks)
+    prev, noise = inp["rtc.prev_chunk_left_over"], inp["noise"]
+    plain = adapter.sample_actions(x, noise)
+    trained = adapter.sample_actions(x, noise, RtcParams(prev, 4, 10, mode="trained"))
+    dims = prev.shape[-1]
+    assert (trained[:, :4, :dims] - prev[:, :4]).abs().max().item() == 0.0   # returned as given
+    assert (trained[:, 4:] - plain[:, 4:]).abs().max().item() > 1e-3         # the rest is conditioned on it
+    none_frozen = adapter.sample_actions(x, noise, RtcParams(prev, 0, 10, mode="trained"))
+    assert (none_frozen - plain).abs().max().item() <= 1e-5                   # d = 0: per-token path = plain
+    # Through the node's bridge, in robot units.
+    policy = ControlPolicy(adapter, None, noise_seed=5)
+    first = policy.predict({k: v[0] for k, v in images.items()}, inp["raw.observation.state"][0].numpy(), tasks[0])
+    rtc = make_request(first[10:], 3, mode="trained", schedule="exp", horizon=adapter.config.chunk_size,
+                       t0_ns=0, dt_ns=1)
+    out = policy.predict({k: v[0] for k, v in images.items()}, inp["raw.observation.state"][0].numpy(), tasks[0], rtc)
+    np.testing.assert_allclose(out[:3], first[10:13], atol=1e-4)

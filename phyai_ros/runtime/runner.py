@@ -170,9 +170,9 @@ class FlowRunner:
         """
         if bucket.prefix_for is None:
             raise RuntimeError("prefix state is invalid: call set_observation() for the new observation first")
-        if guide is not None and guide.jacobian != "identity":
-            raise ValueError("the runner captures the identity-form RTC step only; use the adapter's eager "
-                             "solver for jacobian='vjp'")
+        if guide is not None and (guide.jacobian != "identity" or guide.mode != "guided"):
+            raise ValueError("the runner captures the identity-form guided RTC step only; use the adapter's "
+                             "eager solver for jacobian='vjp' or mode='trained'")
         bucket.noise.copy_(noise, non_blocking=True)
         if guide is None:
             bucket.rtc_weights.zero_()

@@ -48,6 +48,7 @@ class RtcParams:
     schedule: str = "linear"
     max_guidance: float = 10.0
     jacobian: str = "identity"
+    mode: str = "guided"            # or "trained" (see solver.build_rtc_guide)
 
 
 @dataclass
@@ -229,7 +230,7 @@ class FlowPolicy:
         cfg = self.config
         return solver.build_rtc_guide(prev, rtc.inference_delay, rtc.execution_horizon, cfg.chunk_size,
                                       cfg.max_action_dim, cfg.num_steps, rtc.schedule, rtc.max_guidance,
-                                      rtc.jacobian)
+                                      rtc.jacobian, rtc.mode)
 
     def unnormalize_actions(self, actions_model: Tensor) -> Tensor:
         """[B, H, A] normalized padded -> [B, H, action_dim] robot units."""

@@ -25,6 +25,7 @@ Tensor = torch.Tensor
 
 RTC_SCHEDULES = ("linear", "exp", "ones", "zeros")
 RTC_JACOBIANS = ("identity", "vjp")
+RTC_MODES = ("guided", "trained")
 
 
 def euler_times(num_steps: int) -> Tuple[List[float], float]:
@@ -116,25 +117,32 @@ class RtcGuide:
     weights: Tensor
     guidance: Tensor
     jacobian: str = "identity"
+    mode: str = "guided"   # "trained": weights is the hard frozen-prefix mask, fed as clean action tokens
 
     def to(self, device) -> "RtcGuide":
-        return RtcGuide(self.y.to(device), self.weights.to(device), self.guidance.to(device), self.jacobian)
+        return RtcGuide(self.y.to(device), self.weights.to(device), self.guidance.to(device), self.jacobian,
+                        self.mode)
 
 
 def build_rtc_guide(prev_left_over: Tensor, inference_delay: int, execution_horizon: int, horizon: int,
                     action_dim: int, num_steps: int, schedule: str = "linear", max_guidance: float = 10.0,
-                    jacobian: str = "identity") -> RtcGuide:
+                    jacobian: str = "identity", mode: str = "guided") -> RtcGuide:
     """RTC tensors for one request. prev_left_over [B, n, D] or [n, D] is in the model's normalized action
-    space; execution_horizon is clamped to n (as LeRobot does)."""
+    space; execution_horizon is clamped to n (as LeRobot does). mode "trained" (training-time RTC, for
+    checkpoints trained with prefix-action conditioning): the first inference_delay actions are fed as clean
+    tokens (flow time 0) at every step and returned unchanged; the rest is sampled as usual."""
+    if mode not in RTC_MODES:
+        raise ValueError(f"unknown RTC mode {mode!r}; expected one of {RTC_MODES}")
     if jacobian not in RTC_JACOBIANS:
         raise ValueError(f"unknown RTC jacobian {jacobian!r}; expected one of {RTC_JACOBIANS}")
     if not torch.isfinite(prev_left_over).all():
         raise ValueError("RTC prev_left_over contains NaN or inf")
     n = prev_left_over.shape[-2]
     s = min(int(execution_horizon), n)
-    w = rtc_prefix_weights(int(inference_delay), s, horizon, schedule).to(prev_left_over.device)
+    w = rtc_prefix_weights(int(inference_delay), s, horizon,
+                           "zeros" if mode == "trained" else schedule).to(prev_left_over.device)
     g = rtc_guidance_weights(num_steps, max_guidance).to(prev_left_over.device)
-    return RtcGuide(pad_prev_chunk(prev_left_over, horizon, action_dim), w, g, jacobian)
+    return RtcGuide(pad_prev_chunk(prev_left_over, horizon, action_dim), w, g, jacobian, mode)
 
 
 def rtc_guided_velocity(x_t: Tensor, v: Tensor, t: Tensor, y: Tensor, weights: Tensor, g: Tensor) -> Tensor:
@@ -159,6 +167,14 @@ def rtc_guided_velocity_vjp(velocity_fn: Callable[[Tensor], Tensor], x_t: Tensor
     return v - g * correction, v
 
 
+def per_token(table_k: Tensor, table_data: Tensor, frozen: Tensor, batch: int) -> Tensor:
+    """Per-token time conditioning for training-time RTC: frozen tokens take the t = 0 table, the others
+    step k's. table_* [..., W] (no token axis) -> [batch, ..., H, W]."""
+    f = frozen.to(table_k.dtype)[:, None]
+    mixed = table_k.unsqueeze(-2) * (1 - f) + table_data.unsqueeze(-2) * f
+    return mixed.unsqueeze(0).expand(batch, *mixed.shape).contiguous()
+
+
 def euler_step(x: Tensor, v: Tensor, dt: float) -> Tensor:
     return x + dt * v
 
@@ -167,6 +183,8 @@ def sample(velocity_fn: Callable[[Tensor, int], Tensor], noise: Tensor, num_step
            rtc: Optional[RtcGuide] = None, trace: Optional[Dict[str, List[Tensor]]] = None,
            t_table: Optional[Tensor] = None) -> Tensor:
     """Reference Euler loop. velocity_fn(x_t, k) -> v at step k (t = t_k). noise is x at t = 1 (float32).
+    For training-time RTC (rtc.mode "trained") it is called as velocity_fn(x_t, k, frozen=mask [H]): tokens
+    with mask 1 are clean actions at flow time 0, the others at t_k.
 
     t_table: the euler_schedule table already on the device (pass it when capturing the loop in a CUDA
     graph: building it here is a host-to-device copy). trace, if given, collects per-step 'v_t' (raw
@@ -181,6 +199,12 @@ def sample(velocity_fn: Callable[[Tensor, int], Tensor], noise: Tensor, num_step
         if rtc is None:
             v = velocity_fn(x, k)
             v_used = v
+        elif rtc.mode == "trained":
+            # Frozen prefix as clean tokens: x there is Y itself (time 0) before and after the step.
+            frozen = rtc.weights[:, None]
+            x = frozen * rtc.y + (1 - frozen) * x
+            v = velocity_fn(x, k, frozen=rtc.weights)
+            v_used = v * (1 - frozen)
         elif rtc.jacobian == "vjp":
             v_used, v = rtc_guided_velocity_vjp(lambda xx: velocity_fn(xx, k), x, t, rtc.y, rtc.weights,
                                                 rtc.guidance[k])

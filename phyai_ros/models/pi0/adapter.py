@@ -59,5 +59,11 @@ class Pi0Policy(FlowPolicy):
         tbias = m.time_bias(t_table)
         ctx = m.suffix_context(pad)
         guide = self.rtc_guide(rtc, batch) if rtc is not None else None
-        return solver.sample(lambda x, k: m.denoise_velocity(x, kv, state_emb, ctx=ctx, time_bias=tbias[k]), x0,
-                             self.config.num_steps, guide, trace, t_table)
+        tbias_data = m.time_bias(torch.zeros(1, device=self.device))[0] if guide and guide.mode == "trained" \
+            else None
+
+        def velocity(x, k, frozen=None):
+            tb = tbias[k] if frozen is None else solver.per_token(tbias[k], tbias_data, frozen, x.shape[0])
+            return m.denoise_velocity(x, kv, state_emb, ctx=ctx, time_bias=tb)
+
+        return solver.sample(velocity, x0, self.config.num_steps, guide, trace, t_table)

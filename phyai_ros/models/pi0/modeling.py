@@ -81,10 +81,11 @@ class Pi0Model(PaliGemmaPrefix):
 
     def embed_suffix(self, x_t: Tensor, state_emb: Tensor, time_bias: Tensor) -> Tensor:
         """[state token, action_time_mlp_out(silu(W_a action_in_proj(x_t) + time_bias))] -> [B, 1+H, We] float32.
-        time_bias: [We] (shared by the batch) or [B, We]."""
+        time_bias: [We] (shared by the batch), [B, We], or per token [B, H, We]."""
         a = ops.linear(x_t.to(torch.float32), self.action_in_w, self.action_in_b)
-        tb = time_bias if time_bias.dim() == 2 else time_bias[None]
-        h = ops.silu(ops.linear(a, self.atm_in_action_w) + tb[:, None, :])
+        tb = time_bias if time_bias.dim() >= 2 else time_bias[None]
+        tb = tb if tb.dim() == 3 else tb[:, None, :]   # per token [B, H, We] (training-time RTC) as given
+        h = ops.silu(ops.linear(a, self.atm_in_action_w) + tb)
         h = ops.linear(h, self.atm_out_w, self.atm_out_b)
         return torch.cat([state_emb.expand(h.shape[0], -1, -1), h], dim=1)
 

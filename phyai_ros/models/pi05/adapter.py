@@ -96,5 +96,11 @@ class Pi05Policy(FlowPolicy):
         mods = m.time_modulation(t_table)
         ctx = m.suffix_context(pad)
         guide = self.rtc_guide(rtc, batch) if rtc is not None else None
-        return solver.sample(lambda x, k: m.denoise_velocity(x, kv, ctx=ctx, modulation=mods[k]), x0,
-                             self.config.num_steps, guide, trace, t_table)
+        mods_data = m.time_modulation(torch.zeros(1, device=self.device))[0] if guide and guide.mode == "trained" \
+            else None
+
+        def velocity(x, k, frozen=None):
+            mod = mods[k] if frozen is None else solver.per_token(mods[k], mods_data, frozen, x.shape[0])
+            return m.denoise_velocity(x, kv, ctx=ctx, modulation=mod)
+
+        return solver.sample(velocity, x0, self.config.num_steps, guide, trace, t_table)

@@ -104,7 +104,8 @@ class Pi05Model(PaliGemmaPrefix):
                          t: Optional[Tensor] = None, modulation: Optional[Tensor] = None,
                          ctx: Optional[SuffixContext] = None) -> Tensor:
         """Velocity v(x_t, t) [B,H,A] float32. Give either t [B] or precomputed modulation
-        ([2*depth+1, 3, We] shared by the batch, or [B, ...]); give ctx or prefix_pad."""
+        ([2*depth+1, 3, We] shared by the batch, [B, ...], or per token [B, 2*depth+1, 3, H, We]); give ctx
+        or prefix_pad."""
         cfg = self.cfg.expert
         if ctx is None:
             ctx = self.suffix_context(prefix_pad)
@@ -112,7 +113,8 @@ class Pi05Model(PaliGemmaPrefix):
             modulation = self.time_modulation(t)
         if modulation.dim() == 3:
             modulation = modulation.unsqueeze(0)
-        mod = modulation.unsqueeze(3)  # [B|1, 2*depth+1, 3, 1, We]
+        # [B|1, 2*depth+1, 3, 1, We], or per token [B, 2*depth+1, 3, H, We] (training-time RTC)
+        mod = modulation if modulation.dim() == 5 else modulation.unsqueeze(3)
         n = len(self.expert_layers)
         h = self.embed_actions(x_t)
         x = dispatch.ada_rms_norm(h, mod[:, 0, 0], mod[:, 0, 1], cfg.rms_eps)
