@@ -26,7 +26,6 @@ and ``require_tokenizer`` finds the fixture tokenizer (or skips the test); ``mak
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence
 

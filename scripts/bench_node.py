@@ -209,7 +209,6 @@ def analyse(run: dict, dt: float) -> dict:
     # jump = |a_new(t*) - a_old(t*)|_inf, the departure from the plan being executed; step = the executed
     # change |cmd(t*) - cmd(t* - dt)|_inf, against the same step between ticks inside one chunk.
     ems = [e for _, _, e in ticks if e is not None and e.kind == "chunk"]
-    by_slot = {e.slot_ns: e for e in ems}
     chunks = run["chunks"]
     jumps, switch_steps, inside = [], [], []
     switch_slots = set()

@@ -72,8 +72,6 @@ def valid_query_rows(op: str, args: tuple):
 
 
 def record_model_calls(args) -> dict:
-    import numpy as np
-
     from phyai_ros.models.pi05 import Pi05Config, Pi05Policy
     from phyai_ros.models.pi05.checkpoint import make_random_model
     from phyai_ros.runtime.runner import FlowRunner

@@ -9,7 +9,7 @@ from phyai_ros.control import (ERROR, OK, WARN, LatencyRecord, MarginMonitor, re
                                wilson_lower)
 from phyai_ros.control.testing import make_sim
 
-from control_cases import DT, MS, H, cfg  # noqa: F401
+from control_cases import DT, MS, cfg
 
 
 def test_segments_and_margin_equal_injected_latencies():

@@ -99,4 +99,4 @@ def test_a_node_that_cannot_start_says_why_and_exits_1(tmp_path):
     missing = tmp_path / "no_profile.json"
     node = NodeProcess(make_small_checkpoint(tmp_path / "pi05_ok"), tokenizer, overrides={"model.op_profile": str(missing)})
     assert node.wait_exit(timeout=60) == 1, node.stop()
-    assert f"cannot start: FileNotFoundError" in node.stop()
+    assert "cannot start: FileNotFoundError" in node.stop()

@@ -20,7 +20,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from phyai_ros.replay.accounting import CATEGORIES
 from phyai_ros.replay.bagtypes import NS, parse_remaps
@@ -195,7 +195,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             info = proc.info
         elif a.params_file:
             info = NodeInfo.from_params_file(a.params_file, name=a.node, overrides=overrides)
-        t = time.monotonic()
         result = run_replay(a.bag, out=a.out, options=options, remaps=parse_remaps(a.remap), topics=a.topics,
                             exclude=a.exclude, clock_source=a.clock_source, node_name=a.node, node_info=info,
                             node_process=proc, wait_node=a.wait_node, publish_undecodable=a.publish_undecodable,

@@ -731,7 +731,6 @@ class _Replay:
                               node_counters=counters, played=played, complete=complete, wall_s=wall, lag_ms=lag_ms,
                               snapshots=snapshots, session_ns=self.session_bounds, tail_counters=tail)
         if self.out is not None:
-            from rosbags.typesys import Stores  # noqa: F401 - typestore() already holds String
             ts = typestore()
             String = ts.types["std_msgs/msg/String"]
             self.out.add(SUMMARY_TOPIC, "std_msgs/msg/String")

@@ -22,7 +22,7 @@ import html
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -529,7 +529,6 @@ def _events_rows(events: List[dict], t0: Optional[int]) -> List[List[str]]:
 
 
 def _markdown(num: dict, v: dict, figs: Dict[str, Path], t0: int) -> str:
-    mg, r = num["margin"], num["roofline"]
     lines = [f"# Replay report: {Path(num['input_bag'] or num['bag']).name}", "",
              f"**{LEVEL_NAMES[v['level']]}** - {v['headline']}", ""]
     lines += [f"- {f}" for f in v["facts"]]

@@ -12,7 +12,7 @@ from typing import Tuple
 import torch
 from torch import nn
 
-from phyai_ros.layers import dispatch, ops
+from phyai_ros.layers import dispatch
 
 from .config import GemmaConfig
 

@@ -12,7 +12,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .checkpoint_io import CheckpointError, count_layers
+from .checkpoint_io import (CheckpointError, count_layers, normalize_key_aliases, read_json, read_safetensors,
+                            require_file)
 from .config import GemmaConfig, SiglipConfig
 from .paligemma import LM, VIS
 
@@ -25,6 +26,18 @@ _FLOW_KEYS = {"chunk_size": "chunk_size", "num_inference_steps": "num_steps", "t
 
 def strip_image_prefix(name: str) -> str:
     return name[len(IMAGE_PREFIX):] if name.startswith(IMAGE_PREFIX) else name
+
+
+def read_lerobot_checkpoint(ckpt_dir, policy_type: str) -> Tuple[Path, dict, Dict[str, torch.Tensor]]:
+    """A LeRobot policy folder -> (folder, its config.json, its tensors with key aliases normalized); clear
+    errors for a missing folder or file, and for a checkpoint of another policy type."""
+    ckpt_dir = require_file(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        raise NotADirectoryError(f"checkpoint path is not a directory: {ckpt_dir}")
+    lr = read_json(ckpt_dir / "config.json")
+    if lr.get("type", policy_type) != policy_type:
+        raise CheckpointError(f"{ckpt_dir / 'config.json'}: policy type {lr.get('type')!r}, expected '{policy_type}'")
+    return ckpt_dir, lr, normalize_key_aliases(read_safetensors(ckpt_dir))
 
 
 def parse_features(lr: dict) -> Tuple[List[str], Optional[int], Optional[int]]:

@@ -15,9 +15,8 @@ import numpy as np
 import torch
 
 from phyai_ros.models.common.checkpoint_io import (CheckpointError, gemma_key_shapes, load_gemma_layers,
-                                                   normalize_key_aliases, read_json, read_safetensors,
-                                                   require_file, validate_keys)
-from phyai_ros.models.common.lerobot_checkpoint import (find_model_dims, flow_overrides, gemma_from_shapes,
+                                                   read_json, validate_keys)
+from phyai_ros.models.common.lerobot_checkpoint import (read_lerobot_checkpoint, find_model_dims, flow_overrides, gemma_from_shapes,
                                                         lerobot_config_json, parse_features,
                                                         prefix_dims_from_shapes, random_state_dict)
 from phyai_ros.models.common.paligemma import (EXP, UNUSED_KEYS, load_paligemma, paligemma_key_shapes,
@@ -72,13 +71,7 @@ class Pi0Checkpoint:
 
 
 def load_pi0_checkpoint(ckpt_dir, device="cpu", dtype: torch.dtype = torch.float32, dims=None) -> Pi0Checkpoint:
-    ckpt_dir = require_file(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        raise NotADirectoryError(f"checkpoint path is not a directory: {ckpt_dir}")
-    lr = read_json(ckpt_dir / "config.json")
-    if lr.get("type", "pi0") != "pi0":
-        raise CheckpointError(f"{ckpt_dir / 'config.json'}: policy type {lr.get('type')!r}, expected 'pi0'")
-    sd = normalize_key_aliases(read_safetensors(ckpt_dir))
+    ckpt_dir, lr, sd = read_lerobot_checkpoint(ckpt_dir, "pi0")
     cfg = resolve_config(ckpt_dir, sd, lr, dims)
     validate_keys(sd, lerobot_key_shapes(cfg), ignored=UNUSED_KEYS)
     model = Pi0Model(cfg, dtype=dtype, device=device)

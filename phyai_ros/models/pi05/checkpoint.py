@@ -21,9 +21,8 @@ import numpy as np
 import torch
 
 from phyai_ros.models.common.checkpoint_io import (CheckpointError, gemma_key_shapes, load_gemma_layers,
-                                                   normalize_key_aliases, read_json, read_safetensors,
-                                                   require_file, validate_keys)
-from phyai_ros.models.common.lerobot_checkpoint import (IMAGE_PREFIX, find_model_dims, flow_overrides,
+                                                   read_json, validate_keys)
+from phyai_ros.models.common.lerobot_checkpoint import (read_lerobot_checkpoint, IMAGE_PREFIX, find_model_dims, flow_overrides,
                                                         gemma_from_shapes, lerobot_config_json, parse_features,
                                                         prefix_dims_from_shapes, random_state_dict)
 from phyai_ros.models.common.paligemma import (EXP, LM, PROJ, UNUSED_KEYS, VIS, load_paligemma,
@@ -83,13 +82,7 @@ class Pi05Checkpoint:
 def load_pi05_checkpoint(ckpt_dir, device="cpu", dtype: torch.dtype = torch.float32,
                          dims: Union[None, str, Path, dict, Pi05Config] = None) -> Pi05Checkpoint:
     """Load a LeRobot-layout pi0.5 checkpoint directory into a Pi05Model on `device` in `dtype`."""
-    ckpt_dir = require_file(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        raise NotADirectoryError(f"checkpoint path is not a directory: {ckpt_dir}")
-    lr = read_json(ckpt_dir / "config.json")
-    if lr.get("type", "pi05") != "pi05":
-        raise CheckpointError(f"{ckpt_dir / 'config.json'}: policy type {lr.get('type')!r}, expected 'pi05'")
-    sd = normalize_key_aliases(read_safetensors(ckpt_dir))
+    ckpt_dir, lr, sd = read_lerobot_checkpoint(ckpt_dir, "pi05")
     cfg = resolve_config(ckpt_dir, sd, lr, dims)
     validate_keys(sd, lerobot_key_shapes(cfg), ignored=UNUSED_KEYS)
     model = Pi05Model(cfg, dtype=dtype, device=device)
