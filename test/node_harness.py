@@ -33,9 +33,7 @@ small model (~50 ms here) spans several ticks, which makes the RTC frozen prefix
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import threading
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +42,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import yaml
 
-from phyai_ros.replay.nodeproc import param_arg  # one typed `-p` formatter for tests and tools
-from ros_helpers import REPO, spawn_python
+from phyai_ros.replay.nodeproc import DrainedProcess, param_arg  # shared with the replay tool
+from ros_helpers import REPO, python_env
 
 FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
                 Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "lerobot_parity")
@@ -146,7 +144,7 @@ def node_params(checkpoint, tokenizer, *, params_file: Path = CPU_CONFIG,
     return remapped(params, remaps or {})
 
 
-class NodeProcess:
+class NodeProcess(DrainedProcess):
     """``python -m phyai_ros.node.main`` in a subprocess (this test run's DDS domain), with a thread
     draining its output so it can never block on a full pipe.
 
@@ -174,40 +172,7 @@ class NodeProcess:
         return self
 
     def _spawn(self, args: List[str]) -> None:
-        self.args = args
-        self.proc = spawn_python(args)
-        self._lines: List[str] = []
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-
-    def _drain(self) -> None:
-        for line in self.proc.stdout:
-            self._lines.append(line)
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def output(self) -> str:
-        return "".join(self._lines)
-
-    def wait_exit(self, timeout: float) -> Optional[int]:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def stop(self, timeout: float = 15.0) -> str:
-        """Ctrl-C the node, wait (kill if it hangs) and return everything it printed."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._reader.join(5.0)
-        return self.output()
+        self._start([sys.executable, *args], python_env(), cwd=REPO)
 
 
 # ----------------------------------------------------------------------------- the robot

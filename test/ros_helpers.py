@@ -10,12 +10,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def spawn_python(args: list[str], **kwargs) -> subprocess.Popen:
-    """Start `python <args>` from the repo root with this test run's DDS settings."""
+def python_env() -> dict:
+    """This test run's environment (DDS settings included) with the repo and test/ importable."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(REPO / "test"), env.get("PYTHONPATH")]))
     env.setdefault("PYTHONUNBUFFERED", "1")
-    return subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
+    return env
+
+
+def spawn_python(args: list[str], **kwargs) -> subprocess.Popen:
+    """Start `python <args>` from the repo root with this test run's DDS settings."""
+    return subprocess.Popen([sys.executable, *args], cwd=REPO, env=python_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
 

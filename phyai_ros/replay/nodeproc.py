@@ -62,7 +62,64 @@ def _die_with_parent() -> None:
         pass
 
 
-class PolicyNodeProcess:
+class DrainedProcess:
+    """A child process whose output a thread drains (so it never blocks on a full pipe), kept for error
+    messages and optionally mirrored to a log file; ``stop`` interrupts it as Ctrl-C would."""
+
+    def _start(self, args: List[str], env: Mapping[str, str], log_path=None, cwd=None) -> None:
+        self.args = list(args)
+        self._log = open(log_path, "w") if log_path else None
+        self.proc = subprocess.Popen(args, env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        self._lines: List[str] = []
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.append(line)
+            if self._log is not None:
+                self._log.write(line)
+                self._log.flush()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def output(self, last: Optional[int] = None) -> str:
+        lines = self._lines if last is None else self._lines[-last:]
+        return "".join(lines)
+
+    def wait_exit(self, timeout: float) -> Optional[int]:
+        """Exit status, or None if it is still running after ``timeout`` seconds."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, timeout: float = 15.0) -> str:
+        """Ctrl-C the process, wait (kill if it hangs) and return everything it printed."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(5.0)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return self.output()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class PolicyNodeProcess(DrainedProcess):
     """The policy node in a subprocess, following the replay's /clock.
 
     ``info`` describes it (from the params file + overrides, without asking the live node)."""
@@ -83,56 +140,14 @@ class PolicyNodeProcess:
             args += ["-p", "use_sim_time:=true"]
         for src, dst in (remaps or {}).items():
             args += ["-r", f"{src}:={dst}"]
-        self.args = args
         full_env = dict(os.environ if env is None else env)
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full_env.get("PYTHONPATH")]))
         full_env.setdefault("PYTHONUNBUFFERED", "1")
-        self._log = open(log_path, "w") if log_path else None
-        self.proc = subprocess.Popen(args, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-        self._lines: List[str] = []
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-
-    def _drain(self) -> None:
-        for line in self.proc.stdout:
-            self._lines.append(line)
-            if self._log is not None:
-                self._log.write(line)
-                self._log.flush()
+        self._start(args, full_env, log_path)
 
     @property
     def name(self) -> str:
         return NODE_NAME
 
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
 
-    def output(self, last: Optional[int] = None) -> str:
-        lines = self._lines if last is None else self._lines[-last:]
-        return "".join(lines)
-
-    def stop(self, timeout: float = 15.0) -> str:
-        """Ctrl-C the node, wait (kill if it hangs) and return what it printed."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._reader.join(5.0)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        return self.output()
-
-    def __enter__(self) -> "PolicyNodeProcess":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-__all__ = ["PolicyNodeProcess", "default_params_file", "param_arg", "parse_param_args", "PACKAGE_ROOT"]
+__all__ = ["DrainedProcess", "PolicyNodeProcess", "default_params_file", "param_arg", "parse_param_args", "PACKAGE_ROOT"]
