@@ -113,3 +113,25 @@ def random_state_dict(shapes: Dict[str, tuple], seed: int, std: float, dtype: to
     """Every tensor i.i.d. N(0, std), in sorted key order from one seeded generator."""
     gen = torch.Generator().manual_seed(seed)
     return {k: (torch.randn(s, generator=gen) * std).to(dtype) for k, s in sorted(shapes.items())}
+
+
+def write_random_checkpoint(out_dir, policy_type: str, cfg, shapes: Dict[str, tuple], seed: int, std: float,
+                            dtype: torch.dtype, camera_names: Sequence[str], state_dim: int, action_dim: int,
+                            norm_mode: str, stats_for) -> Dict[str, Path]:
+    """Write config.json, model.safetensors (random_state_dict of `shapes`), model_dims.json and
+    norm_stats.json (stats_for(rng, n) per feature) in the LeRobot layout; return their paths."""
+    from safetensors.torch import save_file
+
+    import numpy as np
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"config": out / "config.json", "weights": out / "model.safetensors",
+             "dims": out / "model_dims.json", "norm_stats": out / "norm_stats.json"}
+    save_file(random_state_dict(shapes, seed, std, dtype), str(paths["weights"]))
+    paths["config"].write_text(json.dumps(lerobot_config_json(policy_type, cfg, camera_names, state_dim, action_dim,
+                                                              dtype, norm_mode), indent=2))
+    paths["dims"].write_text(json.dumps(cfg.to_model_dims(), indent=2))
+    rng = np.random.default_rng(seed)
+    stats = {"observation.state": stats_for(rng, state_dim), "action": stats_for(rng, action_dim)}
+    paths["norm_stats"].write_text(json.dumps(stats, indent=2))
+    return paths

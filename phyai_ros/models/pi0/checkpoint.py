@@ -6,7 +6,6 @@ action_time_mlp_out, and a plain RMSNorm expert with final norm weight `gemma_ex
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -16,9 +15,9 @@ import torch
 
 from phyai_ros.models.common.checkpoint_io import (CheckpointError, gemma_key_shapes, load_gemma_layers,
                                                    read_json, validate_keys)
-from phyai_ros.models.common.lerobot_checkpoint import (read_lerobot_checkpoint, find_model_dims, flow_overrides, gemma_from_shapes,
-                                                        lerobot_config_json, parse_features,
-                                                        prefix_dims_from_shapes, random_state_dict)
+from phyai_ros.models.common.lerobot_checkpoint import (find_model_dims, flow_overrides, gemma_from_shapes,
+                                                        parse_features, prefix_dims_from_shapes,
+                                                        read_lerobot_checkpoint, write_random_checkpoint)
 from phyai_ros.models.common.paligemma import (EXP, UNUSED_KEYS, load_paligemma, paligemma_key_shapes,
                                                unused_key_shapes)
 
@@ -103,23 +102,13 @@ def make_random_checkpoint(out_dir, config: Optional[Pi0Config] = None, seed: in
                            state_dim: int = 8, action_dim: int = 7, include_unused: bool = True) -> Dict[str, Path]:
     """Random-weight pi0 checkpoint (config.json, model.safetensors, model_dims.json, norm_stats.json with
     mean/std), loadable by `load_pi0_checkpoint`."""
-    from safetensors.torch import save_file
     cfg = config or Pi0Config()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     shapes = dict(lerobot_key_shapes(cfg))
     if include_unused:
         shapes.update(unused_key_shapes(cfg))
-    paths = {"config": out / "config.json", "weights": out / "model.safetensors",
-             "dims": out / "model_dims.json", "norm_stats": out / "norm_stats.json"}
-    save_file(random_state_dict(shapes, seed, std, dtype), str(paths["weights"]))
-    paths["config"].write_text(json.dumps(lerobot_config_json("pi0", cfg, camera_names, state_dim, action_dim,
-                                                              dtype, "MEAN_STD"), indent=2))
-    paths["dims"].write_text(json.dumps(cfg.to_model_dims(), indent=2))
-    rng = np.random.default_rng(seed)
 
-    def ms(n):
+    def mean_std(rng, n):
         return {"mean": rng.normal(size=n).astype(np.float32).tolist(),
                 "std": (0.5 + rng.random(n)).astype(np.float32).tolist()}
-    paths["norm_stats"].write_text(json.dumps({"observation.state": ms(state_dim), "action": ms(action_dim)}, indent=2))
-    return paths
+    return write_random_checkpoint(out_dir, "pi0", cfg, shapes, seed, std, dtype, camera_names, state_dim, action_dim,
+                                   "MEAN_STD", mean_std)

@@ -12,7 +12,6 @@ Flow settings (chunk size, steps, token budget, periods) come from config.json w
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
@@ -22,9 +21,10 @@ import torch
 
 from phyai_ros.models.common.checkpoint_io import (CheckpointError, gemma_key_shapes, load_gemma_layers,
                                                    read_json, validate_keys)
-from phyai_ros.models.common.lerobot_checkpoint import (read_lerobot_checkpoint, IMAGE_PREFIX, find_model_dims, flow_overrides,
-                                                        gemma_from_shapes, lerobot_config_json, parse_features,
-                                                        prefix_dims_from_shapes, random_state_dict)
+from phyai_ros.models.common.lerobot_checkpoint import (IMAGE_PREFIX, find_model_dims, flow_overrides,
+                                                        gemma_from_shapes, parse_features, prefix_dims_from_shapes,
+                                                        random_state_dict, read_lerobot_checkpoint,
+                                                        write_random_checkpoint)
 from phyai_ros.models.common.paligemma import (EXP, LM, PROJ, UNUSED_KEYS, VIS, load_paligemma,
                                                paligemma_key_shapes, unused_key_shapes)
 
@@ -125,25 +125,15 @@ def make_random_checkpoint(out_dir, config: Optional[Pi05Config] = None, seed: i
     generator; with include_unused also the lm_heads and VLM final norm), model_dims.json (sizes) and
     norm_stats.json (random q01 < q99 for state and action, fixture schema). Returns their paths.
     """
-    from safetensors.torch import save_file
     cfg = config or Pi05Config()
     if action_dim > cfg.max_action_dim:
         raise ValueError(f"action_dim {action_dim} > max_action_dim {cfg.max_action_dim}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     shapes = dict(lerobot_key_shapes(cfg))
     if include_unused:
         shapes.update(unused_key_shapes(cfg))
-    paths = {"config": out / "config.json", "weights": out / "model.safetensors",
-             "dims": out / "model_dims.json", "norm_stats": out / "norm_stats.json"}
-    save_file(random_state_dict(shapes, seed, std, dtype), str(paths["weights"]))
-    paths["config"].write_text(json.dumps(lerobot_config_json("pi05", cfg, camera_names, state_dim, action_dim,
-                                                              dtype, "QUANTILES"), indent=2))
-    paths["dims"].write_text(json.dumps(cfg.to_model_dims(), indent=2))
-    rng = np.random.default_rng(seed)
 
-    def q(n):
+    def quantiles(rng, n):
         lo = -1.0 - rng.random(n)
         return {"q01": lo.astype(np.float32).tolist(), "q99": (lo + 2.0 + rng.random(n)).astype(np.float32).tolist()}
-    paths["norm_stats"].write_text(json.dumps({"observation.state": q(state_dim), "action": q(action_dim)}, indent=2))
-    return paths
+    return write_random_checkpoint(out_dir, "pi05", cfg, shapes, seed, std, dtype, camera_names, state_dim,
+                                   action_dim, "QUANTILES", quantiles)
