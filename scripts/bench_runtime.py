@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""pi0.5 runtime benchmark on a CUDA device: latency, stages, batching, memory, start-up, roofline.
+"""pi0.5 / pi0 runtime benchmark on a CUDA device: latency, stages, batching, memory, start-up, roofline.
 
-Builds a random-weight pi0.5 checkpoint in the LeRobot layout (full size by default,
-bf16), loads it through the real loader, and times the runner (CUDA graphs) from
+Builds a random-weight checkpoint in the LeRobot layout (full size by default, bf16),
+loads it through the real loader, and times the runner (CUDA graphs) from
 preprocessed inputs to the action chunk, as LeRobot's ``sample_actions`` is timed.
 Prints a table and writes everything as JSON to --out.
 
     python scripts/bench_runtime.py --out /tmp/bench            # full pi0.5, 3 cameras, 10 steps
+    python scripts/bench_runtime.py --model pi0 --out /tmp/b0   # full pi0 (48-token budget)
     python scripts/bench_runtime.py --config mid --iters 50     # smaller model, quick check
 """
 from __future__ import annotations
@@ -27,37 +28,43 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from phyai_ros.models import pi0, pi05  # noqa: E402
 from phyai_ros.models.common.config import GemmaConfig, SiglipConfig  # noqa: E402
-from phyai_ros.models.pi05 import Pi05Config, Pi05Policy  # noqa: E402
-from phyai_ros.models.pi05.checkpoint import lerobot_key_shapes  # noqa: E402
-from phyai_ros.runtime.roofline import pi05_stage_costs  # noqa: E402
+from phyai_ros.models.pi0 import checkpoint as pi0_checkpoint  # noqa: E402
+from phyai_ros.models.pi05 import checkpoint as pi05_checkpoint  # noqa: E402
+from phyai_ros.runtime.roofline import flow_stage_costs  # noqa: E402
 from phyai_ros.runtime.runner import FlowRunner  # noqa: E402
 
 TOKEN_BUCKET = 0
+# --model: (config class, policy class, checkpoint module, display name, pi0's state token in the suffix)
+MODELS = {"pi05": (pi05.Pi05Config, pi05.Pi05Policy, pi05_checkpoint, "pi0.5", False),
+          "pi0": (pi0.Pi0Config, pi0.Pi0Policy, pi0_checkpoint, "pi0", True)}
+MODEL = "pi05"
 DEVICE, DTYPE = "cuda", torch.bfloat16  # --device cpu: a float32 smoke run of the same code
 CAMERAS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 TASK = "pick up the red block and place it in the blue bowl on the left side of the table"
 
 
-def config(name: str) -> Pi05Config:
+def config(name: str):
+    cls = MODELS[MODEL][0]
     if name == "full":
-        return Pi05Config()
+        return cls()
     if name == "mid":
-        return Pi05Config(vlm=GemmaConfig(width=1024, depth=6, mlp_dim=4096),
+        return cls(vlm=GemmaConfig(width=1024, depth=6, mlp_dim=4096),
                           expert=GemmaConfig(width=512, depth=6, mlp_dim=2048),
                           siglip=SiglipConfig(width=384, depth=6, num_heads=6, mlp_dim=1536), vocab_size=32000)
     raise SystemExit(f"unknown config {name}")
 
 
-def write_checkpoint(path: Path, cfg: Pi05Config, std: float = 0.02) -> float:
+def write_checkpoint(path: Path, cfg, std: float = 0.02) -> float:
     """Random bf16 weights drawn on the GPU, saved in the LeRobot layout; returns seconds."""
     from safetensors.torch import save_file
 
-    from phyai_ros.models.pi05.checkpoint import make_random_checkpoint
+    cls, _, ckpt_module, _, _ = MODELS[MODEL]
     t = time.perf_counter()
     # Small files (config, dims, stats) from the package's own writer with a tiny model, then
     # the full-size weights drawn on the GPU (the CPU generator would take minutes).
-    make_random_checkpoint(path, Pi05Config(vlm=GemmaConfig(width=16, depth=1, mlp_dim=16, num_heads=1,
+    ckpt_module.make_random_checkpoint(path, cls(vlm=GemmaConfig(width=16, depth=1, mlp_dim=16, num_heads=1,
                                                              head_dim=16),
                                             expert=GemmaConfig(width=16, depth=1, mlp_dim=16, num_heads=1,
                                                                head_dim=16),
@@ -66,20 +73,26 @@ def write_checkpoint(path: Path, cfg: Pi05Config, std: float = 0.02) -> float:
                            dtype=torch.bfloat16, include_unused=False)
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     weights = {k: (torch.randn(s, generator=gen, device=DEVICE, dtype=torch.float32) * std).to(DTYPE).cpu()
-               for k, s in sorted(lerobot_key_shapes(cfg).items())}
+               for k, s in sorted(ckpt_module.lerobot_key_shapes(cfg).items())}
     save_file(weights, str(path / "model.safetensors"))
     (path / "model_dims.json").write_text(json.dumps(cfg.to_model_dims(), indent=2))
     return time.perf_counter() - t
 
 
-def load_policy(ckpt: Path, tokenizer: Path) -> Pi05Policy:
-    return Pi05Policy.from_files(ckpt, tokenizer, ckpt / "norm_stats.json", camera_names=list(CAMERAS),
+def load_policy(ckpt: Path, tokenizer: Path):
+    return MODELS[MODEL][1].from_files(ckpt, tokenizer, ckpt / "norm_stats.json", camera_names=list(CAMERAS),
                                  device=DEVICE, dtype=DTYPE)
 
 
 def observation(rng, batch: int, size=(480, 640)):
     images = {c: rng.integers(0, 256, (batch, *size, 3), dtype=np.uint8) for c in CAMERAS}
     return images, rng.standard_normal((batch, 8)).astype(np.float32)
+
+
+def observe(runner: FlowRunner, policy, x, state=None):
+    """New observation into the runner (the padded state is pi0's state token; pi0.5 ignores it)."""
+    state = policy.state_padded(x) if state is None else state
+    return runner.set_observation(x.images, x.image_masks, x.tokens, x.token_masks, state)
 
 
 def sync() -> None:
@@ -151,8 +164,7 @@ def first_chunk(ckpt: Path, tokenizer: Path) -> dict:
     t_capture = time.perf_counter()
     images, state = observation(np.random.default_rng(1), 1)
     inputs = policy.prepare(images, state, TASK)
-    x = runner.sample(runner.set_observation(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks),
-                      noise)
+    x = runner.sample(observe(runner, policy, inputs), noise)
     policy.unnormalize_actions(x).cpu()
     t_first = time.perf_counter()
     return {"import_s": t0 - T_PROCESS, "load_s": t_load - t0, "warmup_capture_s": t_capture - t_load,
@@ -161,6 +173,7 @@ def first_chunk(ckpt: Path, tokenizer: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="pi05", choices=tuple(MODELS))
     ap.add_argument("--config", default="full", choices=("full", "mid"))
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--batches", default="1,2,4,8,16,32")
@@ -177,8 +190,8 @@ def main() -> None:
                     help="cpu: float32 smoke run of the same code path (no graphs, host timing)")
     ap.add_argument("--first-chunk", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global DEVICE, DTYPE, TOKEN_BUCKET
-    TOKEN_BUCKET = args.token_bucket
+    global DEVICE, DTYPE, TOKEN_BUCKET, MODEL
+    TOKEN_BUCKET, MODEL = args.token_bucket, args.model
     DEVICE, DTYPE = args.device, (torch.bfloat16 if args.device == "cuda" else torch.float32)
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("bench_runtime: no CUDA device; nothing to measure (try --device cpu --config mid)")
@@ -189,7 +202,7 @@ def main() -> None:
 
     cfg = config(args.config)
     from phyai_ros.layers.selector import SELECTOR
-    res: dict = {"ops": SELECTOR.forced or os.environ.get("PHYAI_OP_PROFILE", "default"), "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__, "config": args.config,
+    res: dict = {"ops": SELECTOR.forced or os.environ.get("PHYAI_OP_PROFILE", "default"), "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__, "model": MODEL, "config": args.config,
                  "cameras": len(CAMERAS), "prefix_len": cfg.prefix_len(len(CAMERAS)), "steps": cfg.num_steps,
                  "date": time.strftime("%Y-%m-%d")}
     res["ceilings"] = ceilings() if DEVICE == "cuda" else {"gemm_tflops": 1.0, "copy_tbps": 0.05}
@@ -200,7 +213,7 @@ def main() -> None:
     res["checkpoint_gb"] = (args.checkpoint / "model.safetensors").stat().st_size / 1e9
 
     t = time.perf_counter()
-    child = None if args.skip_startup else subprocess.run([sys.executable, __file__, "--first-chunk", "--device", DEVICE,
+    child = None if args.skip_startup else subprocess.run([sys.executable, __file__, "--first-chunk", "--device", DEVICE, "--model", MODEL,
                             "--token-bucket", str(TOKEN_BUCKET),
                             "--checkpoint", str(args.checkpoint),
                             "--tokenizer", str(args.tokenizer)], capture_output=True, text=True)
@@ -225,9 +238,10 @@ def main() -> None:
     reset_peak()
     inputs, noise = prepared(1)
 
+    state = policy.state_padded(inputs)
+
     def chunk():
-        b = runner.set_observation(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
-        return runner.sample(b, noise)
+        return runner.sample(observe(runner, policy, inputs, state), noise)
 
     res["token_bucket"] = TOKEN_BUCKET
     res["prefix_len_run"] = len(CAMERAS) * cfg.siglip.num_patches + (
@@ -246,7 +260,7 @@ def main() -> None:
     res["batch1"]["host_cpu_ms"] = 1e3 * statistics.median(cpu)
 
     # Stage breakdown from the three graphs of the bucket.
-    bucket = runner.set_observation(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
+    bucket = observe(runner, policy, inputs, state)
     runner.sample(bucket, noise)
     if runner.use_graphs:
         stages = {"vision": bucket.vision.replay, "prefix": bucket.prefix.replay, "loop": bucket.loop.replay}
@@ -257,8 +271,8 @@ def main() -> None:
         stages = {"vision": lambda: runner._vision(bucket.images, bucket.image_masks, bucket.tokens,
                                                    bucket.token_masks),
                   "prefix": lambda: runner._prefix(*embs, bucket.state), "loop": lambda: runner._loop(*loop_args)}
-    costs = pi05_stage_costs(cfg.replace(token_budget=res["prefix_len_run"] - len(CAMERAS) * cfg.siglip.num_patches),
-                             1, len(CAMERAS))
+    costs = flow_stage_costs(cfg.replace(token_budget=res["prefix_len_run"] - len(CAMERAS) * cfg.siglip.num_patches),
+                             1, len(CAMERAS), state_token=MODELS[MODEL][4])
     peak, bw = res["ceilings"]["gemm_tflops"] * 1e12, res["ceilings"]["copy_tbps"] * 1e12
     res["stages"] = {}
     for name, fn in stages.items():
@@ -272,7 +286,7 @@ def main() -> None:
     images, state = observation(rng, 1)
     def full():
         x = policy.prepare(images, state, TASK)
-        b = runner.set_observation(x.images, x.image_masks, x.tokens, x.token_masks)
+        b = observe(runner, policy, x)
         return policy.unnormalize_actions(runner.sample(b, noise)).cpu()
     for _ in range(3):
         full()
@@ -289,9 +303,10 @@ def main() -> None:
         inputs_b, noise_b = prepared(b)
         reset_peak()
 
+        state_b = policy.state_padded(inputs_b)
+
         def chunk_b():
-            bk = runner.set_observation(inputs_b.images, inputs_b.image_masks, inputs_b.tokens, inputs_b.token_masks)
-            return runner.sample(bk, noise_b)
+            return runner.sample(observe(runner, policy, inputs_b, state_b), noise_b)
 
         t_sync = statistics.median(cuda_ms(chunk_b, args.batch_iters))
         res["batching"][b] = {"T_sync_ms": t_sync, "Q_per_s": 1e3 * b / t_sync, "T_amort_ms": t_sync / b,
@@ -301,7 +316,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1))
     b1 = res["batch1"]
-    print(f"\npi0.5 {args.config} on {res['device']} (prefix {res['prefix_len_run']} of {res['prefix_len']}, "
+    print(f"\n{MODELS[MODEL][3]} {args.config} on {res['device']} (prefix {res['prefix_len_run']} of {res['prefix_len']}, "
           f"{cfg.num_steps} steps, ops {res['ops']})")
     print(f"batch 1: median {b1['median_ms']:.2f} ms  p90 {b1['p90_ms']:.2f}  p99 {b1['p99_ms']:.2f}  "
           f"({b1['runs']} runs), host CPU {b1['host_cpu_ms']:.2f} ms/chunk, peak {b1['peak_mem_gb']:.1f} GB")

@@ -1,4 +1,4 @@
-"""Logical FLOPs and bytes of the pi0.5 stages, for the stage-level roofline.
+"""Logical FLOPs and bytes of the pi0 / pi0.5 stages, for the stage-level roofline.
 
 "Logical": what the math needs, not what kernels do: each weight read once per
 use of the stage (the expert's weights once per denoising step), activations and
@@ -28,9 +28,14 @@ def _gemma_layer_params(width: int, q_dim: int, kv_dim: int, mlp: int) -> int:
     return width * (q_dim + 2 * kv_dim) + q_dim * width + 3 * width * mlp
 
 
-def pi05_stage_costs(cfg, batch: int, n_cameras: int, weight_bytes: int = 2, act_bytes: int = 2) -> dict:
+def flow_stage_costs(cfg, batch: int, n_cameras: int, weight_bytes: int = 2, act_bytes: int = 2,
+                     state_token: bool = False) -> dict:
     """Costs of 'vision' (SigLIP + projector + embeddings), 'prefix' (VLM over the prefix) and
-    'loop' (all denoising steps of the action expert) for one batch."""
+    'loop' (all denoising steps of the action expert) for one batch.
+
+    state_token: pi0's suffix, i.e. one continuous state token before the H action tokens and the
+    action+time MLP (two width x width GEMMs per action token); pi0.5 has neither (its time
+    conditioning is a per-step table computed before the loop)."""
     s, v, e = cfg.siglip, cfg.vlm, cfg.expert
     b = batch
     # Vision: per image, T patches through depth layers.
@@ -49,11 +54,12 @@ def pi05_stage_costs(cfg, batch: int, n_cameras: int, weight_bytes: int = 2, act
     kv_cache = b * v.depth * 2 * p * v.kv_dim * act_bytes
     pre_bytes = pre_params * weight_bytes + b * p * v.width * act_bytes + kv_cache
     # Loop: H action tokens attend to P + H keys, every step.
-    h = cfg.chunk_size
+    h = cfg.chunk_size + int(state_token)
     ex_layer = _gemma_layer_params(e.width, e.q_dim, e.kv_dim, e.mlp_dim)
     ex_params = e.depth * ex_layer + 2 * cfg.max_action_dim * e.width
-    step_flops = b * (2 * h * ex_params + e.depth * 4 * h * (p + h) * e.q_dim)
-    step_bytes = ex_params * weight_bytes + kv_cache + b * h * e.width * act_bytes * 2
+    mix_params = 2 * e.width * e.width if state_token else 0
+    step_flops = b * (2 * h * ex_params + e.depth * 4 * h * (p + h) * e.q_dim + 2 * cfg.chunk_size * mix_params)
+    step_bytes = (ex_params + mix_params) * weight_bytes + kv_cache + b * h * e.width * act_bytes * 2
     return {
         "vision": StageCost(vis_flops, vis_bytes),
         "prefix": StageCost(pre_flops, pre_bytes),
