@@ -3,12 +3,17 @@
 The Triton candidates run here through Triton's interpreter on CPU tensors (the selector itself only offers
 them on CUDA); on the device the same comparisons run in bf16 at real shapes (test_kernels_gpu, profile_ops).
 """
+import dataclasses
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from phyai_ros.kernels import _common
 from phyai_ros.layers import dispatch
 from phyai_ros.layers.selector import Candidate, OperatorSelector
+from phyai_ros.models.common.config import SiglipConfig
+from phyai_ros.models.common.siglip import SiglipEncoder
 
 # test/conftest.py switches Triton's interpreter on where there is no GPU.
 needs_interpreter = pytest.mark.skipif(not (_common.HAVE_TRITON and _common.interpret_mode()),
@@ -89,6 +94,83 @@ def test_triton_adapters_match_torch_candidates_on_model_layouts():
     assert (got - want).abs().max().item() < 1e-5
 
 
+def _siglip_before_fusion(enc, pixels):
+    """SigLIP as computed before the residual + LayerNorm op: bias in the GEMM, the add, a three-kernel LN."""
+    cfg = enc.cfg
+
+    def ln(x, w, b):
+        return F.layer_norm(x.float(), (x.shape[-1],), w.float(), b.float(), cfg.ln_eps).to(x.dtype)
+
+    h = F.conv2d(pixels, enc.patch_w, enc.patch_b, stride=cfg.patch_size).flatten(2).transpose(1, 2) + enc.pos_emb
+    n, t, _ = h.shape
+    for lay in enc.layers:
+        qkv = F.linear(ln(h, lay.ln1_w, lay.ln1_b), lay.qkv_w, lay.qkv_b).view(n, t, 3, cfg.num_heads, cfg.head_dim)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, t, cfg.width)
+        h = h + F.linear(a, lay.o_w, lay.o_b)
+        m = F.gelu(F.linear(ln(h, lay.ln2_w, lay.ln2_b), lay.fc1_w, lay.fc1_b), approximate="tanh")
+        h = h + F.linear(m, lay.fc2_w, lay.fc2_b)
+    return ln(h, enc.post_ln_w, enc.post_ln_b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_siglip_torch_candidates_keep_the_unfused_sequence_bitwise(dtype):
+    """On CPU the fused residual + LN op runs its torch candidate, which must not move a bit (the parity
+    tests compare SigLIP with LeRobot)."""
+    g = torch.Generator().manual_seed(3)
+    enc = SiglipEncoder(SiglipConfig(width=64, depth=2, num_heads=4, mlp_dim=96, patch_size=14, image_size=42),
+                        dtype)
+    for buf in enc.buffers():
+        buf.copy_(torch.randn(buf.shape, generator=g) * 0.3 + (1.0 if buf.dim() == 1 else 0.0))
+    pixels = (torch.rand(2, 3, 42, 42, generator=g) * 2 - 1).to(dtype)
+    assert torch.equal(enc(pixels), _siglip_before_fusion(enc, pixels))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_siglip_head_merge_is_a_view(device):
+    """SDPA lays its [N, heads, T, hd] output out token-major, so SigLIP's transpose(1, 2).reshape before the
+    o-proj copies nothing (checked at the real 3 cameras x 256 tokens, 16 heads x 72; bf16 on the GPU)."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    n, t, nh, hd = 3, 256, 16, 72
+    qkv = torch.randn(n, t, 3 * nh * hd, device=device, dtype=dtype).view(n, t, 3, nh, hd)
+    out = dispatch.ops.attention_unmasked(*(qkv[:, :, i].transpose(1, 2) for i in range(3)))
+    assert out.transpose(1, 2).is_contiguous()
+
+
+@needs_interpreter
+@pytest.mark.parametrize("k", [64, 100])
+def test_triton_layer_norm_adapters_match_torch_candidates(k):
+    g = torch.Generator().manual_seed(k)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    h, x, w, bias, ln_w, ln_b = r(2, 5, 100) * 3, r(2, 5, k), r(100, k) / k ** 0.5, r(100), r(100), r(100)
+    got = dispatch._triton_linear_add_layer_norm(h, x, w, bias, ln_w, ln_b, 1e-6)
+    want = dispatch._torch_linear_add_layer_norm(h, x, w, bias, ln_w, ln_b, 1e-6)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dispatch._triton_layer_norm(h, ln_w, ln_b, 1e-6),
+                               dispatch.ops.layer_norm(h, ln_w, ln_b, 1e-6), rtol=1e-5, atol=1e-5)
+
+
+@needs_interpreter
+def test_siglip_runs_the_fused_layer_norms(monkeypatch):
+    """SigLIP through the Triton LayerNorm candidates (offered on CPU here) matches its torch path, and no call
+    falls back (e.g. for a residual stream whose rows are not contiguous)."""
+    g = torch.Generator().manual_seed(4)
+    enc = SiglipEncoder(SiglipConfig(width=72, depth=2, num_heads=4, mlp_dim=100, patch_size=14, image_size=42))
+    for buf in enc.buffers():
+        buf.copy_(torch.randn(buf.shape, generator=g) * 0.3 + (1.0 if buf.dim() == 1 else 0.0))
+    pixels = torch.rand(2, 3, 42, 42, generator=g) * 2 - 1
+    want = enc(pixels)
+    fused = ("layer_norm", "linear_add_layer_norm")
+    sel = OperatorSelector(candidates={op: [dataclasses.replace(c, devices=("cpu",)) if op in fused else c
+                                            for c in cands] for op, cands in dispatch.SELECTOR.candidates.items()})
+    monkeypatch.setattr(dispatch, "SELECTOR", sel)
+    sel.recording = {}
+    torch.testing.assert_close(enc(pixels), want, rtol=1e-5, atol=1e-5)
+    assert not sel.disabled
+    assert {sel.choose(op, key, pixels.device).name for op, key in sel.recording if op in fused} == {"triton"}
+
+
 @needs_interpreter
 def test_fused_qkv_rope_matches_split_and_rotate():
     g = torch.Generator().manual_seed(1)
@@ -150,3 +232,21 @@ def test_fused_qkv_rope_bf16_on_the_device(t):
     want = dispatch._torch_qkv_rope(qkv.float(), cos.float(), sin.float(), hq, hkv, d)
     for a, e in zip(got, want):
         assert ((a.float() - e).norm() / e.norm()).item() < 8e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1152, 4304])
+def test_linear_add_layer_norm_bf16_on_the_device(k):
+    """SigLIP's o-proj (k=1152) and fc2 (k=4304) at 3 x 256 tokens: the fused candidate (GEMM without bias,
+    bias + residual + LN in one kernel) is as close to fp32 as the eager bf16 sequence."""
+    g = torch.Generator(device="cuda").manual_seed(k)
+    r = lambda *s, sc=1.0: torch.randn(*s, device="cuda", generator=g) * sc  # noqa: E731
+    h, x = r(3, 256, 1152, sc=4.0).bfloat16(), r(3, 256, k).bfloat16()
+    w, bias, ln_w, ln_b = r(1152, k, sc=k ** -0.5).bfloat16(), r(1152).bfloat16(), r(1152), r(1152)
+    got = dispatch._triton_linear_add_layer_norm(h, x, w, bias, ln_w, ln_b, 1e-6)
+    eager = dispatch._torch_linear_add_layer_norm(h, x, w, bias, ln_w, ln_b, 1e-6)
+    ref = dispatch._torch_linear_add_layer_norm(h.float(), x.float(), w.float(), bias.float(), ln_w, ln_b, 1e-6)
+    for a, e, f in zip(got, eager, ref):
+        assert a.dtype == torch.bfloat16 and torch.isfinite(a).all()
+        rel = lambda u: ((u.float() - f).norm() / f.norm()).item()  # noqa: E731
+        assert rel(a) < 8e-3 and rel(a) <= 1.5 * rel(e) + 1e-3

@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
 from phyai_ros.kernels import _common  # noqa: E402
 from phyai_ros.kernels import ada_rms_norm as ada  # noqa: E402
 from phyai_ros.kernels import geglu as gg  # noqa: E402
+from phyai_ros.kernels import layer_norm as ln  # noqa: E402
 from phyai_ros.kernels import rms_norm as rn  # noqa: E402
 from phyai_ros.kernels import split_kv_attention as ska  # noqa: E402
 
@@ -51,8 +52,8 @@ def test_import_without_triton():
                     raise ImportError("blocked for test")
         sys.meta_path.insert(0, _Block())
         import torch
-        from phyai_ros.kernels import rms_norm, ada_rms_norm, geglu, split_kv_attention
-        for m in (rms_norm, ada_rms_norm, geglu, split_kv_attention):
+        from phyai_ros.kernels import rms_norm, ada_rms_norm, geglu, layer_norm, split_kv_attention
+        for m in (rms_norm, ada_rms_norm, geglu, layer_norm, split_kv_attention):
             assert m.available() is False, m
         x = torch.randn(3, 8); w = torch.randn(8)
         rms_norm.rms_norm_ref(x, w)
@@ -145,6 +146,68 @@ def test_rms_norm_rejects_bad_inputs():
         rn.rms_norm(x, _rand(32))                               # weight width mismatch
     with pytest.raises(ValueError):
         rn.add_rms_norm(x, _rand(8, 32), _rand(64))             # residual shape mismatch
+
+
+# --------------------------------------------------------------------------- layer_norm
+LN_SHAPES = [(rows, width) for rows in (1, 3, 768) for width in (1152, 100)]  # 100: a masked block of 128
+
+
+def _ln_inputs(rows, width, dtype=torch.float32):
+    """h with a row mean to remove, sublayer output y, its bias, LN weight and bias (fp32, as SigLIP's)."""
+    h = (_rand(rows, width, scale=3.0, seed=rows) + 1.5).to(dtype)
+    y, bias = _rand(rows, width, seed=rows + 1).to(dtype), _rand(width, seed=2).to(dtype)
+    return h, y, bias, _rand(width, seed=3), _rand(width, seed=4)
+
+
+@needs_triton
+@pytest.mark.parametrize("rows,width", LN_SHAPES)
+def test_layer_norm(rows, width):
+    x, _, _, w, b = _ln_inputs(rows, width)
+    torch.testing.assert_close(ln.layer_norm(x, w, b, 1e-6), ln.layer_norm_ref(x, w, b, 1e-6), **TOL)
+
+
+@needs_triton
+@pytest.mark.parametrize("rows,width", LN_SHAPES)
+def test_add_layer_norm(rows, width):
+    h, y, bias, w, b = _ln_inputs(rows, width)
+    h_new, normed = ln.add_layer_norm(h, y, bias, w, b, 1e-6)
+    h_ref, n_ref = ln.add_layer_norm_ref(h, y, bias, w, b, 1e-6)
+    torch.testing.assert_close(h_new, h_ref, rtol=0, atol=0)
+    torch.testing.assert_close(normed, n_ref, **TOL)
+
+
+@needs_triton
+@pytest.mark.parametrize("rows,width", [(3, 1152), (768, 100)])
+def test_layer_norms_bf16_within_one_rounding(rows, width):
+    """bf16 activations: each output is one rounding of fp32 math on the upcast inputs (the interpreter
+    truncates instead of rounding to nearest, still within one ulp)."""
+    h, y, bias, w, b = _ln_inputs(rows, width, torch.bfloat16)
+    ulp = dict(rtol=2 ** -7, atol=1e-3)
+    out = ln.layer_norm(h, w, b)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ln.layer_norm_ref(h.float(), w, b), **ulp)
+    h_new, normed = ln.add_layer_norm(h, y, bias, w, b)
+    h32, _ = ln.add_layer_norm_ref(h.float(), y.float(), bias.float(), w, b)
+    torch.testing.assert_close(h_new.float(), h32, **ulp)
+    torch.testing.assert_close(normed.float(), ln.layer_norm_ref(h_new.float(), w, b), **ulp)
+
+
+@needs_triton
+def test_layer_norm_3d_and_bad_inputs():
+    h, y, bias, w, b = _ln_inputs(15, 100)
+    h3, y3 = h.view(3, 5, 100), y.view(3, 5, 100)
+    torch.testing.assert_close(ln.layer_norm(h3, w, b), ln.layer_norm_ref(h3, w, b), **TOL)
+    got = ln.add_layer_norm(h3, y3, bias, w, b)
+    assert all(a.shape == (3, 5, 100) for a in got)
+    torch.testing.assert_close(got[1], ln.add_layer_norm_ref(h3, y3, bias, w, b)[1], **TOL)
+    with pytest.raises(ValueError):
+        ln.layer_norm(h, w[:64], b)                             # weight width mismatch
+    with pytest.raises(ValueError):
+        ln.add_layer_norm(h, y[:, :64], bias, w, b)             # y shape mismatch
+    with pytest.raises(ValueError):
+        ln.add_layer_norm(h, y, bias[:64], w, b)                # bias width mismatch
+    with pytest.raises(ValueError):
+        ln.layer_norm(_rand(4, 20000), _rand(20000), _rand(20000))  # wider than one row block
 
 
 # --------------------------------------------------------------------------- ada_rms_norm

@@ -16,6 +16,8 @@ Tolerances
   residual is rounded once by the kernel but twice by eager (product, then sum),
   so there we bound the difference by 1 ulp + the product's rounding and
   require most elements (>80%; ~93% seen) to be identical.
+* ``add_layer_norm``'s residual ``h + (y + bias)`` is one rounding of an fp32
+  sum of adds (no contraction possible), so it equals the reference bit for bit.
 """
 import pytest
 import torch
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.gpu
 
 from phyai_ros.kernels import ada_rms_norm as ada  # noqa: E402
 from phyai_ros.kernels import geglu as gg  # noqa: E402
+from phyai_ros.kernels import layer_norm as ln  # noqa: E402
 from phyai_ros.kernels import rms_norm as rn  # noqa: E402
 from phyai_ros.kernels import split_kv_attention as ska  # noqa: E402
 
@@ -74,6 +77,25 @@ def test_add_rms_norm_real_shapes(rows, width, dtype):
     y_eager, r_eager = rn.add_rms_norm_ref(x, r, w)            # unfused path in the same dtype
     assert torch.equal(new_r, r_eager)
     _check_vs_fp32(y, rn.rms_norm_ref(r_eager.float(), w.float()), dtype)
+
+
+# --------------------------------------------------------------------------- LayerNorm (SigLIP)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_real_shape(dtype):
+    x = _rand(3, 256, 1152, dtype=dtype, scale=4.0) + 1.0
+    w, b = _rand(1152, seed=1), _rand(1152, seed=2)
+    _check_vs_fp32(ln.layer_norm(x, w, b, 1e-6), ln.layer_norm_ref(x.float(), w, b, 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_layer_norm_real_shape(dtype):
+    h = _rand(3, 256, 1152, dtype=dtype, scale=8.0)
+    y, bias = _rand(3, 256, 1152, dtype=dtype, seed=1), _rand(1152, dtype=dtype, seed=2)
+    w, b = _rand(1152, seed=3), _rand(1152, seed=4)
+    h_new, normed = ln.add_layer_norm(h, y, bias, w, b, 1e-6)
+    h_ref, _ = ln.add_layer_norm_ref(h, y, bias, w, b, 1e-6)
+    assert torch.equal(h_new, h_ref)
+    _check_vs_fp32(normed, ln.layer_norm_ref(h_ref.float(), w, b, 1e-6), dtype)
 
 
 # --------------------------------------------------------------------------- AdaRMSNorm
@@ -180,10 +202,12 @@ def test_kernels_capture_in_cuda_graph():
     scale, shift, gate = _rand(B, 3 * W, dtype=dt, scale=0.5, seed=2).chunk(3, dim=-1)
     gu = _rand(B * T, 2 * 4096, dtype=dt, seed=3)
     q, kp, vp, ks, vs, mask = _attn_case(B, dt, "bool")
+    ln_w, ln_b = _rand(W, seed=4), _rand(W, seed=5)
 
     def step():
         r, n = ada.gated_residual_ada_rms_norm(res, x, gate, scale, shift, T)
-        return r, n, gg.geglu(gu), ska.split_kv_attention(q, kp, vp, ks, vs, mask)
+        return (r, n, gg.geglu(gu), ska.split_kv_attention(q, kp, vp, ks, vs, mask),
+                *ln.add_layer_norm(res, x, ln_b.to(dt), ln_w, ln_b), ln.layer_norm(x, ln_w, ln_b))
 
     eager = step()                       # compiles the kernels before capture
     torch.cuda.synchronize()

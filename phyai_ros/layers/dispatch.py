@@ -29,6 +29,11 @@ def _torch_add_rms_norm(x, residual, weight, eps):
     return ops.rms_norm(r, weight, eps), r
 
 
+def _torch_linear_add_layer_norm(h, x, weight, bias, ln_weight, ln_bias, eps):
+    h = h + ops.linear(x, weight, bias)
+    return h, ops.layer_norm(h, ln_weight, ln_bias, eps)
+
+
 def _torch_gated_ada(h, y, gate, scale, shift, eps):
     h = ops.gated_residual(h, y, gate.to(h.dtype))
     return h, ops.ada_rms_norm(h, scale, shift, eps)
@@ -94,6 +99,17 @@ def _triton_add_rms(x, residual, weight, eps):
     return add_rms_norm(x, residual, weight, eps)
 
 
+def _triton_layer_norm(x, weight, bias, eps):
+    from phyai_ros.kernels.layer_norm import layer_norm
+    return layer_norm(x if x.is_contiguous() else x.contiguous(), weight, bias, eps)
+
+
+def _triton_linear_add_layer_norm(h, x, weight, bias, ln_weight, ln_bias, eps):
+    """The GEMM without its bias epilogue; the kernel adds the bias with the residual, rounding once."""
+    from phyai_ros.kernels.layer_norm import add_layer_norm
+    return add_layer_norm(h, ops.linear(x, weight), bias, ln_weight, ln_bias, eps)
+
+
 def _triton_qkv_rope(qkv, cos, sin, hq, hkv, d):
     from phyai_ros.kernels.rope import qkv_rope
     return qkv_rope(qkv, cos, sin, hq, hkv, d)
@@ -130,7 +146,10 @@ _REGISTRY = {
     # Few-row GEMMs (the action expert's tokens): a weight-streaming kernel; the library GEMM otherwise.
     "linear": [Candidate("triton", _triton_linear, _CUDA, available=_triton_ok, supports=_skinny_shape),
                Candidate("torch", ops.linear)],
-    "layer_norm": [Candidate("torch", ops.layer_norm)],
+    "layer_norm": [Candidate("triton", _triton_layer_norm, _CUDA, available=_triton_ok),
+                   Candidate("torch", ops.layer_norm)],
+    "linear_add_layer_norm": [Candidate("triton", _triton_linear_add_layer_norm, _CUDA, available=_triton_ok),
+                              Candidate("torch", _torch_linear_add_layer_norm)],
     "rms_norm": [Candidate("triton", _triton_rms, _CUDA, available=_triton_ok), Candidate("torch", ops.rms_norm)],
     "add_rms_norm": [Candidate("triton", _triton_add_rms, _CUDA, available=_triton_ok),
                      Candidate("torch", _torch_add_rms_norm)],
@@ -160,6 +179,18 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
     return SELECTOR.call("layer_norm", shape_key(x), x.device, x, weight, bias, eps)
+
+
+def linear_add_layer_norm(h: Tensor, x: Tensor, weight: Tensor, bias: Tensor, ln_weight: Tensor, ln_bias: Tensor,
+                          eps: float) -> Tuple[Tensor, Tensor]:
+    """(h + linear(x, weight, bias), layer_norm of that): a sublayer's output GEMM, residual add and the next LN.
+
+    Why the GEMM is inside the op: the torch candidate keeps the eager sequence (bias added in the GEMM, then
+    the add, then LN), bitwise what SigLIP computed before, while the fused one runs the GEMM without bias and
+    adds it in the LN kernel with the residual (one rounding, one kernel instead of four).
+    """
+    return SELECTOR.call("linear_add_layer_norm", shape_key(x, weight), x.device, h, x, weight, bias, ln_weight,
+                         ln_bias, eps)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

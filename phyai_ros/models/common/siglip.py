@@ -2,7 +2,9 @@
 
 Why its own module: pi0 and pi0.5 both embed camera images this way. q/k/v are one fused GEMM; the patch
 embedding and the unmasked attention go through phyai_ros.layers.ops (conv / SDPA, the reference's own
-choices, which keeps the image tokens bitwise equal to it on CPU), so the runtime can swap in kernels.
+choices, which keeps the image tokens bitwise equal to it on CPU), so the runtime can swap in kernels. Each
+residual add goes through dispatch with its output GEMM and the LayerNorm after it, which a fused kernel runs as
+one pass over the tokens on the GPU.
 """
 from __future__ import annotations
 
@@ -55,17 +57,21 @@ class SiglipEncoder(nn.Module):
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
-        h = ops.patch_embed(pixels.to(self.patch_w.dtype), self.patch_w, self.patch_b) + self.pos_emb
-        n = h.shape[0]
-        nh, hd = cfg.num_heads, cfg.head_dim
-        t = h.shape[1]
-        for layer in self.layers:
-            y = dispatch.layer_norm(h, layer.ln1_w, layer.ln1_b, cfg.ln_eps)
+        # The conv's tokens are channel-major and the add keeps that layout: make the residual stream token-major
+        # once, so the row-wise LayerNorm kernels read it in place.
+        h = (ops.patch_embed(pixels.to(self.patch_w.dtype), self.patch_w, self.patch_b) + self.pos_emb).contiguous()
+        n, t = h.shape[:2]
+        nh, hd, eps = cfg.num_heads, cfg.head_dim, cfg.ln_eps
+        # Each residual add is fused with the LayerNorm after it: LN2, the next layer's LN1, the post-LN.
+        next_ln = [(nxt.ln1_w, nxt.ln1_b) for nxt in self.layers[1:]] + [(self.post_ln_w, self.post_ln_b)]
+        first = self.layers[0]
+        y = dispatch.layer_norm(h, first.ln1_w, first.ln1_b, eps)
+        for layer, (ln_w, ln_b) in zip(self.layers, next_ln):
             qkv = ops.linear(y, layer.qkv_w, layer.qkv_b).view(n, t, 3, nh, hd)
-            q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+            q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # strided views, no copy
+            # SDPA writes its output token-major, so merging the heads back is a view, not a copy.
             a = ops.attention_unmasked(q, k, v).transpose(1, 2).reshape(n, t, nh * hd)
-            h = h + ops.linear(a, layer.o_w, layer.o_b)
-            y = dispatch.layer_norm(h, layer.ln2_w, layer.ln2_b, cfg.ln_eps)
-            y = ops.linear(ops.gelu_tanh(ops.linear(y, layer.fc1_w, layer.fc1_b)), layer.fc2_w, layer.fc2_b)
-            h = h + y
-        return dispatch.layer_norm(h, self.post_ln_w, self.post_ln_b, cfg.ln_eps)
+            h, y = dispatch.linear_add_layer_norm(h, a, layer.o_w, layer.o_b, layer.ln2_w, layer.ln2_b, eps)
+            m = ops.gelu_tanh(ops.linear(y, layer.fc1_w, layer.fc1_b))
+            h, y = dispatch.linear_add_layer_norm(h, m, layer.fc2_w, layer.fc2_b, ln_w, ln_b, eps)
+        return y
