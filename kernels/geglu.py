@@ -33,6 +33,13 @@ def geglu_ref(gate_up: torch.Tensor) -> torch.Tensor:
 if HAVE_TRITON:
 
     @triton.jit
+    def gelu_tanh_f32(g):
+        """gelu_tanh of fp32 g as g * sigmoid(2k) (see the module doc); also used by skinny_epilogue."""
+        k = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        # exp overflow -> inf -> result 0 (correct limit)
+        return g / (1.0 + tl.exp(-2.0 * k))
+
+    @triton.jit
     def _geglu_kernel(GU, OUT, n_cols, n_col_blocks, sgu, so, BLOCK: tl.constexpr):
         pid = tl.program_id(0)
         row = (pid // n_col_blocks).to(tl.int64)
@@ -41,10 +48,7 @@ if HAVE_TRITON:
         base = GU + row * sgu
         g = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(base + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-        k = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-        # g * sigmoid(2k); exp overflow -> inf -> result 0 (correct limit)
-        act = g / (1.0 + tl.exp(-2.0 * k))
-        tl.store(OUT + row * so + cols, (act * u).to(OUT.dtype.element_ty), mask=mask)
+        tl.store(OUT + row * so + cols, (gelu_tanh_f32(g) * u).to(OUT.dtype.element_ty), mask=mask)
 
 
 def geglu(gate_up: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:

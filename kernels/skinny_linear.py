@@ -14,7 +14,7 @@ import torch
 
 from ._common import HAVE_TRITON, available, check_tensors, num_sms, tl, triton
 
-__all__ = ["available", "skinny_linear", "linear_ref", "MAX_ROWS"]
+__all__ = ["available", "skinny_linear", "linear_ref", "MAX_ROWS", "skinny_rows", "split_plan", "skinny_partials"]
 
 MAX_ROWS = 64
 
@@ -65,31 +65,58 @@ def _split_k(n_blocks: int, k: int, block_k: int, device: torch.device) -> int:
     return splits
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 64, block_k: int = 128,
-                  num_warps: int = 4, num_stages: int = 3, splits: Optional[int] = None) -> torch.Tensor:
-    """x [..., K] (at most MAX_ROWS rows after flattening) @ weight [N, K]^T -> [..., N] in x.dtype."""
+def skinny_rows(x: torch.Tensor, weight: torch.Tensor, n_rows_w: int) -> torch.Tensor:
+    """Check x [..., K] against weight [n_rows_w, K] for the skinny kernels; x as [M, K] rows."""
     check_tensors(("x", x), ("weight", weight))
     if not HAVE_TRITON:
         raise RuntimeError("triton is not importable here; use linear_ref")
     k = x.shape[-1]
-    n = weight.shape[0]
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
-    if m > MAX_ROWS or weight.shape[1] != k or weight.dtype != x.dtype or weight.stride(1) != 1:
-        raise ValueError(f"skinny_linear needs <= {MAX_ROWS} rows and a [N, {k}] weight of x's dtype; got "
-                         f"{m} rows, weight {tuple(weight.shape)} {weight.dtype}")
-    block_m = max(16, triton.next_power_of_2(m))
-    n_blocks = triton.cdiv(n, block_n)
-    s = splits or _split_k(n_blocks, k, block_k, x.device)
+    if (m > MAX_ROWS or weight.shape != (n_rows_w, k) or weight.dtype != x.dtype or weight.stride(1) != 1):
+        raise ValueError(f"skinny kernels need <= {MAX_ROWS} rows and a [{n_rows_w}, {k}] weight of x's dtype; "
+                         f"got {m} rows, weight {tuple(weight.shape)} {weight.dtype}")
+    return x2
+
+
+def split_plan(m: int, n_blocks: int, k: int, block_k: int, device: torch.device, splits: Optional[int]):
+    """(BLOCK_M, K splits, K per split): the split count rounded so that every split is whole K blocks."""
+    s = splits or _split_k(n_blocks, k, block_k, device)
     k_per = triton.cdiv(triton.cdiv(k, s), block_k) * block_k
-    s = triton.cdiv(k, k_per)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    part = y if s == 1 else torch.empty(s, m, n, dtype=torch.float32, device=x.device)
-    spk = 0 if s == 1 else part.stride(0)
-    _skinny_kernel[(n_blocks, s)](x2, weight, part, m, n, k, k_per, x2.stride(0), weight.stride(0), spk,
+    return max(16, triton.next_power_of_2(m)), triton.cdiv(k, k_per), k_per
+
+
+def skinny_partials(x2: torch.Tensor, weight: torch.Tensor, *, block_n: int = 64, block_k: int = 128,
+                    num_warps: int = 4, num_stages: int = 3, splits: Optional[int] = None) -> torch.Tensor:
+    """fp32 split-K partial products [splits, M, N] of x2 [M, K] @ weight [N, K]^T (always a workspace,
+    also for one split, so that a row epilogue can sum them)."""
+    m, k = x2.shape
+    n = weight.shape[0]
+    n_blocks = triton.cdiv(n, block_n)
+    block_m, s, k_per = split_plan(m, n_blocks, k, block_k, x2.device, splits)
+    part = torch.empty(s, m, n, dtype=torch.float32, device=x2.device)
+    _skinny_kernel[(n_blocks, s)](x2, weight, part, m, n, k, k_per, x2.stride(0), weight.stride(0), part.stride(0),
                                   n, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                                   num_warps=num_warps, num_stages=num_stages)
-    if s > 1:
+    return part
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 64, block_k: int = 128,
+                  num_warps: int = 4, num_stages: int = 3, splits: Optional[int] = None) -> torch.Tensor:
+    """x [..., K] (at most MAX_ROWS rows after flattening) @ weight [N, K]^T -> [..., N] in x.dtype."""
+    n = weight.shape[0]
+    x2 = skinny_rows(x, weight, n)
+    m, k = x2.shape
+    n_blocks = triton.cdiv(n, block_n)
+    block_m, s, k_per = split_plan(m, n_blocks, k, block_k, x.device, splits)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if s == 1:
+        _skinny_kernel[(n_blocks, 1)](x2, weight, y, m, n, k, k_per, x2.stride(0), weight.stride(0), 0,
+                                      n, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                                      num_warps=num_warps, num_stages=num_stages)
+    else:
+        part = skinny_partials(x2, weight, block_n=block_n, block_k=block_k, num_warps=num_warps,
+                               num_stages=num_stages, splits=s)
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block),)](part, y, m, n, s, part.stride(0), n, n, BLOCK=block)
     return y.view(*x.shape[:-1], n)

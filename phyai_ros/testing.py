@@ -58,12 +58,13 @@ def require_tokenizer() -> Path:
     return p
 
 
-def small_model_config(horizon: int = 50, image_size: int = 224, token_budget: int = 64):
-    """A small pi0.5 (parity-fixture sizes: VLM 128x2, expert 64x2, SigLIP 64x2 at 224 px, vocab 1024,
+def small_model_config(horizon: int = 50, image_size: int = 224, token_budget: int = 64, policy: str = "pi05"):
+    """A small pi0.5 or pi0 (parity-fixture sizes: VLM 128x2, expert 64x2, SigLIP 64x2 at 224 px, vocab 1024,
     64-token prompt): one CPU inference takes ~50-100 ms on 2 cores."""
     from phyai_ros.models.common.config import GemmaConfig, SiglipConfig
+    from phyai_ros.models.pi0 import Pi0Config
     from phyai_ros.models.pi05 import Pi05Config
-    return Pi05Config(
+    return {"pi05": Pi05Config, "pi0": Pi0Config}[policy](
         vlm=GemmaConfig(width=128, depth=2, mlp_dim=256, num_heads=8, num_kv_heads=1, head_dim=16),
         expert=GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=16),
         siglip=SiglipConfig(width=64, depth=2, num_heads=4, mlp_dim=128, patch_size=14, image_size=image_size),
@@ -72,13 +73,15 @@ def small_model_config(horizon: int = 50, image_size: int = 224, token_budget: i
 
 def make_small_checkpoint(directory, *, horizon: int = 50, state_dim: int = 8, action_dim: int = 7, seed: int = 0,
                           cameras: Sequence[str] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"),
-                          image_size: int = 224, token_budget: int = 64) -> Path:
-    """Write a random-weight small pi0.5 checkpoint (LeRobot layout) into ``directory``; its chunk size
-    must equal the node's ``control.horizon``, state/action dims its joint/action name counts."""
+                          image_size: int = 224, token_budget: int = 64, policy: str = "pi05") -> Path:
+    """Write a random-weight small pi0.5 (or, policy="pi0", pi0) checkpoint (LeRobot layout) into
+    ``directory``; its chunk size must equal the node's ``control.horizon``, state/action dims its
+    joint/action name counts."""
     import torch
-    from phyai_ros.models.pi05 import make_random_checkpoint
+    from phyai_ros.models import pi0, pi05
     directory = Path(directory)
-    make_random_checkpoint(directory, small_model_config(horizon, image_size, token_budget), seed=seed,
+    writer = {"pi05": pi05.make_random_checkpoint, "pi0": pi0.make_random_checkpoint}[policy]
+    writer(directory, small_model_config(horizon, image_size, token_budget, policy), seed=seed,
                            dtype=torch.float32, std=0.1,
                            camera_names=tuple(cameras), state_dim=state_dim, action_dim=action_dim)
     return directory

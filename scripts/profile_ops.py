@@ -12,7 +12,8 @@ target (Jetson Thor, or the H200 for benchmarks):
     python scripts/profile_ops.py --checkpoint DIR --tokenizer FILE --out profiles/thor.json
     PHYAI_OP_PROFILE=profiles/thor.json  (or node parameter model.op_profile)
 
-Without --checkpoint a random full-size pi0.5 is built in memory.
+Without --checkpoint a random full-size pi0.5 is built in memory; give --checkpoint once per model
+(pi0.5 and pi0 differ in prompt length and suffix rows, hence in shapes) to profile both into one file.
 """
 from __future__ import annotations
 
@@ -53,21 +54,25 @@ def graph_time_us(fn, reps: int = 20) -> float:
     return statistics.median(times)
 
 
-def outputs(out) -> tuple:
-    return out if isinstance(out, tuple) else (out,)
-
-
 def rel_err(a, b, rows=None) -> float:
-    """Worst relative error over the op's outputs (a fused residual + norm returns both, and the normed one is
-    the sensitive one); for attention only over query rows that may attend somewhere (rows of fully masked
-    queries are padding whose values nothing reads, and candidates legitimately differ there)."""
-    errs = []
-    for x, y in zip(outputs(a), outputs(b)):
-        x, y = x.float(), y.float()
-        if rows is not None:
-            x, y = x * rows, y * rows
-        errs.append(((x - y).norm() / y.norm().clamp_min(1e-30)).item())
-    return max(errs)
+    """Relative error, the largest over an op's outputs; for attention only over query rows that may attend
+    somewhere (rows of fully masked queries are padding whose values nothing reads, and candidates
+    legitimately differ there)."""
+    if isinstance(a, tuple):
+        return max(rel_err(x, y, rows) for x, y in zip(a, b))
+    a, b = a.float(), b.float()
+    if rows is not None:
+        a, b = a * rows, b * rows
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def reference(op: str, args: tuple, kwargs: dict):
+    """The op's reference candidate (its last: "torch", or "unfused" for a fused op) with every sub-op on torch."""
+    forced, SELECTOR.forced = SELECTOR.forced, "torch"
+    try:
+        return SELECTOR.candidates[op][-1].fn(*args, **kwargs)
+    finally:
+        SELECTOR.forced = forced
 
 
 def valid_query_rows(op: str, args: tuple):
@@ -79,26 +84,42 @@ def valid_query_rows(op: str, args: tuple):
 
 
 def record_model_calls(args) -> dict:
-    from phyai_ros.models.pi05 import Pi05Config, Pi05Policy
-    from phyai_ros.models.pi05.checkpoint import make_random_model
-    from phyai_ros.runtime.runner import FlowRunner
+    """Every (op, shape) the models dispatch over one observation and one chunk: each --checkpoint (pi0.5
+    or pi0, by its config.json) or, without one, a random full-size pi0.5 built in memory."""
+    rec = {}
+    for ckpt in args.checkpoint or [None]:
+        model, cfg = load_model(ckpt, args.tokenizer)
+        rec.update(record_calls(model, cfg, args.batch, args.cameras))
+        del model
+        torch.cuda.empty_cache()
+    return rec
 
-    if args.checkpoint:
-        stats = args.checkpoint / "norm_stats.json"
-        policy = Pi05Policy.from_files(args.checkpoint, args.tokenizer, stats if stats.is_file() else None,
-                                       device="cuda", dtype=torch.bfloat16)
-        model, cfg = policy.model, policy.config
-    else:
-        cfg = Pi05Config()
-        model = make_random_model(cfg, seed=0, std=0.02, dtype=torch.bfloat16, device="cuda")
-    b, s = args.batch, args.cameras
-    runner = FlowRunner(model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False)
+
+def load_model(ckpt, tokenizer):
+    from phyai_ros.models import pi0, pi05
+    from phyai_ros.models.pi05.checkpoint import make_random_model
+    if ckpt is None:
+        cfg = pi05.Pi05Config()
+        return make_random_model(cfg, seed=0, std=0.02, dtype=torch.bfloat16, device="cuda"), cfg
+    policy_cls = pi0.Pi0Policy if json.loads((ckpt / "config.json").read_text()).get("type") == "pi0" \
+        else pi05.Pi05Policy
+    stats = ckpt / "norm_stats.json"
+    policy = policy_cls.from_files(ckpt, tokenizer, stats if stats.is_file() else None, device="cuda",
+                                   dtype=torch.bfloat16)
+    return policy.model, policy.config
+
+
+def record_calls(model, cfg, b: int, s: int) -> dict:
+    from phyai_ros.runtime.runner import FlowRunner
+    runner = FlowRunner(model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False,
+                        state_dim=cfg.max_state_dim)
     images = torch.rand(b, s, 3, 224, 224, device="cuda") * 2 - 1
     masks = torch.ones(b, s, dtype=torch.bool, device="cuda")
     tokens = torch.randint(0, 1000, (b, cfg.token_budget), device="cuda")
-    tmask = torch.arange(cfg.token_budget, device="cuda")[None].expand(b, -1) < 40
+    tmask = torch.arange(cfg.token_budget, device="cuda")[None].expand(b, -1) < min(40, cfg.token_budget)
+    state = torch.randn(b, cfg.max_state_dim, device="cuda")
     SELECTOR.recording = {}
-    bucket = runner.set_observation(images, masks, tokens, tmask)
+    bucket = runner.set_observation(images, masks, tokens, tmask, state)
     runner.sample(bucket, torch.randn(b, cfg.chunk_size, cfg.max_action_dim, device="cuda"))
     torch.cuda.synchronize()
     rec, SELECTOR.recording = SELECTOR.recording, None
@@ -107,7 +128,8 @@ def record_model_calls(args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", type=Path)
+    ap.add_argument("--checkpoint", type=Path, action="append",
+                    help="a pi0.5 or pi0 checkpoint folder; repeat to profile both models into one file")
     ap.add_argument("--tokenizer", type=Path)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--cameras", type=int, default=3)
@@ -121,7 +143,7 @@ def main() -> None:
     calls = record_model_calls(args)
     table, timings = {}, {}
     for (op, key), (a, kw) in sorted(calls.items()):
-        ref = next(c for c in SELECTOR.candidates[op] if c.name == "torch").fn(*a, **kw)
+        ref = reference(op, a, kw)
         best = None
         for c in SELECTOR.usable(op, key, device):
             try:

@@ -73,11 +73,12 @@ def require_tokenizer() -> Path:
 
 def make_small_checkpoint(directory, *, horizon: int = HORIZON, state_dim: int = 8, action_dim: int = 7,
                           seed: int = 0, image_size: int = 224,
-                          cameras: Sequence[str] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")) -> Path:
+                          cameras: Sequence[str] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"),
+                          policy: str = "pi05") -> Path:
     """The users' helper (phyai_ros.testing) with the node tests' prompt budget of 48 tokens."""
     from phyai_ros.testing import make_small_checkpoint as make
     return make(directory, horizon=horizon, state_dim=state_dim, action_dim=action_dim, seed=seed, cameras=cameras,
-                image_size=image_size, token_budget=48)
+                image_size=image_size, token_budget=48, policy=policy)
 
 
 # ----------------------------------------------------------------------------- parameters

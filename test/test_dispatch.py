@@ -250,3 +250,88 @@ def test_linear_add_layer_norm_bf16_on_the_device(k):
         assert a.dtype == torch.bfloat16 and torch.isfinite(a).all()
         rel = lambda u: ((u.float() - f).norm() / f.norm()).item()  # noqa: E731
         assert rel(a) < 8e-3 and rel(a) <= 1.5 * rel(e) + 1e-3
+
+
+# ----------------------------------------------------------------------------- GEMMs with fused epilogues
+def _epilogue_case(dtype, per_token=False, seed=0):
+    """pi0.5-expert-like operands at toy width: x [2, 5, 48] -> [2, 5, 32], modulation sliced as the model
+    does ([1, norms, 3, 1, W], or per token [2, norms, 3, 5, W])."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    mod = torch.randn(*((2, 2, 3, 5, 32) if per_token else (1, 2, 3, 1, 32)), generator=g)
+    return dict(x=r(2, 5, 48), w=r(32, 48) * 0.2, gate_up_w=r(64, 48) * 0.2, h=r(2, 5, 32), norm_w=r(32),
+                gate=mod[:, 0, 2], scale=mod[:, 1, 0], shift=mod[:, 1, 1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_fused_ops_on_cpu_equal_the_old_op_sequence_bitwise(dtype, per_token):
+    c = _epilogue_case(dtype, per_token)
+    cpu, eps = torch.device("cpu"), 1e-6
+    assert torch.equal(dispatch.linear_geglu(c["x"], c["gate_up_w"]),
+                       dispatch.geglu(dispatch.linear(c["x"], c["gate_up_w"])))
+    got = dispatch.linear_add_rms_norm(c["x"], c["w"], c["h"], c["norm_w"], eps)
+    want = dispatch.add_rms_norm(dispatch.linear(c["x"], c["w"]), c["h"], c["norm_w"], eps)
+    assert all(torch.equal(a, e) for a, e in zip(got, want))
+    got = dispatch.linear_gated_ada_rms_norm(c["x"], c["w"], c["h"], c["gate"], c["scale"], c["shift"], eps)
+    want = dispatch.gated_ada_rms_norm(c["h"], dispatch.linear(c["x"], c["w"]), c["gate"], c["scale"], c["shift"],
+                                       eps)
+    assert all(torch.equal(a, e) for a, e in zip(got, want))
+    for op in ("linear_geglu", "linear_add_rms_norm", "linear_gated_ada_rms_norm"):
+        assert dispatch.SELECTOR.choose(op, "k", cpu).name == "unfused"
+
+
+def test_forcing_torch_runs_fused_ops_unfused_and_reference_errors_propagate():
+    sel = OperatorSelector()
+    sel.register("op", Candidate("fused", lambda x: -1))
+    sel.register("op", Candidate("unfused", lambda x: x))
+    assert sel.choose("op", "k", torch.device("cpu")).name == "fused"
+    sel.forced = "torch"
+    assert sel.choose("op", "k", torch.device("cpu")).name == "unfused"
+
+    def broken(x):
+        raise KeyError("a real bug")
+
+    sel2 = OperatorSelector()
+    sel2.register("op", Candidate("unfused", broken))
+    with pytest.raises(KeyError, match="a real bug"):
+        sel2.call("op", "k", torch.device("cpu"), 1)
+
+
+def test_fused_candidates_decline_what_the_kernels_cannot_take():
+    c = _epilogue_case(torch.float32)
+    x, w, h = c["x"], c["w"], c["h"]
+    assert dispatch._skinny_residual(x, w, h)
+    assert not dispatch._skinny_residual(torch.zeros(1, 65, 48), w, torch.zeros(1, 65, 32))   # the prefix
+    assert not dispatch._skinny_residual(x, w, h.bfloat16())
+    assert not dispatch._skinny_residual(x, w, h[:, :4])
+    mod = (c["gate"], c["scale"], c["shift"])
+    assert dispatch._skinny_per_item(x, w, h, *mod, 1e-6)
+    tok = _epilogue_case(torch.float32, per_token=True)
+    assert not dispatch._skinny_per_item(x, w, h, tok["gate"], tok["scale"], tok["shift"], 1e-6)
+
+
+@needs_interpreter
+def test_fused_triton_candidates_match_unfused_on_model_layouts():
+    c = _epilogue_case(torch.float32, seed=3)
+    eps = 1e-6
+    got = dispatch._triton_linear_geglu(c["x"], c["gate_up_w"])
+    assert (got - dispatch._unfused_linear_geglu(c["x"], c["gate_up_w"])).abs().max().item() < 1e-5
+    args = (c["x"], c["w"], c["h"], c["norm_w"], eps)
+    for a, e in zip(dispatch._triton_linear_add_rms(*args), dispatch._unfused_linear_add_rms(*args)):
+        assert a.shape == e.shape and (a - e).abs().max().item() < 1e-5
+    args = (c["x"], c["w"], c["h"], c["gate"], c["scale"], c["shift"], eps)
+    for a, e in zip(dispatch._triton_linear_gated_ada(*args), dispatch._unfused_linear_gated_ada(*args)):
+        assert a.shape == e.shape and (a - e).abs().max().item() < 1e-5
+
+
+@pytest.mark.gpu
+def test_fused_ops_are_chosen_for_expert_rows_only():
+    cuda = torch.device("cuda")
+    bf = torch.bfloat16
+    x, w, h = (torch.zeros(*s, device=cuda, dtype=bf) for s in ((1, 50, 4096), (1024, 4096), (1, 50, 1024)))
+    mod = torch.zeros(1, 1, 1024, device=cuda)
+    assert dispatch.SELECTOR.choose("linear_gated_ada_rms_norm", "k", cuda, (x, w, h, mod, mod, mod, 1e-6)
+                                    ).name == "triton"
+    xp, hp = torch.zeros(1, 968, 4096, device=cuda, dtype=bf), torch.zeros(1, 968, 1024, device=cuda, dtype=bf)
+    assert dispatch.SELECTOR.choose("linear_add_rms_norm", "k", cuda, (xp, w, hp, mod[0, 0], 1e-6)).name == "unfused"

@@ -21,6 +21,7 @@ from phyai_ros.kernels import ada_rms_norm as ada  # noqa: E402
 from phyai_ros.kernels import geglu as gg  # noqa: E402
 from phyai_ros.kernels import layer_norm as ln  # noqa: E402
 from phyai_ros.kernels import rms_norm as rn  # noqa: E402
+from phyai_ros.kernels import skinny_epilogue as se  # noqa: E402
 from phyai_ros.kernels import split_kv_attention as ska  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,8 +53,8 @@ def test_import_without_triton():
                     raise ImportError("blocked for test")
         sys.meta_path.insert(0, _Block())
         import torch
-        from phyai_ros.kernels import rms_norm, ada_rms_norm, geglu, layer_norm, split_kv_attention
-        for m in (rms_norm, ada_rms_norm, geglu, layer_norm, split_kv_attention):
+        from phyai_ros.kernels import rms_norm, ada_rms_norm, geglu, layer_norm, split_kv_attention, skinny_epilogue
+        for m in (rms_norm, ada_rms_norm, geglu, layer_norm, split_kv_attention, skinny_epilogue):
             assert m.available() is False, m
         x = torch.randn(3, 8); w = torch.randn(8)
         rms_norm.rms_norm_ref(x, w)
@@ -388,3 +389,111 @@ def test_split_kv_attention_rejects_bad_inputs():
         ska.split_kv_attention(q, kp, vp, ks, None)              # half a suffix
     with pytest.raises(ValueError):
         ska.split_kv_attention(q, kp, vp, ks, vs, torch.ones(1, 9, dtype=torch.bool, device=DEVICE))
+
+
+# --------------------------------------------------------------------------- skinny GEMM epilogues
+TILES = dict(block_n=16, block_k=32)   # small tiles: several n-blocks, a masked tail and K blocks per split
+EPILOGUE_CASES = [(rows, splits) for rows in (1, 7, 50) for splits in (1, 3)]
+
+
+def _gemm(rows, k, n, seed, dtype=torch.float32):
+    """x [1, rows, k] and a [n, k] weight scaled so that x @ W^T is O(1)."""
+    return _rand(1, rows, k, seed=seed).to(dtype), _rand(n, k, scale=k ** -0.5, seed=seed + 1).to(dtype)
+
+
+def _modulation(batch, width, seed):
+    """(gate, scale, shift) [B, W]: row-strided column chunks of one [B, 3W] tensor, as the model slices it."""
+    return _rand(batch, 3 * width, scale=0.5, seed=seed).chunk(3, dim=-1)
+
+
+@pytest.fixture
+def bf16_dot(monkeypatch):
+    """Triton 3.6's interpreter multiplies bf16 dot operands as their raw uint16 bits; upcast them first (a
+    bf16 MMA on the GPU forms exact products and accumulates in fp32, as this does)."""
+    if not _common.interpret_mode():
+        return
+    from triton.runtime import interpreter
+
+    dot = interpreter.InterpreterBuilder.create_dot
+
+    def upcast_dot(self, a, b, *rest):
+        a, b = (self.cast_impl(t, _common.tl.float32) if t.dtype == _common.tl.bfloat16 else t for t in (a, b))
+        return dot(self, a, b, *rest)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", upcast_dot)
+
+
+@needs_triton
+@pytest.mark.parametrize("rows,splits", EPILOGUE_CASES)
+def test_linear_geglu(rows, splits):
+    x, w = _gemm(rows, 200, 2 * 40, seed=rows)                # K and I are not multiples of the tiles
+    out = se.linear_geglu(x, w, splits=splits, **TILES)
+    assert out.shape == (1, rows, 40)
+    torch.testing.assert_close(out, se.linear_geglu_ref(x, w), **TOL)
+
+
+@needs_triton
+@pytest.mark.parametrize("rows,splits", EPILOGUE_CASES)
+def test_linear_add_rms_norm(rows, splits):
+    x, w = _gemm(rows, 200, 72, seed=rows)
+    res, norm_w = _rand(1, rows, 72, scale=3.0, seed=7), _rand(72, scale=0.5, seed=8)
+    normed, new_res = se.linear_add_rms_norm(x, w, res, norm_w, 1e-6, splits=splits, **TILES)
+    n_ref, r_ref = se.linear_add_rms_norm_ref(x, w, res, norm_w, 1e-6)
+    torch.testing.assert_close(new_res, r_ref, **TOL)
+    torch.testing.assert_close(normed, n_ref, **TOL)
+
+
+@needs_triton
+@pytest.mark.parametrize("rows,splits", EPILOGUE_CASES)
+def test_linear_gated_ada_rms_norm(rows, splits):
+    batch = 2 if rows == 50 else 1                             # 2 items of 25 tokens
+    x, w = _gemm(rows, 200, 72, seed=rows)
+    res = _rand(1, rows, 72, scale=3.0, seed=7)
+    gate, scale, shift = _modulation(batch, 72, seed=9)
+    new_res, normed = se.linear_gated_ada_rms_norm(x, w, res, gate, scale, shift, None, 1e-6, splits=splits,
+                                                   **TILES)
+    r_ref, n_ref = se.linear_gated_ada_rms_norm_ref(x, w, res, gate, scale, shift, None, 1e-6)
+    torch.testing.assert_close(new_res, r_ref, **TOL)
+    torch.testing.assert_close(normed, n_ref, **TOL)
+
+
+@needs_triton
+@pytest.mark.parametrize("splits", [1, 3])
+def test_skinny_epilogues_bf16(bf16_dot, splits):
+    """bf16 operands: within a few bf16 roundings of the fp32 reference on the upcast operands (the interpreter
+    also truncates where the GPU rounds to nearest)."""
+    bf, rows, n = torch.bfloat16, 50, 72
+    x, w = _gemm(rows, 200, 2 * n, seed=3, dtype=bf)
+    loose = dict(rtol=2 ** -6, atol=2e-2)
+    torch.testing.assert_close(se.linear_geglu(x, w, splits=splits, **TILES).float(),
+                               se.linear_geglu_ref(x.float(), w.float()), **loose)
+    w = w[:n].contiguous()
+    res, norm_w = _rand(1, rows, n, scale=3.0, seed=7).to(bf), _rand(n, scale=0.5, seed=8)
+    got = se.linear_add_rms_norm(x, w, res, norm_w, 1e-6, splits=splits, **TILES)
+    want = se.linear_add_rms_norm_ref(x.float(), w.float(), res.float(), norm_w, 1e-6)
+    for a, e in zip(got, want):
+        assert a.dtype == bf
+        torch.testing.assert_close(a.float(), e, **loose)
+    gate, scale, shift = _modulation(2, n, seed=9)
+    got = se.linear_gated_ada_rms_norm(x, w, res, gate, scale, shift, 25, 1e-6, splits=splits, **TILES)
+    want = se.linear_gated_ada_rms_norm_ref(x.float(), w.float(), res.float(), gate, scale, shift, 25, 1e-6)
+    for a, e in zip(got, want):
+        assert a.dtype == bf
+        torch.testing.assert_close(a.float(), e, **loose)
+
+
+@needs_triton
+def test_skinny_epilogues_reject_bad_inputs():
+    x, w = _gemm(7, 64, 32, seed=0)
+    res, norm_w = _rand(1, 7, 32), _rand(32)
+    with pytest.raises(ValueError):
+        se.linear_geglu(x, w[:31])                               # gate | up needs an even row count
+    with pytest.raises(ValueError):
+        se.linear_geglu(_rand(65, 64), w)                        # more rows than the skinny kernel takes
+    with pytest.raises(ValueError):
+        se.linear_add_rms_norm(x, w, res[:, :6], norm_w)         # residual rows differ from x's
+    with pytest.raises(ValueError):
+        se.linear_add_rms_norm(x, w, res, norm_w[:16])           # norm weight width
+    gate, scale, shift = _modulation(2, 32, seed=1)
+    with pytest.raises(ValueError):
+        se.linear_gated_ada_rms_norm(x, w, res, gate, scale, shift)   # 7 rows are not 2 items

@@ -11,6 +11,10 @@ Tolerances
   rounded to bf16 before the PV product (as in flash attention), so there we
   bound the error relative to the output norm: ||out - ref|| / ||ref|| < 1e-2
   (observed ~2-3e-3; one bf16 rounding alone gives ~2e-3).
+* Skinny GEMMs with fused epilogues: the fp32 GEMM sums in another order than
+  torch (K up to 4096), so fp32 outputs get 1e-4; bf16 ones one rounding of the
+  fp32 value (the GEMM result itself is never rounded), and their norms are
+  checked against the reference applied to the kernel's own new residual.
 * Residual-stream outputs in bf16: ``add_rms_norm``'s is compared bit for bit
   with the unfused eager bf16 path (both round x + residual once); the gated
   residual is rounded once by the kernel but twice by eager (product, then sum),
@@ -28,6 +32,7 @@ from phyai_ros.kernels import ada_rms_norm as ada  # noqa: E402
 from phyai_ros.kernels import geglu as gg  # noqa: E402
 from phyai_ros.kernels import layer_norm as ln  # noqa: E402
 from phyai_ros.kernels import rms_norm as rn  # noqa: E402
+from phyai_ros.kernels import skinny_epilogue as se  # noqa: E402
 from phyai_ros.kernels import split_kv_attention as ska  # noqa: E402
 
 DTYPES = [torch.bfloat16, torch.float32]
@@ -147,6 +152,55 @@ def test_geglu_real_shapes(rows, m, dtype):
         torch.testing.assert_close(out.float(), gg.geglu_ref(gu).float(), rtol=2 ** -6, atol=1e-4)
 
 
+# --------------------------------------------------------------------------- skinny GEMM epilogues
+GEMM_FP32 = dict(rtol=1e-4, atol=1e-4)
+GEMM_BF16 = dict(rtol=2 ** -7, atol=1e-4)
+
+
+def _gemm(rows, k, n, dtype):
+    """x [1, rows, k], W [n, k] with x @ W^T O(1)."""
+    return _rand(1, rows, k, dtype=dtype, seed=k), _rand(n, k, dtype=dtype, scale=k ** -0.5, seed=n)
+
+
+def _check_gemm(out, ref32, dtype):
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref32, **(GEMM_FP32 if dtype == torch.float32 else GEMM_BF16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits", [None, 1])
+def test_linear_geglu_real_shape(splits, dtype):
+    x, w = _gemm(50, 1024, 8192, dtype)
+    out = se.linear_geglu(x, w, splits=splits)
+    assert out.shape == (1, 50, 4096)
+    _check_gemm(out, se.linear_geglu_ref(x.float(), w.float()), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits", [None, 1])
+@pytest.mark.parametrize("k", [2048, 4096])
+def test_linear_add_rms_norm_real_shapes(k, splits, dtype):
+    x, w = _gemm(50, k, 1024, dtype)
+    res, norm_w = _rand(1, 50, 1024, dtype=dtype, scale=6.0, seed=3), _rand(1024, seed=4)
+    normed, new_res = se.linear_add_rms_norm(x, w, res, norm_w, 1e-6, splits=splits)
+    _check_gemm(new_res, res.float() + x.float() @ w.float().T, dtype)
+    _check_vs_fp32(normed, rn.rms_norm_ref(new_res.float(), norm_w, 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits", [None, 1])
+@pytest.mark.parametrize("k,batch", [(2048, 1), (4096, 1), (4096, 2)])
+def test_linear_gated_ada_rms_norm_real_shapes(k, batch, splits, dtype):
+    t = 50 // batch
+    x, w = _gemm(batch * t, k, 1024, dtype)
+    res = _rand(1, batch * t, 1024, dtype=dtype, scale=6.0, seed=3)
+    scale, shift, gate = _rand(batch, 3 * 1024, scale=0.5, seed=5).chunk(3, dim=-1)   # fp32, as the model's
+    new_res, normed = se.linear_gated_ada_rms_norm(x, w, res, gate, scale, shift, t, 1e-6, splits=splits)
+    y = (x.float() @ w.float().T).view(batch, t, 1024)
+    _check_gemm(new_res, (res.float().view(batch, t, 1024) + y * gate[:, None]).view(1, -1, 1024), dtype)
+    _check_vs_fp32(normed, ada.ada_rms_norm_ref(new_res.float(), scale, shift, t, 1e-6), dtype)
+
+
 # --------------------------------------------------------------------------- attention
 def _attn_case(B, dtype, mask_kind, P=968, S=50, Hq=8, Lq=50, D=256):
     q = _rand(B, Hq, Lq, D, dtype=dtype, seed=1)
@@ -203,10 +257,14 @@ def test_kernels_capture_in_cuda_graph():
     gu = _rand(B * T, 2 * 4096, dtype=dt, seed=3)
     q, kp, vp, ks, vs, mask = _attn_case(B, dt, "bool")
     ln_w, ln_b = _rand(W, seed=4), _rand(W, seed=5)
+    xk, wo = _gemm(T, 2048, W, dt)                 # the skinny GEMM epilogues: one item's 50 rows
+    xm, wg = _gemm(T, W, 2 * 4096, dt)
 
     def step():
         r, n = ada.gated_residual_ada_rms_norm(res, x, gate, scale, shift, T)
-        return (r, n, gg.geglu(gu), ska.split_kv_attention(q, kp, vp, ks, vs, mask),
+        return (r, n, gg.geglu(gu), ska.split_kv_attention(q, kp, vp, ks, vs, mask), se.linear_geglu(xm, wg),
+                *se.linear_gated_ada_rms_norm(xk, wo, res[:T], gate[:1], scale[:1], shift[:1], T),
+                *se.linear_add_rms_norm(xk, wo, res[:T], scale[0]),
                 *ln.add_layer_norm(res, x, ln_b.to(dt), ln_w, ln_b), ln.layer_norm(x, ln_w, ln_b))
 
     eager = step()                       # compiles the kernels before capture

@@ -1,4 +1,4 @@
-"""launch/pi05_thor.launch.py: a STRUCTURE CHECK, not a run of `ros2 launch`.
+"""launch/pi05_thor.launch.py and launch/pi0_thor.launch.py: a STRUCTURE CHECK, not a run of `ros2 launch`.
 
 `launch` / `launch_ros` are not installable here (see shared/research/ros2-from-pypi.md), so the
 launch file is imported against a minimal stand-in of the launch API (the classes it uses, with
@@ -8,7 +8,8 @@ package/executable/name, that the params file resolves to config/pi05_thor.yaml,
 remapped topic is one the node uses per that YAML, that every parameter override names a declared
 parameter, and that arguments reach the node. The last test goes one step further and runs the
 node with the equivalent command line (`--params-file`, `-p`, `-r`), checking in the ROS graph that
-the remappings took effect and that chunks flow on the robot's topics. Not covered: launch's own
+the remappings took effect and that chunks flow on the robot's topics; for pi0_thor.launch.py (which
+includes the pi0.5 file with pi0's YAML and model folder) the same run shows the node serving pi0. Not covered: launch's own
 substitution/process machinery and `FindPackageShare` on an install, which need a ROS install.
 """
 import importlib.util
@@ -24,6 +25,8 @@ from node_harness import (NODE_NAME, REPO, THOR_CONFIG, FakeRobot, NodeProcess, 
 from phyai_ros.node.parameters import SPECS
 
 LAUNCH_FILE = REPO / "launch" / "pi05_thor.launch.py"
+PI0_LAUNCH_FILE = REPO / "launch" / "pi0_thor.launch.py"
+PI0_CONFIG = REPO / "config" / "pi0_thor.yaml"
 
 
 # ----------------------------------------------------------------------------- the stand-in
@@ -70,6 +73,14 @@ class ParameterValue(Recorded):
     accepts = ("value_type",)
 
 
+class IncludeLaunchDescription(Recorded):
+    accepts = ("launch_arguments",)
+
+
+class PythonLaunchDescriptionSource(Recorded):
+    accepts = ()
+
+
 class Node(Recorded):
     accepts = ("executable", "package", "name", "namespace", "exec_name", "parameters", "remappings",
                "ros_arguments", "arguments", "output", "respawn", "respawn_delay", "emulate_tty", "prefix",
@@ -83,7 +94,10 @@ def stand_in_modules():
         return m
     return {
         "launch": module("launch", LaunchDescription=LaunchDescription),
-        "launch.actions": module("launch.actions", DeclareLaunchArgument=DeclareLaunchArgument),
+        "launch.actions": module("launch.actions", DeclareLaunchArgument=DeclareLaunchArgument,
+                                 IncludeLaunchDescription=IncludeLaunchDescription),
+        "launch.launch_description_sources": module("launch.launch_description_sources",
+                                                    PythonLaunchDescriptionSource=PythonLaunchDescriptionSource),
         "launch.substitutions": module("launch.substitutions", LaunchConfiguration=LaunchConfiguration,
                                        PathJoinSubstitution=PathJoinSubstitution),
         "launch_ros": module("launch_ros"),
@@ -154,14 +168,43 @@ class Evaluated:
         return args
 
 
-@pytest.fixture
-def launch_module(monkeypatch):
-    for name, module in stand_in_modules().items():
-        monkeypatch.setitem(sys.modules, name, module)
-    spec = importlib.util.spec_from_file_location("pi05_thor_launch", LAUNCH_FILE)
+def load_launch_file(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem.replace(".", "_"), path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    for name, module in stand_in_modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+@pytest.fixture
+def launch_module(stand_ins):
+    return load_launch_file(LAUNCH_FILE)
+
+
+def evaluate_pi0(arguments=None) -> Evaluated:
+    """pi0_thor.launch.py as launch runs it: its own arguments resolved, then the included file evaluated
+    with them (launch configurations given on the command line reach included files too)."""
+    arguments = dict(arguments or {})
+    entities = load_launch_file(PI0_LAUNCH_FILE).generate_launch_description().entities
+    includes = [e for e in entities if isinstance(e, IncludeLaunchDescription)]
+    declared = {e.name: e for e in entities if isinstance(e, DeclareLaunchArgument)}
+    assert len(includes) == 1 and len(entities) == len(declared) + 1, "one include plus its arguments"
+    own = {n: arguments.get(n, d.kwargs["default_value"]) for n, d in declared.items()}
+    resolver = Evaluated.__new__(Evaluated)
+    resolver.declared, resolver.values, resolver.used = declared, {}, set()
+    resolver.values = {n: resolver.resolve(v) for n, v in own.items()}
+    source, = includes[0].args
+    included = Path(resolver.resolve(source.args[0]))
+    passed = {resolver.resolve(k): resolver.resolve(v) for k, v in includes[0].kwargs["launch_arguments"]}
+    assert resolver.used == set(declared), "every pi0 argument reaches the included launch file"
+    ev = Evaluated(load_launch_file(included).generate_launch_description(), {**arguments, **passed})
+    ev.included = included
+    return ev
 
 
 def node_topics(params):
@@ -217,18 +260,40 @@ def test_structure_arguments_override_checkpoint_and_topics(launch_module):
     assert ev.params_files() == ["/etc/phyai/my.yaml"]
 
 
+def test_pi0_launch_is_the_pi05_node_with_pi0_config_and_model(stand_ins):
+    ev = evaluate_pi0()
+    assert ev.included == LAUNCH_FILE
+    assert (ev.node["package"], ev.node["executable"], ev.node["name"]) == ("phyai_ros", "onboard_node", NODE_NAME)
+    assert ev.params_files() == [str(PI0_CONFIG)]
+    assert load_params(PI0_CONFIG)["model.type"] == "pi0"
+    assert list(yaml.safe_load(PI0_CONFIG.read_text())) == [NODE_NAME]
+    assert ev.overrides()["model.checkpoint"] == "/opt/phyai/models/pi0"
+    assert set(ev.overrides()) == set(SPECS) - set(load_params(PI0_CONFIG))
+
+
+def test_pi0_launch_passes_the_robots_arguments_through(stand_ins):
+    ev = evaluate_pi0({"checkpoint": "/data/pi0_towels", "base_camera": "/cam0/image_raw",
+                       "params_file": "/etc/phyai/pi0.yaml"})
+    assert ev.overrides()["model.checkpoint"] == "/data/pi0_towels"
+    assert ev.remappings()["cameras/base/image"] == "/cam0/image_raw"
+    assert ev.params_files() == ["/etc/phyai/pi0.yaml"]
+
+
 # ----------------------------------------------------------------------------- the equivalent command line
 @pytest.mark.ros
-def test_equivalent_command_line_remaps_the_running_node(launch_module, tmp_path):
-    """Run the node with the command line this launch description gives it (Thor YAML, model-file
+@pytest.mark.parametrize("policy", ["pi05", "pi0"])
+def test_equivalent_command_line_remaps_the_running_node(stand_ins, tmp_path, policy):
+    """Run the node with the command line the launch file gives it (its Thor YAML, model-file
     parameters, remappings) plus CPU overrides for this machine (device, dtype, no warm-up): the
-    remapped topics are in the ROS graph with the node on them, and it acts on them."""
+    remapped topics are in the ROS graph with the node on them, and it acts on them with that policy."""
     tokenizer = require_tokenizer()
-    thor = load_params(THOR_CONFIG)
-    ckpt = make_small_checkpoint(tmp_path / "pi05_small", horizon=thor["control.horizon"],
-                                 state_dim=len(thor["state.joint_names"]), action_dim=len(thor["control.action_names"]))
-    ev = Evaluated(launch_module.generate_launch_description(),
-                   {"checkpoint": str(ckpt), "tokenizer": str(tokenizer)})
+    thor = load_params(PI0_CONFIG if policy == "pi0" else THOR_CONFIG)
+    ckpt = make_small_checkpoint(tmp_path / f"{policy}_small", horizon=thor["control.horizon"],
+                                 state_dim=len(thor["state.joint_names"]), action_dim=len(thor["control.action_names"]),
+                                 policy=policy)
+    arguments = {"checkpoint": str(ckpt), "tokenizer": str(tokenizer)}
+    ev = evaluate_pi0(arguments) if policy == "pi0" else Evaluated(
+        load_launch_file(LAUNCH_FILE).generate_launch_description(), arguments)
     cpu = {"model.device": "cpu", "model.dtype": "float32", "model.cuda_graphs": False, "model.warmup_runs": 0}
     cli = ev.command_line() + [a for k, v in cpu.items() for a in ("-p", param_arg(k, v))]
     remaps = ev.remappings()
@@ -255,6 +320,9 @@ def test_equivalent_command_line_remaps_the_running_node(launch_module, tmp_path
         robot.set_instruction("fold the towel")
         assert robot.spin_until(lambda: len(robot.chunks) >= 2, timeout=60), proc.output()
         assert robot.chunks[0].msg.horizon == thor["control.horizon"]
+        # The node loads by model.type and refuses a checkpoint of another policy type, so chunks from
+        # the pi0 checkpoint are pi0's.
+        assert robot.chunks[0].msg.model_id == thor["model.id"]
     finally:
         robot.close()
         print(proc.stop())

@@ -3,7 +3,10 @@
 Each function here asks the operator selector which candidate runs (see
 selector.py): the fused Triton kernels of ``phyai_ros.kernels`` on CUDA where
 Triton works, the torch reference of ``ops`` otherwise. Signatures follow the
-reference ops; the Triton wrappers' row layout is adapted here, once.
+reference ops; the Triton wrappers' row layout is adapted here, once. The
+``linear_*`` ops are a skinny GEMM with the elementwise op after it fused in
+(fewer kernels per expert layer); where that kernel does not apply they run
+"unfused": the sub-ops through their own entry points, each selected as alone.
 """
 from __future__ import annotations
 
@@ -68,6 +71,20 @@ def _sdpa(q, k, v, mask):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+# ----------------------------------------------------------------------------- fused ops' fallbacks
+# The sub-ops through their own entry points below, so each is selected as where it is called alone.
+def _unfused_linear_geglu(x, gate_up_w):
+    return geglu(linear(x, gate_up_w))
+
+
+def _unfused_linear_add_rms(x, weight, residual, norm_w, eps):
+    return add_rms_norm(linear(x, weight), residual, norm_w, eps)
+
+
+def _unfused_linear_gated_ada(x, weight, h, gate, scale, shift, eps):
+    return gated_ada_rms_norm(h, linear(x, weight), gate, scale, shift, eps)
+
+
 # ----------------------------------------------------------------------------- Triton adapters
 def _mod_rows(t: Tensor, width: int) -> Tensor:
     """Modulation [B|1, 1, W] (broadcast over tokens) -> [B|1, W] rows, no copy."""
@@ -124,6 +141,34 @@ def _skinny_shape(x, weight, bias=None):
     return bias is None and x.numel() // x.shape[-1] <= 64 and x.dtype == weight.dtype
 
 
+def _triton_linear_geglu(x, gate_up_w):
+    from phyai_ros.kernels.skinny_epilogue import linear_geglu
+    return linear_geglu(x, gate_up_w)
+
+
+def _triton_linear_add_rms(x, weight, residual, norm_w, eps):
+    from phyai_ros.kernels.skinny_epilogue import linear_add_rms_norm
+    return linear_add_rms_norm(x, weight, residual, norm_w, eps)
+
+
+def _triton_linear_gated_ada(x, weight, h, gate, scale, shift, eps):
+    from phyai_ros.kernels.skinny_epilogue import linear_gated_ada_rms_norm
+    w = h.shape[-1]
+    g, sc, sh = _mod_rows(gate, w), _mod_rows(scale, w), _mod_rows(shift, w)
+    return linear_gated_ada_rms_norm(x, weight, h, g, sc, sh, tokens_per_item=h.numel() // w // g.shape[0], eps=eps)
+
+
+def _skinny_residual(x, weight, residual, *rest):
+    """Few rows, and a residual of the GEMM output's rows and dtype (the fused epilogue's one layout)."""
+    return (_skinny_shape(x, weight) and residual.dtype == x.dtype
+            and residual.shape == (*x.shape[:-1], weight.shape[0]))
+
+
+def _skinny_per_item(x, weight, h, gate, scale, shift, eps):
+    """As _skinny_residual, with modulation per batch item ([B|1, 1, W]), not per token (training-time RTC)."""
+    return _skinny_residual(x, weight, h) and all(t.dim() == 3 and t.shape[1] == 1 for t in (gate, scale, shift))
+
+
 def _triton_geglu(gate_up):
     from phyai_ros.kernels.geglu import geglu
     return geglu(gate_up)
@@ -160,6 +205,16 @@ _REGISTRY = {
     "qkv_rope": [Candidate("triton", _triton_qkv_rope, _CUDA, available=_triton_ok),
                  Candidate("torch", _torch_qkv_rope)],
     "geglu": [Candidate("triton", _triton_geglu, _CUDA, available=_triton_ok), Candidate("torch", _torch_geglu)],
+    # A skinny GEMM with the elementwise op after it as its epilogue; elsewhere the sub-ops one by one.
+    "linear_geglu": [Candidate("triton", _triton_linear_geglu, _CUDA, available=_triton_ok,
+                               supports=_skinny_shape),
+                     Candidate("unfused", _unfused_linear_geglu)],
+    "linear_add_rms_norm": [Candidate("triton", _triton_linear_add_rms, _CUDA, available=_triton_ok,
+                                      supports=_skinny_residual),
+                            Candidate("unfused", _unfused_linear_add_rms)],
+    "linear_gated_ada_rms_norm": [Candidate("triton", _triton_linear_gated_ada, _CUDA, available=_triton_ok,
+                                            supports=_skinny_per_item),
+                                  Candidate("unfused", _unfused_linear_gated_ada)],
     "attention_with_prefix": [Candidate("triton", _triton_attention_with_prefix, _CUDA, available=_triton_ok),
                               Candidate("torch", _torch_attention_with_prefix)],
     # Long-query attention (SigLIP, the prefix): SDPA first; the split-KV kernel is a profiled option.
@@ -220,6 +275,25 @@ def qkv_rope(qkv: Tensor, cos: Tensor, sin: Tensor, hq: int, hkv: int, d: int) -
 def geglu(gate_up: Tensor) -> Tensor:
     """gelu_tanh(gate) * up for gate_up = [gate | up] along the last dim."""
     return SELECTOR.call("geglu", shape_key(gate_up), gate_up.device, gate_up)
+
+
+def linear_geglu(x: Tensor, gate_up_w: Tensor) -> Tensor:
+    """geglu(linear(x, gate_up_w)) for the fused [gate; up] weight [2I, K] -> [..., I]."""
+    return SELECTOR.call("linear_geglu", shape_key(x, gate_up_w), x.device, x, gate_up_w)
+
+
+def linear_add_rms_norm(x: Tensor, weight: Tensor, residual: Tensor, norm_w: Tensor, eps: float
+                        ) -> Tuple[Tensor, Tensor]:
+    """add_rms_norm(linear(x, weight), residual, norm_w, eps): (rms_norm(r), r) for r = residual + x @ W^T."""
+    return SELECTOR.call("linear_add_rms_norm", shape_key(x, weight), x.device, x, weight, residual, norm_w, eps)
+
+
+def linear_gated_ada_rms_norm(x: Tensor, weight: Tensor, h: Tensor, gate: Tensor, scale: Tensor, shift: Tensor,
+                              eps: float) -> Tuple[Tensor, Tensor]:
+    """gated_ada_rms_norm(h, linear(x, weight), gate, scale, shift, eps): (r, ada_rms_norm(r)) for
+    r = h + (x @ W^T) * gate."""
+    return SELECTOR.call("linear_gated_ada_rms_norm", shape_key(x, weight, gate), x.device, x, weight, h, gate,
+                         scale, shift, eps)
 
 
 def attention_with_prefix(q: Tensor, k_prefix: Tensor, v_prefix: Tensor, k_suffix: Tensor, v_suffix: Tensor,

@@ -7,10 +7,13 @@ capture-safe. Which usable candidate runs comes from a per-device profile
 (written by ``scripts/profile_ops.py`` on the target, e.g. a Jetson Thor) keyed by
 op and shape; without an entry the first usable candidate in preference order
 runs. A candidate that raises is disabled for that key and the call falls back
-to the torch candidate, so a platform whose Triton cannot build a kernel still
-runs (the warm-up before graph capture meets any such failure first).
+to the next one, so a platform whose Triton cannot build a kernel still runs
+(the warm-up before graph capture meets any such failure first). Each op's
+last candidate is its reference and always usable: "torch", or, for a fused op,
+"unfused" (its sub-ops, each selected on its own).
 
-``PHYAI_OPS=torch`` forces the torch candidates everywhere (A/B measurements).
+``PHYAI_OPS=torch`` forces the torch candidates everywhere (A/B measurements);
+fused ops then run "unfused", i.e. their torch sub-ops.
 """
 from __future__ import annotations
 
@@ -82,7 +85,8 @@ class OperatorSelector:
         for c in usable:
             if c.name == wanted:
                 return c
-        return usable[0]
+        # Forcing a name the op lacks (a fused op has no "torch" candidate) means its reference: the last one.
+        return usable[-1] if self.forced else usable[0]
 
     def call(self, op: str, key: str, device: torch.device, *args, **kwargs):
         if self.recording is not None and (op, key) not in self.recording:
@@ -91,7 +95,7 @@ class OperatorSelector:
         try:
             return c.fn(*args, **kwargs)
         except Exception as exc:  # a backend that cannot run here: fall back, never fail the policy
-            if c.name == "torch":
+            if c is self.candidates[op][-1]:  # the reference: nothing left to fall back to
                 raise
             with self._lock:
                 self.disabled.add((op, key, c.name))

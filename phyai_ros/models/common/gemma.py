@@ -57,12 +57,22 @@ def qkv_rope(x_normed: Tensor, layer: GemmaLayer, cfg: GemmaConfig, cos: Tensor,
                              cfg.head_dim)
 
 
+def attn_tokens(a: Tensor) -> Tensor:
+    """Attention output [B, Hq, T, hd] -> [B, T, Hq*hd], the o_proj input (a view where a is token-major)."""
+    b, h, t, d = a.shape
+    return a.transpose(1, 2).reshape(b, t, h * d)
+
+
 def attn_out(a: Tensor, layer: GemmaLayer) -> Tensor:
     """Attention output [B, Hq, T, hd] -> o_proj -> [B, T, W]."""
-    b, h, t, d = a.shape
-    return dispatch.linear(a.transpose(1, 2).reshape(b, t, h * d), layer.o_w)
+    return dispatch.linear(attn_tokens(a), layer.o_w)
+
+
+def mlp_hidden(x_normed: Tensor, layer: GemmaLayer) -> Tensor:
+    """gelu_tanh(gate) * up [B, T, mlp_dim] from the fused gate/up projection, the down_proj input."""
+    return dispatch.linear_geglu(x_normed, layer.gate_up_w)
 
 
 def mlp(x_normed: Tensor, layer: GemmaLayer, cfg: GemmaConfig) -> Tensor:
     """GeGLU MLP with fused gate/up: down(gelu_tanh(gate) * up)."""
-    return dispatch.linear(dispatch.geglu(dispatch.linear(x_normed, layer.gate_up_w)), layer.down_w)
+    return dispatch.linear(mlp_hidden(x_normed, layer), layer.down_w)

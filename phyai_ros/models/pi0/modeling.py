@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from phyai_ros.layers import dispatch, ops
-from phyai_ros.models.common.gemma import GemmaLayer, attn_out, mlp, qkv_rope, rope_inv_freq
+from phyai_ros.models.common.gemma import GemmaLayer, attn_tokens, mlp_hidden, qkv_rope, rope_inv_freq
 from phyai_ros.models.common.paligemma import PaliGemmaPrefix, PrefixKV, prefix_positions
 from phyai_ros.models.common.suffix import SuffixContext, suffix_context
 from phyai_ros.models.common.time_embedding import sinusoidal_time_embedding
@@ -104,12 +104,13 @@ class Pi0Model(PaliGemmaPrefix):
         for i, layer in enumerate(layers):
             q, k, v = qkv_rope(x, layer, cfg, ctx.cos, ctx.sin)
             pk, pv = kv[i]
-            a = attn_out(dispatch.attention_with_prefix(q, pk, pv, k, v, ctx.mask), layer)
-            x, h = dispatch.add_rms_norm(a, h, layer.post_norm_w, cfg.rms_eps)
-            y = mlp(x, layer, cfg)
+            a = attn_tokens(dispatch.attention_with_prefix(q, pk, pv, k, v, ctx.mask))
+            # Output projections fused with the residual add and the norm that reads it where a kernel can.
+            x, h = dispatch.linear_add_rms_norm(a, layer.o_w, h, layer.post_norm_w, cfg.rms_eps)
+            m = mlp_hidden(x, layer)
             if i + 1 < len(layers):
-                x, h = dispatch.add_rms_norm(y, h, layers[i + 1].in_norm_w, cfg.rms_eps)
+                x, h = dispatch.linear_add_rms_norm(m, layer.down_w, h, layers[i + 1].in_norm_w, cfg.rms_eps)
             else:
-                h = h + y
+                h = h + dispatch.linear(m, layer.down_w)
         x = dispatch.rms_norm(h[:, -self.cfg.chunk_size:], self.final_norm_w, cfg.rms_eps)
         return ops.linear(x.to(torch.float32), self.action_out_w, self.action_out_b)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from phyai_ros.layers import dispatch, ops
-from phyai_ros.models.common.gemma import GemmaLayer, attn_out, mlp, qkv_rope, rope_inv_freq
+from phyai_ros.models.common.gemma import GemmaLayer, attn_tokens, mlp_hidden, qkv_rope, rope_inv_freq
 from phyai_ros.models.common.paligemma import PaliGemmaPrefix, PrefixKV, prefix_positions
 from phyai_ros.models.common.suffix import SuffixContext, suffix_context
 from phyai_ros.models.common.time_embedding import sinusoidal_time_embedding
@@ -121,12 +121,13 @@ class Pi05Model(PaliGemmaPrefix):
         for i, layer in enumerate(self.expert_layers):
             q, k, v = qkv_rope(x, layer, cfg, ctx.cos, ctx.sin)
             pk, pv = kv[i]
-            a = attn_out(dispatch.attention_with_prefix(q, pk, pv, k, v, ctx.mask), layer)
-            # Gated residual fused with the norm that reads it: post-attention norm, then the next
-            # layer's input norm (the final norm after the last layer).
+            a = attn_tokens(dispatch.attention_with_prefix(q, pk, pv, k, v, ctx.mask))
+            # Output projection, gated residual and the norm that reads it in one op where a kernel can:
+            # post-attention norm, then the next layer's input norm (the final norm after the last layer).
             m_attn, m_post, m_next = mod[:, 2 * i], mod[:, 2 * i + 1], mod[:, 2 * i + 2]
-            h, x = dispatch.gated_ada_rms_norm(h, a, m_attn[:, 2], m_post[:, 0], m_post[:, 1], cfg.rms_eps)
-            h, x = dispatch.gated_ada_rms_norm(h, mlp(x, layer, cfg), m_post[:, 2], m_next[:, 0], m_next[:, 1],
-                                               cfg.rms_eps)
+            h, x = dispatch.linear_gated_ada_rms_norm(a, layer.o_w, h, m_attn[:, 2], m_post[:, 0], m_post[:, 1],
+                                                      cfg.rms_eps)
+            h, x = dispatch.linear_gated_ada_rms_norm(mlp_hidden(x, layer), layer.down_w, h, m_post[:, 2],
+                                                      m_next[:, 0], m_next[:, 1], cfg.rms_eps)
         assert mod.shape[1] == 2 * n + 1
         return ops.linear(x.to(torch.float32), self.action_out_w, self.action_out_b)
