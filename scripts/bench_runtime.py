@@ -185,6 +185,7 @@ def main() -> None:
                     help="cut right-padding of the prompt to a multiple of this many tokens (0: full budget)")
     ap.add_argument("--reuse-checkpoint", action="store_true", help="keep an existing --checkpoint")
     ap.add_argument("--skip-startup", action="store_true", help="skip the fresh-process start-up measurement")
+    ap.add_argument("--checkpoint-only", action="store_true", help="write the random checkpoint and stop")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "bench_runtime.json")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: float32 smoke run of the same code path (no graphs, host timing)")
@@ -211,6 +212,9 @@ def main() -> None:
     else:
         res["checkpoint_write_s"] = write_checkpoint(args.checkpoint, cfg)
     res["checkpoint_gb"] = (args.checkpoint / "model.safetensors").stat().st_size / 1e9
+    if args.checkpoint_only:
+        print(f"{MODELS[MODEL][3]} checkpoint at {args.checkpoint}: {res['checkpoint_gb']:.2f} GB")
+        return
 
     t = time.perf_counter()
     child = None if args.skip_startup else subprocess.run([sys.executable, __file__, "--first-chunk", "--device", DEVICE, "--model", MODEL,

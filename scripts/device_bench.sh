@@ -1,33 +1,40 @@
 #!/usr/bin/env bash
-# One GPU session's measurements, as recorded in docs/benchmarks.md:
-#   benchmark with the default operator choice (writes the random full-size checkpoint) -> gpu tests
-#   -> operator profile -> profiled benchmark -> profiled benchmark with prompt-length buckets
-#   [-> torch-only baseline and LeRobot's eager reference with BASELINES=1].
-# Expects (carried to the GPU machine): .device_shared/ = a copy of ../shared, and for BASELINES .whl/ =
-# LeRobot's wheels (see ../shared/device-wheels/README.md). Results land in $OUT.
+# One GPU session's measurements, as recorded in docs/benchmarks.md. Results land in $OUT: run.log (every
+# step's output) and the JSON files (at most 8 files come back from the device).
+#   default:        random full-size pi0.5 and pi0 checkpoints -> GPU tests -> operator profile of both models
+#                   -> pi0.5 and pi0 benchmarks with that profile -> LeRobot pi0 eager (same call)
+#   COMPILED=1:     pi0 benchmark with the committed profile -> LeRobot pi0 eager + torch.compile reduce-overhead
+# Expects (carried to the GPU machine): .device_shared/ = a copy of ../shared (tokenizer, parity fixtures) and
+# .whl/ = LeRobot's wheels (see ../shared/device-wheels/README.md).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-SHARED=$PWD/.device_shared
-export PHYAI_PARITY_FIXTURES=$SHARED/fixtures/lerobot_parity
+export PHYAI_PARITY_FIXTURES=$PWD/.device_shared/fixtures/lerobot_parity
 TOK=$PHYAI_PARITY_FIXTURES/tokenizer/tokenizer.model
-CKPT=/tmp/phyai_bench_ckpt
 OUT=${OUT:-/tmp/phyai_out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | tee "$OUT/gpu.txt"
-step() { local name=$1 limit=$2 tail=$3; shift 3; echo "=== $name"; local t=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$? $name $((SECONDS - t)) s"; tail -n "$tail" "$OUT/$name.log"; }
-B="python3 scripts/bench_runtime.py --tokenizer $TOK --checkpoint $CKPT"
-PROFILE=$OUT/profile_h200.json
-step bench 150 14 $B --out "$OUT/bench.json"
-step gpu_tests 150 8 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_runner.py test/test_pi05_parity.py \
-  test/test_pi0_parity.py test/test_kernels_gpu.py test/test_dispatch.py
-step profile 100 40 python3 scripts/profile_ops.py --checkpoint $CKPT --tokenizer "$TOK" --out "$PROFILE"
-[ -f "$PROFILE" ] && PHYAI_OP_PROFILE=$PROFILE step bench_profiled 120 24 $B --reuse-checkpoint --out "$OUT/bench_profiled.json"
-[ -f "$PROFILE" ] && PHYAI_OP_PROFILE=$PROFILE step bench_bucketed 120 16 $B --reuse-checkpoint --token-bucket 32 \
-  --batches 1,32 --batch-iters 10 --out "$OUT/bench_bucketed.json"
-if [ "${BASELINES:-0}" = 1 ]; then
-  PHYAI_OPS=torch step bench_torch 90 14 $B --reuse-checkpoint --skip-startup --iters 100 --batches 1,32 \
-    --batch-iters 5 --out "$OUT/bench_torch.json"
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  PYTHONPATH=/tmp/site step lerobot 120 6 python3 "$SHARED/tools/lerobot_pi05_gpu.py" --iters 30 --warmup 5 \
-    --batches 32 --tput-warmup 2 --tput-iters 5 --out "$OUT/lerobot.json"
+LOG=$OUT/run.log
+step() { local name=$1 limit=$2; shift 2; echo "=== $name" | tee -a "$LOG"; local t=$SECONDS
+  timeout "$limit" "$@" >> "$LOG" 2>&1; echo "rc=$? $name $((SECONDS - t)) s" | tee -a "$LOG"; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv >> "$LOG"
+B="python3 scripts/bench_runtime.py --tokenizer $TOK"
+LR="python3 scripts/lerobot_reference.py --policy pi0"
+lerobot() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .whl/*.whl >> "$LOG" 2>&1; PYTHONPATH=/tmp/site step "$@"; }
+if [ "${COMPILED:-0}" = 1 ]; then
+  PHYAI_OP_PROFILE=profiles/h200.json step bench_pi0 150 $B --model pi0 --checkpoint /tmp/ck0 --skip-startup \
+    --iters 300 --batches 1 --out "$OUT/bench_pi0.json"
+  lerobot lerobot_pi0 500 $LR --batches "" --iters 20 --out "$OUT/lerobot_pi0.json"
+  exit 0
 fi
+step ckpt_pi05 120 $B --checkpoint /tmp/ck05 --checkpoint-only
+step ckpt_pi0 120 $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only
+step gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_gpu.py test/test_dispatch.py \
+  test/test_runner.py test/test_pi05_parity.py test/test_pi0_parity.py
+PROFILE=$OUT/profile_h200.json
+step profile 150 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 --tokenizer "$TOK" \
+  --out "$PROFILE"
+[ -f "$PROFILE" ] || PROFILE=profiles/h200.json
+PHYAI_OP_PROFILE=$PROFILE step bench_pi05 120 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup \
+  --iters 300 --batches 1,32 --batch-iters 10 --out "$OUT/bench_pi05.json"
+PHYAI_OP_PROFILE=$PROFILE step bench_pi0 150 $B --model pi0 --checkpoint /tmp/ck0 --reuse-checkpoint \
+  --iters 300 --batches 1,2,4,8,16,32 --batch-iters 10 --out "$OUT/bench_pi0.json"
+lerobot lerobot_pi0_eager 120 $LR --no-compile --out "$OUT/lerobot_pi0_eager.json"
