@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import os
 import statistics
@@ -51,7 +52,7 @@ def disable_broken_peft() -> str | None:
     if not getattr(iu, "_peft_available", False):
         return None
     try:
-        import peft  # noqa: F401 - importable or not is the question
+        importlib.import_module("peft")
     except Exception as e:  # noqa: BLE001 - any import failure means the same here
         iu._peft_available = False
         return f"peft not importable ({type(e).__name__}); LeRobot told it is unavailable"
