@@ -3,7 +3,9 @@
 # step's output) and the JSON files (at most 8 files come back from the device).
 #   default:        random full-size pi0.5 and pi0 checkpoints -> GPU tests -> operator profile of both models
 #                   -> pi0.5 and pi0 benchmarks with that profile -> LeRobot pi0 eager (same call)
-#   COMPILED=1:     pi0 benchmark with the committed profile -> LeRobot pi0 eager + torch.compile reduce-overhead
+#                   (TESTS=0 skips the GPU tests, LEROBOT=0 the LeRobot run)
+#   COMPILED=1:     pi0 checkpoint, its operator profile, pi0 batch-1 benchmark -> LeRobot pi0 eager + torch.compile
+#                   reduce-overhead (its compilation takes ~6.5 min)
 # Expects (carried to the GPU machine): .device_shared/ = a copy of ../shared (tokenizer, parity fixtures) and
 # .whl/ = LeRobot's wheels (see ../shared/device-wheels/README.md).
 set -u
@@ -19,17 +21,19 @@ B="python3 scripts/bench_runtime.py --tokenizer $TOK"
 LR="python3 scripts/lerobot_reference.py --policy pi0"
 lerobot() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl/*.whl >> "$LOG" 2>&1; PYTHONPATH=/tmp/site step "$@"; }
+PROFILE=$OUT/profile_h200.json
 if [ "${COMPILED:-0}" = 1 ]; then
-  PHYAI_OP_PROFILE=profiles/h200.json step bench_pi0 150 $B --model pi0 --checkpoint /tmp/ck0 --skip-startup \
-    --iters 300 --batches 1 --out "$OUT/bench_pi0.json"
+  step ckpt_pi0 120 $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only
+  step profile 150 python3 scripts/profile_ops.py --checkpoint /tmp/ck0 --tokenizer "$TOK" --out "$PROFILE"
+  PHYAI_OP_PROFILE=$PROFILE step bench_pi0 150 $B --model pi0 --checkpoint /tmp/ck0 --reuse-checkpoint \
+    --skip-startup --iters 300 --batches 1 --out "$OUT/bench_pi0.json"
   lerobot lerobot_pi0 500 $LR --batches "" --iters 20 --out "$OUT/lerobot_pi0.json"
   exit 0
 fi
 step ckpt_pi05 120 $B --checkpoint /tmp/ck05 --checkpoint-only
 step ckpt_pi0 120 $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only
-step gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_gpu.py test/test_dispatch.py \
-  test/test_runner.py test/test_pi05_parity.py test/test_pi0_parity.py
-PROFILE=$OUT/profile_h200.json
+[ "${TESTS:-1}" = 1 ] && step gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_gpu.py \
+  test/test_dispatch.py test/test_runner.py test/test_pi05_parity.py test/test_pi0_parity.py
 step profile 150 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 --tokenizer "$TOK" \
   --out "$PROFILE"
 [ -f "$PROFILE" ] || PROFILE=profiles/h200.json
@@ -37,4 +41,5 @@ PHYAI_OP_PROFILE=$PROFILE step bench_pi05 120 $B --checkpoint /tmp/ck05 --reuse-
   --iters 300 --batches 1,32 --batch-iters 10 --out "$OUT/bench_pi05.json"
 PHYAI_OP_PROFILE=$PROFILE step bench_pi0 150 $B --model pi0 --checkpoint /tmp/ck0 --reuse-checkpoint \
   --iters 300 --batches 1,2,4,8,16,32 --batch-iters 10 --out "$OUT/bench_pi0.json"
-lerobot lerobot_pi0_eager 120 $LR --no-compile --out "$OUT/lerobot_pi0_eager.json"
+[ "${LEROBOT:-1}" = 1 ] && lerobot lerobot_pi0_eager 120 $LR --no-compile --out "$OUT/lerobot_pi0_eager.json"
+true

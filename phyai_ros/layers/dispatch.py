@@ -10,6 +10,7 @@ reference ops; the Triton wrappers' row layout is adapted here, once. The
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -132,30 +133,47 @@ def _triton_qkv_rope(qkv, cos, sin, hq, hkv, d):
     return qkv_rope(qkv, cos, sin, hq, hkv, d)
 
 
-def _triton_linear(x, weight, bias=None):
+def _triton_linear(x, weight, bias=None, **tiling):
     from phyai_ros.kernels.skinny_linear import skinny_linear
-    return skinny_linear(x, weight)
+    return skinny_linear(x, weight, **tiling)
 
 
 def _skinny_shape(x, weight, bias=None):
     return bias is None and x.numel() // x.shape[-1] <= 64 and x.dtype == weight.dtype
 
 
-def _triton_linear_geglu(x, gate_up_w):
+def _triton_linear_geglu(x, gate_up_w, **tiling):
     from phyai_ros.kernels.skinny_epilogue import linear_geglu
-    return linear_geglu(x, gate_up_w)
+    return linear_geglu(x, gate_up_w, **tiling)
 
 
-def _triton_linear_add_rms(x, weight, residual, norm_w, eps):
+def _triton_linear_add_rms(x, weight, residual, norm_w, eps, **tiling):
     from phyai_ros.kernels.skinny_epilogue import linear_add_rms_norm
-    return linear_add_rms_norm(x, weight, residual, norm_w, eps)
+    return linear_add_rms_norm(x, weight, residual, norm_w, eps, **tiling)
 
 
-def _triton_linear_gated_ada(x, weight, h, gate, scale, shift, eps):
+def _triton_linear_gated_ada(x, weight, h, gate, scale, shift, eps, **tiling):
     from phyai_ros.kernels.skinny_epilogue import linear_gated_ada_rms_norm
     w = h.shape[-1]
     g, sc, sh = _mod_rows(gate, w), _mod_rows(scale, w), _mod_rows(shift, w)
-    return linear_gated_ada_rms_norm(x, weight, h, g, sc, sh, tokens_per_item=h.numel() // w // g.shape[0], eps=eps)
+    return linear_gated_ada_rms_norm(x, weight, h, g, sc, sh, tokens_per_item=h.numel() // w // g.shape[0], eps=eps,
+                                     **tiling)
+
+
+# Launch shapes of the skinny GEMMs, each its own candidate (the first is the default where a profile has no
+# entry): streaming a few-row GEMM's weight is latency-bound, and which tile / K-split shape wins depends on
+# N, K and the device, so the operator profile measures them on the target instead of a guess here.
+SKINNY_TILINGS = {
+    "triton": {},
+    "triton_n32": {"block_n": 32, "num_stages": 4},
+    "triton_n32_k256": {"block_n": 32, "block_k": 256},
+    "triton_n16_k256": {"block_n": 16, "block_k": 256},
+}
+
+
+def _skinny_candidates(fn, supports) -> list:
+    return [Candidate(name, functools.partial(fn, **tiling), _CUDA, available=_triton_ok, supports=supports)
+            for name, tiling in SKINNY_TILINGS.items()]
 
 
 def _skinny_residual(x, weight, residual, *rest):
@@ -189,8 +207,7 @@ def _triton_attention(q, k, v, mask):
 
 _REGISTRY = {
     # Few-row GEMMs (the action expert's tokens): a weight-streaming kernel; the library GEMM otherwise.
-    "linear": [Candidate("triton", _triton_linear, _CUDA, available=_triton_ok, supports=_skinny_shape),
-               Candidate("torch", ops.linear)],
+    "linear": [*_skinny_candidates(_triton_linear, _skinny_shape), Candidate("torch", ops.linear)],
     "layer_norm": [Candidate("triton", _triton_layer_norm, _CUDA, available=_triton_ok),
                    Candidate("torch", ops.layer_norm)],
     "linear_add_layer_norm": [Candidate("triton", _triton_linear_add_layer_norm, _CUDA, available=_triton_ok),
@@ -206,14 +223,11 @@ _REGISTRY = {
                  Candidate("torch", _torch_qkv_rope)],
     "geglu": [Candidate("triton", _triton_geglu, _CUDA, available=_triton_ok), Candidate("torch", _torch_geglu)],
     # A skinny GEMM with the elementwise op after it as its epilogue; elsewhere the sub-ops one by one.
-    "linear_geglu": [Candidate("triton", _triton_linear_geglu, _CUDA, available=_triton_ok,
-                               supports=_skinny_shape),
+    "linear_geglu": [*_skinny_candidates(_triton_linear_geglu, _skinny_shape),
                      Candidate("unfused", _unfused_linear_geglu)],
-    "linear_add_rms_norm": [Candidate("triton", _triton_linear_add_rms, _CUDA, available=_triton_ok,
-                                      supports=_skinny_residual),
+    "linear_add_rms_norm": [*_skinny_candidates(_triton_linear_add_rms, _skinny_residual),
                             Candidate("unfused", _unfused_linear_add_rms)],
-    "linear_gated_ada_rms_norm": [Candidate("triton", _triton_linear_gated_ada, _CUDA, available=_triton_ok,
-                                            supports=_skinny_per_item),
+    "linear_gated_ada_rms_norm": [*_skinny_candidates(_triton_linear_gated_ada, _skinny_per_item),
                                   Candidate("unfused", _unfused_linear_gated_ada)],
     "attention_with_prefix": [Candidate("triton", _triton_attention_with_prefix, _CUDA, available=_triton_ok),
                               Candidate("torch", _torch_attention_with_prefix)],
