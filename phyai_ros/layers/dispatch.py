@@ -168,6 +168,7 @@ SKINNY_TILINGS = {
     "triton_n32": {"block_n": 32, "num_stages": 4},
     "triton_n32_k256": {"block_n": 32, "block_k": 256},
     "triton_n16_k256": {"block_n": 16, "block_k": 256},
+    "triton_n128_w8": {"block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
 }
 
 
