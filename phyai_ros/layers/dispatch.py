@@ -169,6 +169,9 @@ SKINNY_TILINGS = {
     "triton_n32_k256": {"block_n": 32, "block_k": 256},
     "triton_n16_k256": {"block_n": 16, "block_k": 256},
     "triton_n128_w8": {"block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
+    # one program per N block over all of K: no fp32 partials and, for the plain GEMM, no reduce kernel
+    "triton_n16_s1": {"block_n": 16, "splits": 1, "num_stages": 4},
+    "triton_n32_s1": {"block_n": 32, "splits": 1, "num_stages": 4},
 }
 
 
@@ -193,12 +196,16 @@ def _triton_geglu(gate_up):
     return geglu(gate_up)
 
 
-def _triton_attention_with_prefix(q, k_prefix, v_prefix, k_suffix, v_suffix, mask):
+def _triton_attention_with_prefix(q, k_prefix, v_prefix, k_suffix, v_suffix, mask, **tiling):
     from phyai_ros.kernels.split_kv_attention import split_kv_attention
     b, hq, lq, d = q.shape
     # Written token-major, so the output projection reads it without a transpose copy.
     out = torch.empty(b, lq, hq, d, dtype=q.dtype, device=q.device).transpose(1, 2)
-    return split_kv_attention(q, k_prefix, v_prefix, k_suffix, v_suffix, mask, out=out)
+    return split_kv_attention(q, k_prefix, v_prefix, k_suffix, v_suffix, mask, out=out, **tiling)
+
+
+# Key-split variants of the expert attention for the profile (default: ~2 programs per SM, >= 64-key chunks).
+ATTENTION_TILINGS = {"triton": {}, "triton_s8": {"num_splits": 8}, "triton_m32": {"block_m": 32}}
 
 
 def _triton_attention(q, k, v, mask):
@@ -230,7 +237,8 @@ _REGISTRY = {
                             Candidate("unfused", _unfused_linear_add_rms)],
     "linear_gated_ada_rms_norm": [*_skinny_candidates(_triton_linear_gated_ada, _skinny_per_item),
                                   Candidate("unfused", _unfused_linear_gated_ada)],
-    "attention_with_prefix": [Candidate("triton", _triton_attention_with_prefix, _CUDA, available=_triton_ok),
+    "attention_with_prefix": [*(Candidate(name, functools.partial(_triton_attention_with_prefix, **tiling), _CUDA,
+                                          available=_triton_ok) for name, tiling in ATTENTION_TILINGS.items()),
                               Candidate("torch", _torch_attention_with_prefix)],
     # Long-query attention (SigLIP, the prefix): SDPA first; the split-KV kernel is a profiled option.
     "attention": [Candidate("sdpa", _sdpa, _CUDA), Candidate("triton", _triton_attention, _CUDA,
