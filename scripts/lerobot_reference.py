@@ -127,12 +127,14 @@ def measure(policy, name: str, batch: int, warmup: int, iters: int) -> dict:
     out = call()
     torch.cuda.synchronize()
     first_s = time.perf_counter() - t
+    # Read now: under reduce-overhead the output lives in CUDA-graph memory that the next call overwrites.
+    output = [list(out.shape), str(out.dtype), bool(torch.isfinite(out).all())]
     ms = sorted(time_ms(call, warmup, iters))
     med = statistics.median(ms)
     return {"batch": batch, "first_call_s": first_s, "median_ms": med, "p90_ms": ms[int(0.9 * (len(ms) - 1))],
             "p99_ms": ms[int(0.99 * (len(ms) - 1))], "min_ms": ms[0], "runs": len(ms),
             "samples_per_s": 1e3 * batch / med, "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9,
-            "output": [list(out.shape), str(out.dtype), bool(torch.isfinite(out).all())]}
+            "output": output}
 
 
 def main() -> None:
