@@ -34,6 +34,7 @@ from phyai_ros.models.pi0 import checkpoint as pi0_checkpoint  # noqa: E402
 from phyai_ros.models.pi05 import checkpoint as pi05_checkpoint  # noqa: E402
 from phyai_ros.runtime.roofline import flow_stage_costs  # noqa: E402
 from phyai_ros.runtime.runner import FlowRunner  # noqa: E402
+from call_timing import call_ms  # noqa: E402  (scripts/, next to this file)
 
 TOKEN_BUCKET = 0
 # --model: (config class, policy class, checkpoint module, display name, pi0's state token in the suffix)
@@ -102,23 +103,7 @@ def sync() -> None:
 
 def cuda_ms(fn, iters: int, warmup: int = 3) -> list[float]:
     """Milliseconds per call: CUDA events on the GPU, the host clock on the CPU."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    out = []
-    for _ in range(iters):
-        if DEVICE == "cpu":
-            t = time.perf_counter()
-            fn()
-            out.append(1e3 * (time.perf_counter() - t))
-            continue
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return out
+    return call_ms(fn, iters, warmup, DEVICE)
 
 
 def reset_peak() -> None:

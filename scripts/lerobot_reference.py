@@ -28,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
+from call_timing import call_ms  # noqa: E402  (scripts/, next to this file)
 
 CAMERAS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 # Token budget of each policy (LeRobot's defaults, as in our configs) and how many of them are valid:
@@ -101,21 +102,6 @@ def inputs(policy, name: str, batch: int) -> tuple:
     return tuple(args), noise
 
 
-def time_ms(fn, warmup: int, iters: int) -> list:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return out
-
-
 def measure(policy, name: str, batch: int, warmup: int, iters: int) -> dict:
     args, noise = inputs(policy, name, batch)
 
@@ -129,7 +115,7 @@ def measure(policy, name: str, batch: int, warmup: int, iters: int) -> dict:
     first_s = time.perf_counter() - t
     # Read now: under reduce-overhead the output lives in CUDA-graph memory that the next call overwrites.
     output = [list(out.shape), str(out.dtype), bool(torch.isfinite(out).all())]
-    ms = sorted(time_ms(call, warmup, iters))
+    ms = sorted(call_ms(call, iters, warmup))
     med = statistics.median(ms)
     return {"batch": batch, "first_call_s": first_s, "median_ms": med, "p90_ms": ms[int(0.9 * (len(ms) - 1))],
             "p99_ms": ms[int(0.99 * (len(ms) - 1))], "min_ms": ms[0], "runs": len(ms),
