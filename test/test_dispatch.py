@@ -335,3 +335,50 @@ def test_fused_ops_are_chosen_for_expert_rows_only():
                                     ).name == "triton"
     xp, hp = torch.zeros(1, 968, 4096, device=cuda, dtype=bf), torch.zeros(1, 968, 1024, device=cuda, dtype=bf)
     assert dispatch.SELECTOR.choose("linear_add_rms_norm", "k", cuda, (xp, w, hp, mod[0, 0], 1e-6)).name == "unfused"
+
+
+# ----------------------------------------------------------------------------- every profiled tiling is correct
+def _candidate(op, name):
+    return next(c for c in dispatch.SELECTOR.candidates[op] if c.name == name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(dispatch.SKINNY_TILINGS))
+def test_every_skinny_tiling_matches_fp32_at_the_expert_shapes(name):
+    """The profile may pick any tiling on some device: each one, at the action expert's bf16 shapes, is as
+    close to the fp32 result as one bf16 rounding allows (plain GEMMs, GeGLU and both norm epilogues)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = lambda *s, sc=1.0: torch.randn(*s, device="cuda", generator=g) * sc  # noqa: E731
+    rel = lambda a, e: ((a.float() - e).norm() / e.norm()).item()  # noqa: E731
+    bf = torch.bfloat16
+    for k, n in ((1024, 2560), (1024, 8192), (2048, 1024), (4096, 1024)):
+        x, w = r(1, 50, k).to(bf), r(n, k, sc=k ** -0.5).to(bf)
+        assert rel(_candidate("linear", name).fn(x, w), x.float() @ w.float().T) < 4e-3, (k, n)
+    x, w = r(1, 50, 1024).to(bf), r(8192, 1024, sc=1024 ** -0.5).to(bf)
+    ref = dispatch._torch_geglu(x.float() @ w.float().T)
+    assert rel(_candidate("linear_geglu", name).fn(x, w), ref) < 8e-3
+    for k in (2048, 4096):
+        x, w = r(1, 50, k).to(bf), r(1024, k, sc=k ** -0.5).to(bf)
+        h, norm_w = r(1, 50, 1024, sc=4.0).to(bf), r(1024)
+        gate, scale, shift = (r(1, 1, 1024, sc=0.5) for _ in range(3))
+        y = x.float() @ w.float().T
+        normed, res = _candidate("linear_add_rms_norm", name).fn(x, w, h, norm_w, 1e-6)
+        want = dispatch._torch_add_rms_norm(y, h.float(), norm_w, 1e-6)
+        assert rel(normed, want[0]) < 8e-3 and rel(res, want[1]) < 4e-3, k
+        res, normed = _candidate("linear_gated_ada_rms_norm", name).fn(x, w, h, gate, scale, shift, 1e-6)
+        want = dispatch._torch_gated_ada(h.float(), y, gate, scale, shift, 1e-6)
+        assert rel(res, want[0]) < 4e-3 and rel(normed, want[1]) < 8e-3, k
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(dispatch.ATTENTION_TILINGS))
+def test_every_expert_attention_tiling_matches_fp32(name):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=g).to(torch.bfloat16)  # noqa: E731
+    q, kp, vp, ks, vs = r(1, 8, 50, 256), r(1, 1, 968, 256), r(1, 1, 968, 256), r(1, 1, 50, 256), r(1, 1, 50, 256)
+    allowed = torch.ones(1, 50, 1018, dtype=torch.bool, device="cuda")
+    allowed[..., 900:968] = False   # padded prompt tokens
+    mask = dispatch.ops.bool_to_additive_mask(allowed)   # the model's mask form (suffix.py)
+    got = _candidate("attention_with_prefix", name).fn(q, kp, vp, ks, vs, mask)
+    want = dispatch._torch_attention_with_prefix(q.float(), kp.float(), vp.float(), ks.float(), vs.float(), mask)
+    assert ((got.float() - want).norm() / want.norm()).item() < 8e-3
