@@ -415,6 +415,14 @@ class FakeRobot:
                 return c
         return {}
 
+    def fresh_counters(self, timeout: float = 10.0) -> Dict[str, int]:
+        """Counters from the first report that arrives after this call: ``counters()`` may be up to one
+        diagnostics period old and miss events the node has already counted."""
+        since = time.monotonic()
+        fresh = lambda: [c for r in self.diagnostics if r.t > since for c in [diagnostics_counters(r.msg)] if c]
+        assert self.spin_until(lambda: bool(fresh()), timeout), "no /diagnostics report"
+        return fresh()[0]
+
     def wait_counter(self, name: str, above: int, timeout: float) -> bool:
         """Until the node reports counter ``name`` > ``above``."""
         return self.spin_until(lambda: self.counters().get(name, 0) > above, timeout)
