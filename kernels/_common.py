@@ -7,6 +7,13 @@ module's ``*_ref`` torch function otherwise.
 
 ``TRITON_INTERPRET=1`` (set before triton is first imported) runs the kernels
 on CPU tensors through Triton's interpreter; that is how CI tests them.
+
+Programmatic dependent launch (PDL, sm_90 and newer: Hopper, Blackwell / Thor): the expert loop is a
+chain of few-microsecond kernels, and without PDL each one is scheduled only after the previous one has
+drained. Every kernel here takes a ``PDL`` constexpr; launched with ``**pdl(device)`` it starts while its
+producer still runs, does what does not depend on it (index math, an L2 prefetch of its weights), then
+``wait_for_producer`` blocks until the producer has finished and its writes are visible, and lets the next
+kernel start in turn. ``PHYAI_PDL=0`` turns it off (plain stream order).
 """
 from __future__ import annotations
 
@@ -27,9 +34,17 @@ except Exception as _e:  # ImportError, or a broken install (missing libcuda, ..
     HAVE_TRITON = False
     _IMPORT_ERROR = _e
 
+try:  # grid dependency control (Triton >= 3.4)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    HAVE_GDC = True
+except Exception:
+    HAVE_GDC = False
+
 __all__ = [
     "triton", "tl", "HAVE_TRITON", "available", "interpret_mode", "require_triton",
-    "check_tensors", "rows_view", "next_power_of_2", "num_sms",
+    "check_tensors", "rows_view", "next_power_of_2", "num_sms", "pdl", "pdl_enabled",
+    "wait_for_producer", "prefetch_l2",
 ]
 
 
@@ -111,3 +126,47 @@ def num_sms(device: torch.device) -> int:
     if idx not in _SM_CACHE:
         _SM_CACHE[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SM_CACHE[idx]
+
+
+_PDL_CACHE: dict = {}
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Programmatic dependent launch is used here: a CUDA device of compute capability >= 9.0, Triton's
+    grid dependency control, not the interpreter, and ``PHYAI_PDL`` not set to 0."""
+    if not (HAVE_TRITON and HAVE_GDC) or device.type != "cuda" or interpret_mode():
+        return False
+    if os.environ.get("PHYAI_PDL", "1").strip().lower() in ("0", "false", "off", "no"):
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _PDL_CACHE:
+        _PDL_CACHE[idx] = torch.cuda.get_device_capability(idx) >= (9, 0)
+    return _PDL_CACHE[idx]
+
+
+def pdl(device: torch.device) -> dict:
+    """Launch keywords for a kernel with a ``PDL`` constexpr: the flag and, when on, Triton's launch_pdl.
+    Both or neither: a kernel launched early must call ``wait_for_producer`` before touching its inputs."""
+    return {"PDL": True, "launch_pdl": True} if pdl_enabled(device) else {"PDL": False}
+
+
+wait_for_producer = prefetch_l2 = None  # device functions, defined where Triton imports
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def wait_for_producer(PDL: tl.constexpr):
+        """Block until the previous kernel in the stream has finished (its writes visible), then let the
+        next kernel be scheduled. Call before the first load of anything a previous kernel wrote."""
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+
+    @triton.jit
+    def prefetch_l2(ptrs, PDL: tl.constexpr):
+        """Ask L2 for the lines at ``ptrs`` (any shape; one prefetch per element, give one element per
+        128-byte line, addresses inside the tensor). Only with PDL, before ``wait_for_producer``: weights
+        stream in while the producer still runs."""
+        if PDL:
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs.to(tl.int64)],
+                                      dtype=tl.int32, is_pure=False, pack=1)

@@ -28,8 +28,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._common import (HAVE_TRITON, available, check_tensors, next_power_of_2,
-                      num_sms, rows_view, tl, triton)
+from ._common import (HAVE_TRITON, available, check_tensors, next_power_of_2, num_sms, pdl, rows_view, tl, triton,
+                      wait_for_producer)
 
 __all__ = ["available", "ada_rms_norm", "gated_residual_ada_rms_norm",
            "ada_rms_norm_ref", "gated_residual_ada_rms_norm_ref"]
@@ -73,7 +73,9 @@ if HAVE_TRITON:
     @triton.jit
     def _ada_rms_norm_kernel(X, YS, G, SC, SH, OUT, RO, n_rows, n_cols, tokens,
                              sx, sys, sg, ssc, ssh, so, sro, eps,
-                             GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                             GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             PDL: tl.constexpr):
+        wait_for_producer(PDL)
         pid = tl.program_id(0)
         rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         rmask = rows < n_rows
@@ -139,7 +141,7 @@ def _launch(x2, ys2, g, sc, sh, o2, ro2, tokens, eps, gated):
         x2, ys2, g, sc, sh, o2, ro2, n_rows, n_cols, tokens,
         x2.stride(0), ys2.stride(0), g.stride(0), sc.stride(0), sh.stride(0),
         o2.stride(0), ro2.stride(0), float(eps),
-        GATED=gated, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+        GATED=gated, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, **pdl(x2.device))
 
 
 # --------------------------------------------------------------------------- wrappers

@@ -20,7 +20,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import HAVE_TRITON, available, check_tensors, next_power_of_2, rows_view, tl, triton
+from ._common import (HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, rows_view, tl, triton,
+                      wait_for_producer)
 
 __all__ = ["available", "geglu", "geglu_ref"]
 
@@ -40,7 +41,8 @@ if HAVE_TRITON:
         return g / (1.0 + tl.exp(-2.0 * k))
 
     @triton.jit
-    def _geglu_kernel(GU, OUT, n_cols, n_col_blocks, sgu, so, BLOCK: tl.constexpr):
+    def _geglu_kernel(GU, OUT, n_cols, n_col_blocks, sgu, so, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        wait_for_producer(PDL)
         pid = tl.program_id(0)
         row = (pid // n_col_blocks).to(tl.int64)
         cols = (pid % n_col_blocks) * BLOCK + tl.arange(0, BLOCK)
@@ -76,5 +78,6 @@ def geglu(gate_up: torch.Tensor, *, out: Optional[torch.Tensor] = None) -> torch
     n_col_blocks = triton.cdiv(m, block)
     num_warps = 4 if block >= 512 else (2 if block >= 128 else 1)
     _geglu_kernel[(n_rows * n_col_blocks,)](
-        gu2, o2, m, n_col_blocks, gu2.stride(0), o2.stride(0), BLOCK=block, num_warps=num_warps)
+        gu2, o2, m, n_col_blocks, gu2.stride(0), o2.stride(0), BLOCK=block, num_warps=num_warps,
+        **pdl(gu2.device))
     return out

@@ -25,7 +25,8 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
-from ._common import HAVE_TRITON, available, check_tensors, next_power_of_2, rows_view, tl, triton
+from ._common import (HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, rows_view, tl, triton,
+                      wait_for_producer)
 
 __all__ = ["available", "layer_norm", "add_layer_norm", "layer_norm_ref", "add_layer_norm_ref"]
 
@@ -48,7 +49,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _layer_norm_kernel(X, Y, C, HO, W, B, OUT, n_cols, sx, sy, sho, so, eps,
-                           HAS_ADD: tl.constexpr, BLOCK: tl.constexpr):
+                           HAS_ADD: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        wait_for_producer(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -93,7 +95,7 @@ def _run(x, weight, ln_bias, eps, y=None, bias=None):
         _layer_norm_kernel[(x2.shape[0],)](
             x2, y2, bias if add else weight, ho2, weight, ln_bias, o2, n_cols,
             x2.stride(0), y2.stride(0), ho2.stride(0), o2.stride(0), float(eps),
-            HAS_ADD=add, BLOCK=block, num_warps=min(16, max(1, block // 256)))
+            HAS_ADD=add, BLOCK=block, num_warps=min(16, max(1, block // 256)), **pdl(x.device))
     return h_new, out
 
 

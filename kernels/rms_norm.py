@@ -19,8 +19,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._common import (HAVE_TRITON, available, check_tensors, next_power_of_2,
-                      num_sms, rows_view, tl, triton)
+from ._common import (HAVE_TRITON, available, check_tensors, next_power_of_2, num_sms, pdl, rows_view, tl, triton,
+                      wait_for_producer)
 
 __all__ = ["available", "rms_norm", "add_rms_norm", "rms_norm_ref", "add_rms_norm_ref"]
 
@@ -45,7 +45,9 @@ if HAVE_TRITON:
 
     @triton.jit
     def _rms_norm_kernel(X, R, W, Y, RO, n_rows, n_cols, sx, sr, sy, sro, eps,
-                         HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                         HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         PDL: tl.constexpr):
+        wait_for_producer(PDL)
         pid = tl.program_id(0)
         rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         cols = tl.arange(0, BLOCK_N)
@@ -115,7 +117,7 @@ def _run(x, residual, weight, eps, out, residual_out):
             x2, r2, weight, y2, ro2, n_rows, n_cols,
             x2.stride(0), r2.stride(0), y2.stride(0), ro2.stride(0), float(eps),
             HAS_RES=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-            num_warps=num_warps)
+            num_warps=num_warps, **pdl(x.device))
     return out, residual_out
 
 

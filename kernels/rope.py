@@ -15,12 +15,13 @@ from typing import Tuple
 
 import torch
 
-from ._common import HAVE_TRITON, available, check_tensors, next_power_of_2, tl, triton
+from ._common import HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, tl, triton, wait_for_producer
 
 __all__ = ["available", "qkv_rope", "qkv_rope_ref"]
 
 
-def _split(qkv: torch.Tensor, hq: int, hkv: int, d: int):
+def split_heads(qkv: torch.Tensor, hq: int, hkv: int, d: int):
+    """Fused QKV output [B, T, (hq + 2 hkv) d] -> q [B, hq, T, d], k, v [B, hkv, T, d] as strided views."""
     b, t, _ = qkv.shape
     q, k, v = qkv.split((hq * d, hkv * d, hkv * d), dim=-1)
     return (q.view(b, t, hq, d).transpose(1, 2), k.view(b, t, hkv, d).transpose(1, 2),
@@ -29,7 +30,7 @@ def _split(qkv: torch.Tensor, hq: int, hkv: int, d: int):
 
 def qkv_rope_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int
                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    q, k, v = _split(qkv, hq, hkv, d)
+    q, k, v = split_heads(qkv, hq, hkv, d)
 
     def rope(x):
         half = d // 2
@@ -43,7 +44,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _qkv_rope_kernel(QKV, COS, SIN, Q, K, T, HQ, HKV, sqb, sqt, scb, sct, sob_q, soh_q, sot_q,
-                         sob_k, soh_k, sot_k, HALF: tl.constexpr, BLOCK: tl.constexpr):
+                         sob_k, soh_k, sot_k, HALF: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        wait_for_producer(PDL)
         pid = tl.program_id(0)              # one program per (b, t, head) of q and k
         heads = HQ + HKV
         h = pid % heads
@@ -88,5 +90,6 @@ def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, h
     _qkv_rope_kernel[(b * t * (hq + hkv),)](
         qkv, cos, sin, q, k, t, hq, hkv, qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        HALF=half, BLOCK=max(16, next_power_of_2(half)), num_warps=1 if half <= 64 else 2)
-    return q, k, _split(qkv, hq, hkv, d)[2]
+        HALF=half, BLOCK=max(16, next_power_of_2(half)), num_warps=1 if half <= 64 else 2,
+        **pdl(qkv.device))
+    return q, k, split_heads(qkv, hq, hkv, d)[2]

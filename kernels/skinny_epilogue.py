@@ -25,11 +25,11 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._common import HAVE_TRITON, available, check_tensors, next_power_of_2, tl, triton
+from ._common import HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, tl, triton, wait_for_producer
 from .ada_rms_norm import _check_mod, _tokens, gated_residual_ada_rms_norm_ref
 from .geglu import geglu_ref
 from .rms_norm import add_rms_norm_ref
-from .skinny_linear import linear_ref, skinny_partials, skinny_rows, split_plan
+from .skinny_linear import gemm_launch, linear_ref, skinny_partials, skinny_rows, split_plan
 
 __all__ = ["available", "linear_geglu", "linear_add_rms_norm", "linear_gated_ada_rms_norm",
            "linear_geglu_ref", "linear_add_rms_norm_ref", "linear_gated_ada_rms_norm_ref"]
@@ -56,10 +56,12 @@ def linear_gated_ada_rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, residua
 # --------------------------------------------------------------------------- kernels
 if HAVE_TRITON:
     from .geglu import gelu_tanh_f32
+    from .skinny_linear import prefetch_weight_rows
 
     @triton.jit
     def _gate_up_kernel(X, W, P, Y, M, I, K, k_per_split, sxm, swn, spk, spm, sym,
-                        SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_m = tl.arange(0, BLOCK_M)
@@ -70,6 +72,11 @@ if HAVE_TRITON:
         gate_rows = W + offs_n[:, None].to(tl.int64) * swn
         up_rows = W + (offs_n[:, None] + I).to(tl.int64) * swn
         k0 = pid_k * k_per_split
+        if PREFETCH:
+            rows = tl.minimum(offs_n, I - 1)
+            prefetch_weight_rows(W, rows, swn, k0, k_per_split, K, PDL, BLOCK_K, LINE)
+            prefetch_weight_rows(W, rows + I, swn, k0, k_per_split, K, PDL, BLOCK_K, LINE)
+        wait_for_producer(PDL)
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kk in range(0, k_per_split, BLOCK_K):
@@ -91,7 +98,8 @@ if HAVE_TRITON:
             tl.store(Y + offs_m[:, None] * sym + offs_n[None, :], out.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _sum_splits_geglu_kernel(P, Y, M, I, SPLITS, spk, spm, sym, BLOCK: tl.constexpr):
+    def _sum_splits_geglu_kernel(P, Y, M, I, SPLITS, spk, spm, sym, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        wait_for_producer(PDL)
         pid = tl.program_id(0)
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         m = offs // I
@@ -107,9 +115,10 @@ if HAVE_TRITON:
 
     @triton.jit
     def _sum_splits_norm_kernel(P, R, G, SC, SH, RO, Y, N, SPLITS, tokens, spk, spm, sr, sg, ssc, ssh, sro, sy, eps,
-                                ADA: tl.constexpr, BLOCK_N: tl.constexpr):
+                                ADA: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
         """One row: y = sum of the partials; r = residual + y (* gate); norm of r rounded to RO's dtype.
         Plain RMSNorm passes its weight as SC with item stride 0."""
+        wait_for_producer(PDL)
         row = tl.program_id(0).to(tl.int64)
         item = row // tokens
         cols = tl.arange(0, BLOCK_N)
@@ -134,7 +143,8 @@ if HAVE_TRITON:
 
 # --------------------------------------------------------------------------- wrappers
 def linear_geglu(x: torch.Tensor, gate_up_w: torch.Tensor, *, block_n: int = 64, block_k: int = 128,
-                 num_warps: int = 4, num_stages: int = 3, splits: Optional[int] = None) -> torch.Tensor:
+                 num_warps: int = 4, num_stages: int = 3, splits: Optional[int] = None,
+                 prefetch: bool = False) -> torch.Tensor:
     """gelu_tanh(x @ Wg^T) * (x @ Wu^T) for gate_up_w = [Wg; Wu] [2I, K]; x [..., K] (<= 64 rows) -> [..., I]
     in x.dtype."""
     two_i, k = gate_up_w.shape
@@ -148,11 +158,12 @@ def linear_geglu(x: torch.Tensor, gate_up_w: torch.Tensor, *, block_n: int = 64,
     part = y if s == 1 else torch.empty(s, m, two_i, dtype=torch.float32, device=x.device)
     _gate_up_kernel[(n_blocks, s)](x2, gate_up_w, part, y, m, i, k, k_per, x2.stride(0), gate_up_w.stride(0),
                                    part.stride(0) if s > 1 else 0, two_i, i, SPLIT=s > 1, BLOCK_M=block_m,
-                                   BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+                                   BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+                                   **gemm_launch(gate_up_w, prefetch))
     if s > 1:
         block = 1024
         _sum_splits_geglu_kernel[(triton.cdiv(m * i, block),)](part, y, m, i, s, part.stride(0), two_i, i,
-                                                               BLOCK=block)
+                                                               BLOCK=block, **pdl(x.device))
     return y.view(*x.shape[:-1], i)
 
 
@@ -194,7 +205,8 @@ def _norm_epilogue(x, weight, residual, mod, norm_w, tokens_per_item, eps, tilin
     _sum_splits_norm_kernel[(m,)](part, r2, gate, scale, shift, ro2, y2, n, part.shape[0], tokens,
                                   part.stride(0), part.stride(1), r2.stride(0), stride0(gate), stride0(scale),
                                   stride0(shift), ro2.stride(0), y2.stride(0), float(eps),
-                                  ADA=bool(mod), BLOCK_N=block_n, num_warps=4 if block_n <= 2048 else 8)
+                                  ADA=bool(mod), BLOCK_N=block_n, num_warps=4 if block_n <= 2048 else 8,
+                                  **pdl(x.device))
     return normed, new_res
 
 
@@ -203,7 +215,7 @@ def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.T
     """r = residual + x @ weight^T (rounded once to x.dtype); returns (Gemma rms_norm(r, norm_w), r).
 
     x [..., K] (<= 64 rows), weight [N, K] of x's dtype, residual with x's rows of [N] in x.dtype, norm_w [N]
-    of any float dtype. ``tiling``: block_n / block_k / num_warps / num_stages / splits of the GEMM.
+    of any float dtype. ``tiling``: block_n / block_k / num_warps / num_stages / splits / prefetch of the GEMM.
     """
     return _norm_epilogue(x, weight, residual, None, norm_w, None, eps, tiling)
 

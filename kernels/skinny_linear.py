@@ -12,9 +12,10 @@ from typing import Optional
 
 import torch
 
-from ._common import HAVE_TRITON, available, check_tensors, num_sms, tl, triton
+from ._common import HAVE_TRITON, available, check_tensors, num_sms, pdl, prefetch_l2, tl, triton, wait_for_producer
 
-__all__ = ["available", "skinny_linear", "linear_ref", "MAX_ROWS", "skinny_rows", "split_plan", "skinny_partials"]
+__all__ = ["available", "skinny_linear", "linear_ref", "MAX_ROWS", "skinny_rows", "split_plan", "skinny_partials",
+           "gemm_launch"]
 
 MAX_ROWS = 64
 
@@ -26,14 +27,28 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 if HAVE_TRITON:
 
     @triton.jit
+    def prefetch_weight_rows(W, rows, swn, k0, k_per_split, K, PDL: tl.constexpr, BLOCK_K: tl.constexpr,
+                             LINE: tl.constexpr):
+        """L2 prefetch of W[rows, k0:k0+k_per_split] (LINE elements per 128-byte line), before the wait."""
+        if PDL:
+            lines = tl.arange(0, BLOCK_K // LINE) * LINE
+            base = W + rows[:, None].to(tl.int64) * swn
+            for kk in range(0, k_per_split, BLOCK_K):
+                prefetch_l2(base + tl.minimum(k0 + kk + lines, K - 1)[None, :], PDL)
+
+    @triton.jit
     def _skinny_kernel(X, W, P, M, N, K, k_per_split, sxm, swn, spk, spm,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_m = tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
         k0 = pid_k * k_per_split
+        if PREFETCH:
+            prefetch_weight_rows(W, tl.minimum(offs_n, N - 1), swn, k0, k_per_split, K, PDL, BLOCK_K, LINE)
+        wait_for_producer(PDL)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kk in range(0, k_per_split, BLOCK_K):
             k = k0 + kk + offs_k
@@ -46,7 +61,8 @@ if HAVE_TRITON:
         tl.store(dst, acc.to(P.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
     @triton.jit
-    def _sum_splits_kernel(P, Y, M, N, SPLITS, spk, spm, sym, BLOCK: tl.constexpr):
+    def _sum_splits_kernel(P, Y, M, N, SPLITS, spk, spm, sym, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        wait_for_producer(PDL)
         pid = tl.program_id(0)
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         m = offs // N
@@ -86,8 +102,16 @@ def split_plan(m: int, n_blocks: int, k: int, block_k: int, device: torch.device
     return max(16, triton.next_power_of_2(m)), triton.cdiv(k, k_per), k_per
 
 
+def gemm_launch(weight: torch.Tensor, prefetch: bool) -> dict:
+    """PDL keywords of a weight-streaming GEMM: with PDL (and ``prefetch``) its weight slice is prefetched
+    into L2 while the producer of x still runs."""
+    kw = pdl(weight.device)
+    return {**kw, "PREFETCH": bool(prefetch and kw["PDL"]), "LINE": 128 // weight.element_size()}
+
+
 def skinny_partials(x2: torch.Tensor, weight: torch.Tensor, *, block_n: int = 64, block_k: int = 128,
-                    num_warps: int = 4, num_stages: int = 3, splits: Optional[int] = None) -> torch.Tensor:
+                    num_warps: int = 4, num_stages: int = 3, splits: Optional[int] = None,
+                    prefetch: bool = False) -> torch.Tensor:
     """fp32 split-K partial products [splits, M, N] of x2 [M, K] @ weight [N, K]^T (always a workspace,
     also for one split, so that a row epilogue can sum them)."""
     m, k = x2.shape
@@ -97,13 +121,15 @@ def skinny_partials(x2: torch.Tensor, weight: torch.Tensor, *, block_n: int = 64
     part = torch.empty(s, m, n, dtype=torch.float32, device=x2.device)
     _skinny_kernel[(n_blocks, s)](x2, weight, part, m, n, k, k_per, x2.stride(0), weight.stride(0), part.stride(0),
                                   n, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                                  num_warps=num_warps, num_stages=num_stages)
+                                  num_warps=num_warps, num_stages=num_stages, **gemm_launch(weight, prefetch))
     return part
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 64, block_k: int = 128,
-                  num_warps: int = 4, num_stages: int = 3, splits: Optional[int] = None) -> torch.Tensor:
-    """x [..., K] (at most MAX_ROWS rows after flattening) @ weight [N, K]^T -> [..., N] in x.dtype."""
+                  num_warps: int = 4, num_stages: int = 3, splits: Optional[int] = None,
+                  prefetch: bool = False) -> torch.Tensor:
+    """x [..., K] (at most MAX_ROWS rows after flattening) @ weight [N, K]^T -> [..., N] in x.dtype.
+    ``prefetch``: L2 prefetch of the weights before waiting for x (only where PDL is on)."""
     n = weight.shape[0]
     x2 = skinny_rows(x, weight, n)
     m, k = x2.shape
@@ -113,10 +139,11 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 64, b
     if s == 1:
         _skinny_kernel[(n_blocks, 1)](x2, weight, y, m, n, k, k_per, x2.stride(0), weight.stride(0), 0,
                                       n, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                                      num_warps=num_warps, num_stages=num_stages)
+                                      num_warps=num_warps, num_stages=num_stages, **gemm_launch(weight, prefetch))
     else:
         part = skinny_partials(x2, weight, block_n=block_n, block_k=block_k, num_warps=num_warps,
-                               num_stages=num_stages, splits=s)
+                               num_stages=num_stages, splits=s, prefetch=prefetch)
         block = 1024
-        _sum_splits_kernel[(triton.cdiv(m * n, block),)](part, y, m, n, s, part.stride(0), n, n, BLOCK=block)
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](part, y, m, n, s, part.stride(0), n, n, BLOCK=block,
+                                                         **pdl(x.device))
     return y.view(*x.shape[:-1], n)

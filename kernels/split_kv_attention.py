@@ -35,13 +35,16 @@ concatenated K/V).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
-from ._common import HAVE_TRITON, available, check_tensors, next_power_of_2, num_sms, tl, triton
+from .rope import qkv_rope_ref, split_heads
+from ._common import (HAVE_TRITON, available, check_tensors, next_power_of_2, num_sms, pdl, tl, triton,
+                      wait_for_producer)
 
-__all__ = ["available", "split_kv_attention", "split_kv_attention_ref"]
+__all__ = ["available", "split_kv_attention", "split_kv_attention_ref", "rope_split_kv_attention",
+           "rope_split_kv_attention_ref"]
 
 _LOG2E = 1.4426950408889634
 _COMBINE_MAX_ELEMS = 8192  # splits x head_dim loaded at once by the combine kernel
@@ -118,15 +121,29 @@ def split_kv_attention_ref(q, k_prefix, v_prefix, k_suffix=None, v_suffix=None,
 if HAVE_TRITON:
 
     @triton.jit
+    def _rotate(x_lo, x_hi, cos_ptr, sin_ptr, offs, BLOCK_H: tl.constexpr, mask):
+        """RoPE (rotate_half) of a tile split at D/2 into x_lo / x_hi, in fp32 and rounded back to x's
+        dtype as kernels/rope.py does; where ``mask`` is off (cos 1, sin 0) x passes through unchanged."""
+        c_lo = tl.load(cos_ptr + offs, mask=mask, other=1.0).to(tl.float32)
+        c_hi = tl.load(cos_ptr + BLOCK_H + offs, mask=mask, other=1.0).to(tl.float32)
+        s_lo = tl.load(sin_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        s_hi = tl.load(sin_ptr + BLOCK_H + offs, mask=mask, other=0.0).to(tl.float32)
+        lo = x_lo.to(tl.float32)
+        hi = x_hi.to(tl.float32)
+        return (lo * c_lo - hi * s_lo).to(x_lo.dtype), (hi * c_hi + lo * s_hi).to(x_lo.dtype)
+
+    @triton.jit
     def _attn_partial_kernel(
-            Q, KP, VP, KS, VS, MASK, WS, n_parts,
+            Q, KP, VP, KS, VS, MASK, WS, COS, SIN, n_parts,
             sqb, sqh, sqm,
             skpb, skph, skpn, svpb, svph, svpn,
             sksb, sksh, sksn, svsb, svsh, svsn,
-            smb, smq, smk,
+            smb, smq, smk, scb, sct,
             Hkv, G, Lq, P, S, D, n_rows, nsp, n_splits, chunk, qk_scale,
-            MASK_MODE: tl.constexpr, MASK_PER_KEY: tl.constexpr, DOT_PREC: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+            MASK_MODE: tl.constexpr, MASK_PER_KEY: tl.constexpr, DOT_PREC: tl.constexpr, ROPE: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+            PDL: tl.constexpr):
+        wait_for_producer(PDL)
         pid_m = tl.program_id(0)
         pid_s = tl.program_id(1)
         pid_bh = tl.program_id(2)
@@ -139,8 +156,16 @@ if HAVE_TRITON:
         qi = rows % Lq
         offs_d = tl.arange(0, BLOCK_D)
         dmask = offs_d < D
-        q_ptrs = Q + b.to(tl.int64) * sqb + head[:, None].to(tl.int64) * sqh + qi[:, None] * sqm + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=rmask[:, None] & dmask[None, :], other=0.0)
+        # q . k as two dots over the halves of D: RoPE (rotate_half) pairs element i with i + D/2
+        offs_h = tl.arange(0, BLOCK_H)
+        lo_mask = offs_h < D
+        hi_mask = offs_h + BLOCK_H < D
+        q_row = Q + b.to(tl.int64) * sqb + head[:, None].to(tl.int64) * sqh + qi[:, None] * sqm
+        q_lo = tl.load(q_row + offs_h[None, :], mask=rmask[:, None] & lo_mask[None, :], other=0.0)
+        q_hi = tl.load(q_row + BLOCK_H + offs_h[None, :], mask=rmask[:, None] & hi_mask[None, :], other=0.0)
+        if ROPE:  # queries are the suffix tokens: rotate at their positions
+            rope_q = b.to(tl.int64) * scb + qi[:, None] * sct
+            q_lo, q_hi = _rotate(q_lo, q_hi, COS + rope_q, SIN + rope_q, offs_h[None, :], BLOCK_H, rmask[:, None])
 
         # which segment (prefix cache or suffix) and which chunk of it
         is_pref = pid_s < nsp
@@ -163,9 +188,15 @@ if HAVE_TRITON:
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             nmask = offs_n < hi
-            k = tl.load(kb + offs_n[None, :] * skn + offs_d[:, None],
-                        mask=nmask[None, :] & dmask[:, None], other=0.0)          # [D, N]
-            s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale                 # log2 units
+            k_ptr = kb + offs_n[None, :] * skn + offs_h[:, None]                  # [D/2, N] halves
+            k_lo = tl.load(k_ptr, mask=nmask[None, :] & lo_mask[:, None], other=0.0)
+            k_hi = tl.load(k_ptr + BLOCK_H, mask=nmask[None, :] & hi_mask[:, None], other=0.0)
+            if ROPE:  # suffix keys are rotated as loaded; the prefix cache holds rotated keys already
+                rope_k = b.to(tl.int64) * scb + offs_n[None, :] * sct
+                k_lo, k_hi = _rotate(k_lo, k_hi, COS + rope_k, SIN + rope_k, offs_h[:, None], BLOCK_H,
+                                     nmask[None, :] & (pid_s >= nsp))
+            s = (tl.dot(q_lo, k_lo, input_precision=DOT_PREC)
+                 + tl.dot(q_hi, k_hi, input_precision=DOT_PREC)) * qk_scale          # log2 units
             kidx = key_off + offs_n
             if MASK_MODE == 0:
                 valid = nmask[None, :]
@@ -201,9 +232,10 @@ if HAVE_TRITON:
 
     @triton.jit
     def _attn_combine_kernel(WS, n_parts, O, sob, soh, som, Hkv, G, Lq, D, n_rows, n_splits,
-                             SPLIT_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+                             SPLIT_BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
         # one packed row per program; all its splits are loaded at once (one
         # memory round trip instead of a dependent chain per split)
+        wait_for_producer(PDL)
         row = tl.program_id(0)
         pid_bh = tl.program_id(1)
         b = pid_bh // Hkv
@@ -242,8 +274,8 @@ def split_kv_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.
                        mask: Optional[torch.Tensor] = None, scale: Optional[float] = None, *,
                        block_m: Optional[int] = None, block_n: Optional[int] = None,
                        num_splits: Optional[int] = None, num_warps: Optional[int] = None,
-                       num_stages: Optional[int] = None, out: Optional[torch.Tensor] = None
-                       ) -> torch.Tensor:
+                       num_stages: Optional[int] = None, out: Optional[torch.Tensor] = None,
+                       rope: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
     """softmax(q [k_prefix; k_suffix]^T * scale + mask) [v_prefix; v_suffix] -> [B, Hq, Lq, D], q.dtype.
 
     q/k/v: fp32/fp16/bf16 (K/V in q's dtype), last dim contiguous, other strides
@@ -251,6 +283,8 @@ def split_kv_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.
     module doc (bool = validity, float = additive, [B, Lk] / [B, Lq, Lk] /
     [B, 1, Lq|1, Lk]).  block_m/block_n/num_splits/num_warps/num_stages override
     the launch heuristics (num_splits = target number of key chunks).
+    rope = (cos, sin) [B, Lq, D]: q and k_suffix are the suffix tokens before RoPE (rotated as loaded, at
+    their token positions, as ``rope.qkv_rope`` would; needs S == Lq and D a power of two >= 32).
     """
     check_tensors(("q", q), ("k_prefix", k_prefix), ("v_prefix", v_prefix),
                   ("k_suffix", k_suffix), ("v_suffix", v_suffix))
@@ -296,7 +330,19 @@ def split_kv_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.
     if B == 0 or n_rows == 0:
         return out
 
-    block_d = max(16, next_power_of_2(D))
+    block_d = max(32, next_power_of_2(D))
+    if rope is not None:
+        cos, sin = rope
+        check_tensors(("cos", cos), ("sin", sin))
+        if D != block_d or S != Lq:
+            raise ValueError(f"rope needs D a power of two >= 32 (got {D}) and suffix keys = queries "
+                             f"(S={S}, Lq={Lq})")
+        if cos.shape != (B, Lq, D) or sin.shape != cos.shape or sin.stride() != cos.stride():
+            raise ValueError(f"cos/sin must be [B={B}, Lq={Lq}, D={D}] with the same strides")
+        scb, sct = cos.stride(0), cos.stride(1)
+    else:
+        cos = sin = q  # dummy pointers, never read
+        scb = sct = 0
     wide = q.dtype == torch.float32 and block_d > 128
     if block_m is None:
         block_m = 64 if block_d <= 256 else 32
@@ -327,19 +373,43 @@ def split_kv_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.
     ws = torch.empty(n_parts * (2 + block_d), dtype=torch.float32, device=q.device)
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     _attn_partial_kernel[(n_mt, n_splits, B * Hkv)](
-        q, k_prefix, v_prefix, k_suffix, v_suffix, mask, ws, n_parts,
+        q, k_prefix, v_prefix, k_suffix, v_suffix, mask, ws, cos, sin, n_parts,
         q.stride(0), q.stride(1), q.stride(2),
         k_prefix.stride(0), k_prefix.stride(1), k_prefix.stride(2),
         v_prefix.stride(0), v_prefix.stride(1), v_prefix.stride(2),
         k_suffix.stride(0), k_suffix.stride(1), k_suffix.stride(2),
         v_suffix.stride(0), v_suffix.stride(1), v_suffix.stride(2),
-        smb, smq, smk,
+        smb, smq, smk, scb, sct,
         Hkv, G, Lq, P, S, D, n_rows, nsp, n_splits, chunk, scale * _LOG2E,
-        MASK_MODE=mask_mode, MASK_PER_KEY=per_key, DOT_PREC=dot_prec,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=num_warps, num_stages=num_stages)
+        MASK_MODE=mask_mode, MASK_PER_KEY=per_key, DOT_PREC=dot_prec, ROPE=rope is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_H=block_d // 2, num_warps=num_warps,
+        num_stages=num_stages,
+        **pdl(q.device))
     split_block = min(next_power_of_2(n_splits), max(1, _COMBINE_MAX_ELEMS // block_d))
     _attn_combine_kernel[(n_rows, B * Hkv)](
         ws, n_parts, out, out.stride(0), out.stride(1), out.stride(2),
         Hkv, G, Lq, D, n_rows, n_splits, SPLIT_BLOCK=split_block, BLOCK_D=block_d,
-        num_warps=4 if split_block * block_d >= 2048 else 2)
+        num_warps=4 if split_block * block_d >= 2048 else 2, **pdl(q.device))
     return out
+
+
+# --------------------------------------------------------------------------- from the fused QKV projection
+def rope_split_kv_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_prefix: torch.Tensor,
+                            v_prefix: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                            scale: Optional[float] = None, **launch) -> torch.Tensor:
+    """The action expert's attention straight from its QKV projection: RoPE of q and of the suffix keys
+    happens as they are loaded, so no rotated q / k tensors are written and read back (one kernel less per
+    expert layer). qkv [B, T, (Hq + 2 Hkv) D]; cos / sin [B, T, D] of the T suffix tokens; k_prefix /
+    v_prefix [B, Hkv, P, D] (keys rotated); mask over the P + T keys. ``launch``: split_kv_attention's
+    block / split / warp overrides and ``out``. Returns [B, Hq, T, D]."""
+    hkv, d = k_prefix.shape[1], k_prefix.shape[-1]
+    hq = qkv.shape[-1] // d - 2 * hkv
+    q, k, v = split_heads(qkv, hq, hkv, d)
+    return split_kv_attention(q, k_prefix, v_prefix, k, v, mask, scale, rope=(cos, sin), **launch)
+
+
+def rope_split_kv_attention_ref(qkv, cos, sin, k_prefix, v_prefix, mask=None, scale=None) -> torch.Tensor:
+    """rope.qkv_rope_ref, then split_kv_attention_ref."""
+    hkv, d = k_prefix.shape[1], k_prefix.shape[-1]
+    q, k, v = qkv_rope_ref(qkv, cos, sin, qkv.shape[-1] // d - 2 * hkv, hkv, d)
+    return split_kv_attention_ref(q, k_prefix, v_prefix, k, v, mask, scale)

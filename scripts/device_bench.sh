@@ -6,6 +6,9 @@
 #                   (TESTS=0 skips the GPU tests, LEROBOT=0 the LeRobot run)
 #   COMPILED=1:     pi0 checkpoint, its operator profile, pi0 batch-1 benchmark -> LeRobot pi0 eager + torch.compile
 #                   reduce-overhead (its compilation takes ~6.5 min)
+#   QUICK=1:        for a short device budget, most important first: the GPU tests of the loop's kernels and the
+#                   pi0 bf16 parity (checkpoints written meanwhile) -> profile of both models -> pi0 batch 1 with and
+#                   without programmatic dependent launch (PHYAI_PDL=0) -> pi0.5 batch 1 -> the other GPU tests
 # Expects (carried to the GPU machine): .device_shared/ = a copy of ../shared (tokenizer, parity fixtures) and
 # .whl/ = LeRobot's wheels (see ../shared/device-wheels/README.md).
 set -u
@@ -22,6 +25,26 @@ LR="python3 scripts/lerobot_reference.py --policy pi0"
 lerobot() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl/*.whl >> "$LOG" 2>&1; PYTHONPATH=/tmp/site step "$@"; }
 PROFILE=$OUT/profile_h200.json
+if [ "${QUICK:-0}" = 1 ]; then
+  ( $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only > "$OUT/ckpt.log" 2>&1
+    $B --checkpoint /tmp/ck05 --checkpoint-only >> "$OUT/ckpt.log" 2>&1 ) &
+  step gpu_tests_loop 150 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_gpu.py \
+    test/test_pi0_parity.py test/test_runner.py -k "pdl or rope or cuda_graph or pi0 or fp32_and_bf16 or graph"
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  step profile 120 python3 scripts/profile_ops.py --checkpoint /tmp/ck0 --checkpoint /tmp/ck05 --tokenizer "$TOK" \
+    --out "$PROFILE"
+  [ -f "$PROFILE" ] || PROFILE=profiles/h200.json
+  PHYAI_OP_PROFILE=$PROFILE step bench_pi0 90 $B --model pi0 --checkpoint /tmp/ck0 --reuse-checkpoint \
+    --skip-startup --iters 300 --batches 1 --out "$OUT/bench_pi0.json"
+  PHYAI_PDL=0 PHYAI_OP_PROFILE=$PROFILE step bench_pi0_no_pdl 90 $B --model pi0 --checkpoint /tmp/ck0 \
+    --reuse-checkpoint --skip-startup --iters 300 --batches 1 --out "$OUT/bench_pi0_no_pdl.json"
+  PHYAI_OP_PROFILE=$PROFILE step bench_pi05 90 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup \
+    --iters 300 --batches 1 --out "$OUT/bench_pi05.json"
+  step gpu_tests_rest 200 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_gpu.py \
+    test/test_dispatch.py test/test_runner.py test/test_pi05_parity.py test/test_pi0_parity.py \
+    -k "not (pdl or rope or cuda_graph or pi0 or fp32_and_bf16 or graph)"
+  exit 0
+fi
 if [ "${COMPILED:-0}" = 1 ]; then
   step ckpt_pi0 120 $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only
   step profile 150 python3 scripts/profile_ops.py --checkpoint /tmp/ck0 --tokenizer "$TOK" --out "$PROFILE"

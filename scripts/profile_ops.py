@@ -77,7 +77,7 @@ def reference(op: str, args: tuple, kwargs: dict):
 
 def valid_query_rows(op: str, args: tuple):
     """[B, 1, Lq, 1] float mask of attention queries with at least one allowed key, or None."""
-    mask = args[-1] if op in ("attention", "attention_with_prefix") else None
+    mask = args[-1] if op in ("attention", "attention_with_prefix", "rope_attention_with_prefix") else None
     if mask is None or mask.dtype == torch.bool:
         return None if mask is None else mask.any(-1, keepdim=True).float()
     return (mask > MASK_VALUE / 2).any(-1, keepdim=True).float()

@@ -92,6 +92,15 @@ def test_triton_adapters_match_torch_candidates_on_model_layouts():
     got = dispatch._triton_attention_with_prefix(q, kp, vp, ks, vs, mask)
     want = dispatch._torch_attention_with_prefix(q, kp, vp, ks, vs, mask)
     assert (got - want).abs().max().item() < 1e-5
+    # the expert's attention straight from its QKV projection, RoPE in the kernel vs qkv_rope + attention
+    qkv = r(b, 6, (8 + 2) * 32)
+    kp, vp = r(b, 1, 20, 32), r(b, 1, 20, 32)
+    pos = torch.arange(6)[None] + torch.tensor([[12], [20]])
+    cos, sin = dispatch.ops.rope_cos_sin(pos, 1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32)), torch.float32)
+    got = dispatch._triton_rope_attention(qkv, cos, sin, kp, vp, mask)
+    want = dispatch._unfused_rope_attention(qkv, cos, sin, kp, vp, mask)   # on the CPU: torch sub-ops
+    assert got.shape == (b, 8, 6, 32) and (got - want).abs().max().item() < 1e-5
+    assert got.transpose(1, 2).is_contiguous()   # written token-major: o_proj reads it as it lies
 
 
 def _siglip_before_fusion(enc, pixels):
@@ -381,4 +390,12 @@ def test_every_expert_attention_tiling_matches_fp32(name):
     mask = dispatch.ops.bool_to_additive_mask(allowed)   # the model's mask form (suffix.py)
     got = _candidate("attention_with_prefix", name).fn(q, kp, vp, ks, vs, mask)
     want = dispatch._torch_attention_with_prefix(q.float(), kp.float(), vp.float(), ks.float(), vs.float(), mask)
+    assert ((got.float() - want).norm() / want.norm()).item() < 8e-3
+    # the same launch shape with RoPE applied in the kernel, from a QKV projection output
+    qkv = r(1, 50, 10 * 256)
+    inv = 1.0 / (10000 ** (torch.arange(0, 256, 2, device="cuda").float() / 256))
+    cos, sin = dispatch.ops.rope_cos_sin(torch.arange(900, 950, device="cuda")[None], inv, torch.bfloat16)
+    got = _candidate("rope_attention_with_prefix", name).fn(qkv, cos, sin, kp, vp, mask)
+    q, k, v = dispatch._torch_qkv_rope(qkv.float(), cos.float(), sin.float(), 8, 1, 256)
+    want = dispatch._torch_attention_with_prefix(q, kp.float(), vp.float(), k, v, mask)
     assert ((got.float() - want).norm() / want.norm()).item() < 8e-3

@@ -391,6 +391,45 @@ def test_split_kv_attention_rejects_bad_inputs():
         ska.split_kv_attention(q, kp, vp, ks, vs, torch.ones(1, 9, dtype=torch.bool, device=DEVICE))
 
 
+def _rope_attention_case(B=2, Hq=4, Hkv=1, T=6, P=37, D=32, seed=11):
+    """A fused QKV output, the suffix's RoPE tables (positions after the prefix) and the expert's mask
+    (prefix keys with padding, then pi0's block structure: token 0 sees only the prefix and itself)."""
+    from phyai_ros.layers import ops
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g).to(DEVICE)  # noqa: E731
+    qkv = r(B, T, (Hq + 2 * Hkv) * D)
+    kp, vp = r(B, Hkv, P, D), r(B, Hkv, P, D)
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+    pos = torch.arange(T)[None] + torch.tensor([[P - 5], [P]])[:B]
+    cos, sin = (t.to(DEVICE) for t in ops.rope_cos_sin(pos, inv, torch.float32))
+    allowed = torch.ones(B, T, P + T, dtype=torch.bool)
+    allowed[0, :, P - 5:P] = False
+    allowed[:, 0, P + 1:] = False
+    return qkv, cos, sin, kp, vp, ops.bool_to_additive_mask(allowed).to(DEVICE)
+
+
+@needs_triton
+@pytest.mark.parametrize("splits", [1, 3])
+def test_rope_split_kv_attention_matches_rotate_then_attend(splits):
+    """RoPE applied to q and the suffix keys as they are loaded equals qkv_rope followed by attention."""
+    qkv, cos, sin, kp, vp, mask = _rope_attention_case()
+    o = ska.rope_split_kv_attention(qkv, cos, sin, kp, vp, mask, block_m=16, block_n=16, num_splits=splits)
+    torch.testing.assert_close(o, ska.rope_split_kv_attention_ref(qkv, cos, sin, kp, vp, mask), **TOL)
+    q, k, v = ska.split_heads(qkv, 4, 1, 32)
+    plain = ska.split_kv_attention(q, kp, vp, k, v, mask, block_m=16, block_n=16, num_splits=splits)
+    assert (o - plain).abs().max() > 1e-2   # without the rotation the result differs: RoPE was applied
+
+
+@needs_triton
+def test_rope_split_kv_attention_rejects_what_it_cannot_rotate():
+    qkv, cos, sin, kp, vp, mask = _rope_attention_case(D=32)
+    with pytest.raises(ValueError):
+        ska.rope_split_kv_attention(qkv, cos[:, :-1], sin[:, :-1], kp, vp, mask)     # tables for T-1 tokens
+    qkv, cos, sin, kp, vp, mask = _rope_attention_case(D=24)
+    with pytest.raises(ValueError):
+        ska.rope_split_kv_attention(qkv, cos, sin, kp, vp, mask)                      # D not a power of two
+
+
 # --------------------------------------------------------------------------- skinny GEMM epilogues
 TILES = dict(block_n=16, block_k=32)   # small tiles: several n-blocks, a masked tail and K blocks per split
 EPILOGUE_CASES = [(rows, splits) for rows in (1, 7, 50) for splits in (1, 3)]
@@ -497,3 +536,11 @@ def test_skinny_epilogues_reject_bad_inputs():
     gate, scale, shift = _modulation(2, 32, seed=1)
     with pytest.raises(ValueError):
         se.linear_gated_ada_rms_norm(x, w, res, gate, scale, shift)   # 7 rows are not 2 items
+
+
+def test_programmatic_dependent_launch_only_where_it_exists(monkeypatch):
+    """PDL keywords come as a pair (flag + launch_pdl) and only for CUDA devices of sm_90+; never on the CPU
+    or under the interpreter, and PHYAI_PDL=0 turns them off."""
+    assert _common.pdl(torch.device("cpu")) == {"PDL": False}
+    monkeypatch.setenv("PHYAI_PDL", "0")
+    assert _common.pdl(torch.device("cuda", 0)) == {"PDL": False}

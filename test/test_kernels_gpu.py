@@ -236,6 +236,38 @@ def test_split_kv_attention_real_shape(B, mask_kind, dtype):
         assert _rel(o, ref32) <= 2 * _rel(sdpa, ref32) + 1e-3
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B", [1, 4])
+def test_rope_split_kv_attention_pi0_shape(B, dtype):
+    """pi0's expert attention from its QKV projection (51 suffix tokens, 816 prefix keys): RoPE inside the
+    kernel matches rotate-then-attend in fp32; in bf16 it rounds the rotated q / k once, as qkv_rope does."""
+    from phyai_ros.layers import ops
+    T, P, D, Hq = 51, 816, 256, 8
+    qkv = _rand(B, T, (Hq + 2) * D, dtype=dtype, seed=7)
+    kp, vp = _rand(B, 1, P, D, dtype=dtype, seed=8), _rand(B, 1, P, D, dtype=dtype, seed=9)
+    pos = torch.arange(T, device="cuda")[None] + 700 + torch.arange(B, device="cuda")[:, None]
+    cos, sin = ops.rope_cos_sin(pos, 1.0 / (10000 ** (torch.arange(0, D, 2, device="cuda").float() / D)), dtype)
+    allowed = torch.ones(B, T, P + T, dtype=torch.bool, device="cuda")
+    allowed[1:, :, P - 40:P] = False
+    allowed[:, 0, P + 1:] = False   # the state token sees the prefix and itself
+    mask = ops.bool_to_additive_mask(allowed)
+    o = ska.rope_split_kv_attention(qkv, cos, sin, kp, vp, mask)
+    ref = ska.rope_split_kv_attention_ref(qkv.float(), cos.float(), sin.float(), kp.float(), vp.float(), mask.float())
+    assert o.dtype == dtype and torch.isfinite(o).all()
+    if dtype == torch.float32:
+        torch.testing.assert_close(o, ref, rtol=1e-4, atol=1e-4)
+    else:
+        assert _rel(o, ref) < 1e-2
+        unfused = ska.split_kv_attention(*_rotated(qkv, cos, sin, kp, vp), mask)
+        assert _rel(o, unfused) < 2e-3   # same roundings as the two-kernel path, other summation order
+
+
+def _rotated(qkv, cos, sin, kp, vp):
+    from phyai_ros.kernels import rope
+    q, k, v = rope.qkv_rope(qkv, cos, sin, 8, 1, 256)
+    return q, kp, vp, k, v
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16])
 def test_split_kv_attention_block_configs(dtype):
     """Non-default launch configs (as the bench sweep tries) stay correct."""
@@ -281,3 +313,46 @@ def test_kernels_capture_in_cuda_graph():
     torch.cuda.synchronize()
     for a, b in zip(captured, eager):
         assert torch.equal(a, b)
+
+
+def test_dependent_chain_under_pdl_in_a_cuda_graph():
+    """Each kernel reads what the one before it wrote (norm -> split-K GEMM + reduce -> GeGLU GEMM -> GEMM with
+    residual + norm epilogue), launched with programmatic dependent launch and weight prefetch where the device
+    has them. Replayed on fresh inputs every time, the graph must equal the torch chain: a kernel that read its
+    input before its producer finished would see the previous replay's values."""
+    from phyai_ros.kernels import skinny_linear as sl
+    from phyai_ros.kernels._common import pdl_enabled
+
+    assert pdl_enabled(torch.device("cuda")) == (torch.cuda.get_device_capability() >= (9, 0))
+    dt = torch.bfloat16
+    T, W, I = 51, 1024, 4096
+    x_in = torch.zeros(1, T, W, dtype=dt, device="cuda")
+    res = torch.zeros_like(x_in)
+    norm_w = _rand(W, seed=1)
+    w_o = _rand(W, W, dtype=dt, scale=W ** -0.5, seed=2)
+    w_up = _rand(2 * I, W, dtype=dt, scale=W ** -0.5, seed=3)
+    w_down = _rand(W, I, dtype=dt, scale=I ** -0.5, seed=4)
+
+    def chain():
+        x, h = rn.add_rms_norm(x_in, res, norm_w)
+        y = sl.skinny_linear(x, w_o, block_n=32, splits=4, prefetch=True)
+        m = se.linear_geglu(y, w_up, block_n=32, splits=1, num_stages=4, prefetch=True)
+        return se.linear_add_rms_norm(m, w_down, h, norm_w, block_n=32, block_k=256, prefetch=True)
+
+    def reference():
+        x, h = rn.add_rms_norm_ref(x_in, res, norm_w)
+        m = gg.geglu_ref((x.float() @ w_o.float().T).to(dt) @ w_up.T)
+        return se.linear_add_rms_norm_ref(m, w_down, h, norm_w)
+
+    chain()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain()
+    for i in range(30):
+        x_in.copy_(_rand(1, T, W, dtype=dt, seed=100 + i))
+        res.copy_(_rand(1, T, W, dtype=dt, scale=4.0, seed=200 + i))
+        graph.replay()
+        want = reference()
+        torch.cuda.synchronize()
+        assert _rel(out[1], want[1]) < 1e-2 and _rel(out[0], want[0]) < 2e-2, i

@@ -172,6 +172,12 @@ SKINNY_TILINGS = {
     # one program per N block over all of K: no fp32 partials and, for the plain GEMM, no reduce kernel
     "triton_n16_s1": {"block_n": 16, "splits": 1, "num_stages": 4},
     "triton_n32_s1": {"block_n": 32, "splits": 1, "num_stages": 4},
+    # with programmatic dependent launch (sm_90+): the weight slice is prefetched into L2 while the kernel
+    # that produces x still runs (kernels/_common.py); the same as the variant without "_pf" elsewhere
+    "triton_n32_pf": {"block_n": 32, "num_stages": 4, "prefetch": True},
+    "triton_n32_k256_pf": {"block_n": 32, "block_k": 256, "prefetch": True},
+    "triton_n16_s1_pf": {"block_n": 16, "splits": 1, "num_stages": 4, "prefetch": True},
+    "triton_n32_s1_pf": {"block_n": 32, "splits": 1, "num_stages": 4, "prefetch": True},
 }
 
 
@@ -208,6 +214,31 @@ def _triton_attention_with_prefix(q, k_prefix, v_prefix, k_suffix, v_suffix, mas
 ATTENTION_TILINGS = {"triton": {}, "triton_s8": {"num_splits": 8}, "triton_m32": {"block_m": 32}}
 
 
+def _qkv_heads(qkv, k_prefix):
+    """(hq, hkv, d) of a fused QKV projection output whose K/V heads match the prefix cache."""
+    hkv, d = k_prefix.shape[1], k_prefix.shape[-1]
+    return qkv.shape[-1] // d - 2 * hkv, hkv, d
+
+
+def _triton_rope_attention(qkv, cos, sin, k_prefix, v_prefix, mask, **tiling):
+    from phyai_ros.kernels.split_kv_attention import rope_split_kv_attention
+    hq, _, d = _qkv_heads(qkv, k_prefix)
+    b, t = qkv.shape[:2]
+    out = torch.empty(b, t, hq, d, dtype=qkv.dtype, device=qkv.device).transpose(1, 2)  # token-major
+    return rope_split_kv_attention(qkv, cos, sin, k_prefix, v_prefix, mask, out=out, **tiling)
+
+
+def _rope_attention_fits(qkv, cos, sin, k_prefix, v_prefix, mask):
+    """RoPE is applied in the kernel to halves of D: D a power of two >= 32, cos / sin per suffix token."""
+    d = k_prefix.shape[-1]
+    return d >= 32 and d & (d - 1) == 0 and cos.shape == (qkv.shape[0], qkv.shape[1], d)
+
+
+def _unfused_rope_attention(qkv, cos, sin, k_prefix, v_prefix, mask):
+    q, k, v = qkv_rope(qkv, cos, sin, *_qkv_heads(qkv, k_prefix))
+    return attention_with_prefix(q, k_prefix, v_prefix, k, v, mask)
+
+
 def _triton_attention(q, k, v, mask):
     from phyai_ros.kernels.split_kv_attention import split_kv_attention
     return split_kv_attention(q, k, v, None, None, mask)
@@ -240,6 +271,11 @@ _REGISTRY = {
     "attention_with_prefix": [*(Candidate(name, functools.partial(_triton_attention_with_prefix, **tiling), _CUDA,
                                           available=_triton_ok) for name, tiling in ATTENTION_TILINGS.items()),
                               Candidate("torch", _torch_attention_with_prefix)],
+    # The expert's attention from its QKV projection, RoPE applied as q and k are loaded; else qkv_rope first.
+    "rope_attention_with_prefix": [
+        *(Candidate(name, functools.partial(_triton_rope_attention, **tiling), _CUDA, available=_triton_ok,
+                    supports=_rope_attention_fits) for name, tiling in ATTENTION_TILINGS.items()),
+        Candidate("unfused", _unfused_rope_attention)],
     # Long-query attention (SigLIP, the prefix): SDPA first; the split-KV kernel is a profiled option.
     "attention": [Candidate("sdpa", _sdpa, _CUDA), Candidate("triton", _triton_attention, _CUDA,
                                                             available=_triton_ok),
@@ -324,6 +360,14 @@ def attention_with_prefix(q: Tensor, k_prefix: Tensor, v_prefix: Tensor, k_suffi
     """Attention over [prefix cache; suffix] keys without concatenating them where a kernel can."""
     return SELECTOR.call("attention_with_prefix", shape_key(q, k_prefix), q.device, q, k_prefix, v_prefix,
                          k_suffix, v_suffix, mask)
+
+
+def rope_attention_with_prefix(qkv: Tensor, cos: Tensor, sin: Tensor, k_prefix: Tensor, v_prefix: Tensor,
+                               mask: Optional[Tensor]) -> Tensor:
+    """The action expert's attention from its fused QKV projection output [B, T, (hq + 2 hkv) d]: RoPE of q
+    and of the suffix keys (cos / sin [B, T, d]), then attention over [prefix cache; suffix] -> [B, hq, T, d]."""
+    return SELECTOR.call("rope_attention_with_prefix", shape_key(qkv, k_prefix), qkv.device, qkv, cos, sin,
+                         k_prefix, v_prefix, mask)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None) -> Tensor:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from phyai_ros.layers import dispatch, ops
-from phyai_ros.models.common.gemma import GemmaLayer, attn_tokens, mlp_hidden, qkv_rope, rope_inv_freq
+from phyai_ros.models.common.gemma import GemmaLayer, expert_attention, mlp_hidden, rope_inv_freq
 from phyai_ros.models.common.paligemma import PaliGemmaPrefix, PrefixKV, prefix_positions
 from phyai_ros.models.common.suffix import SuffixContext, suffix_context
 from phyai_ros.models.common.time_embedding import sinusoidal_time_embedding
@@ -102,9 +102,7 @@ class Pi0Model(PaliGemmaPrefix):
         layers = self.expert_layers
         x = dispatch.rms_norm(h, layers[0].in_norm_w, cfg.rms_eps)
         for i, layer in enumerate(layers):
-            q, k, v = qkv_rope(x, layer, cfg, ctx.cos, ctx.sin)
-            pk, pv = kv[i]
-            a = attn_tokens(dispatch.attention_with_prefix(q, pk, pv, k, v, ctx.mask))
+            a = expert_attention(x, layer, *kv[i], ctx)
             # Output projections fused with the residual add and the norm that reads it where a kernel can.
             x, h = dispatch.linear_add_rms_norm(a, layer.o_w, h, layer.post_norm_w, cfg.rms_eps)
             m = mlp_hidden(x, layer)

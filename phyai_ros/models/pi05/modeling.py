@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from phyai_ros.layers import dispatch, ops
-from phyai_ros.models.common.gemma import GemmaLayer, attn_tokens, mlp_hidden, qkv_rope, rope_inv_freq
+from phyai_ros.models.common.gemma import GemmaLayer, expert_attention, mlp_hidden, rope_inv_freq
 from phyai_ros.models.common.paligemma import PaliGemmaPrefix, PrefixKV, prefix_positions
 from phyai_ros.models.common.suffix import SuffixContext, suffix_context
 from phyai_ros.models.common.time_embedding import sinusoidal_time_embedding
@@ -119,9 +119,7 @@ class Pi05Model(PaliGemmaPrefix):
         h = self.embed_actions(x_t)
         x = dispatch.ada_rms_norm(h, mod[:, 0, 0], mod[:, 0, 1], cfg.rms_eps)
         for i, layer in enumerate(self.expert_layers):
-            q, k, v = qkv_rope(x, layer, cfg, ctx.cos, ctx.sin)
-            pk, pv = kv[i]
-            a = attn_tokens(dispatch.attention_with_prefix(q, pk, pv, k, v, ctx.mask))
+            a = expert_attention(x, layer, *kv[i], ctx)
             # Output projection, gated residual and the norm that reads it in one op where a kernel can:
             # post-attention norm, then the next layer's input norm (the final norm after the last layer).
             m_attn, m_post, m_next = mod[:, 2 * i], mod[:, 2 * i + 1], mod[:, 2 * i + 2]

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Compile every Triton kernel of phyai_ros.kernels to machine code for named GPU architectures, no GPU needed.
+
+Why: the interpreter (how CI runs the kernels) checks their math, not their code generation. Triton compiles
+ahead of time for a target with its bundled ptxas, so this catches, on any machine, what would otherwise
+only show on the robot: PTX that does not assemble (grid dependency control, the L2 prefetch's inline asm),
+tensor-core tiles that do not lower, shared memory past the per-block limit. Each kernel is compiled at the
+launch shapes the expert loop, the prefix and SigLIP use, with programmatic dependent launch on.
+
+    python scripts/compile_kernels.py                 # sm_90 (H200) and sm_101 (Jetson Thor)
+    python scripts/compile_kernels.py --arch 90 --arch 100
+
+Thor is sm_110 under CUDA 13 and sm_101 under CUDA 12.8, the ptxas this Triton bundles; the two names are one
+architecture. Exit status 1 if any kernel fails; one line per kernel and architecture otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"  # JIT functions, not interpreted ones: compile needs their source
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SHARED_LIMIT = 227 * 1024  # dynamic shared memory per block on sm_90 / sm_100-class GPUs
+
+# (module, kernel, argument types where the default is wrong, constexprs, launch options) at production
+# launch shapes. Default types: see ``signature``.
+SPECS = [
+    ("skinny_linear", "_skinny_kernel", {"P": "*fp32"},
+     dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, PDL=True, PREFETCH=True, LINE=64), dict(num_warps=4, num_stages=4)),
+    ("skinny_linear", "_skinny_kernel", {"P": "*fp32"},
+     dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, PDL=True, PREFETCH=False, LINE=64), dict(num_warps=8, num_stages=4)),
+    ("skinny_linear", "_sum_splits_kernel", {"P": "*fp32"}, dict(BLOCK=1024, PDL=True), {}),
+    ("skinny_epilogue", "_gate_up_kernel", {"P": "*fp32"},
+     dict(SPLIT=True, BLOCK_M=64, BLOCK_N=32, BLOCK_K=256, PDL=True, PREFETCH=True, LINE=64), dict(num_stages=3)),
+    ("skinny_epilogue", "_gate_up_kernel", {},
+     dict(SPLIT=False, BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, PDL=True, PREFETCH=True, LINE=64), dict(num_stages=4)),
+    ("skinny_epilogue", "_sum_splits_geglu_kernel", {"P": "*fp32"}, dict(BLOCK=1024, PDL=True), {}),
+    ("skinny_epilogue", "_sum_splits_norm_kernel", {"P": "*fp32", "G": "*fp32", "SC": "*fp32", "SH": "*fp32"},
+     dict(ADA=True, BLOCK_N=1024, PDL=True), dict(num_warps=4)),
+    ("split_kv_attention", "_attn_partial_kernel", {"WS": "*fp32", "P": "i32"},
+     dict(MASK_MODE=2, MASK_PER_KEY=False, DOT_PREC="tf32", ROPE=True, BLOCK_M=64, BLOCK_N=32, BLOCK_D=256,
+          BLOCK_H=128, PDL=True), dict(num_warps=4, num_stages=2)),
+    ("split_kv_attention", "_attn_partial_kernel", {"WS": "*fp32", "MASK": "*i1", "P": "i32"},
+     dict(MASK_MODE=1, MASK_PER_KEY=True, DOT_PREC="tf32", ROPE=False, BLOCK_M=32, BLOCK_N=32, BLOCK_D=256,
+          BLOCK_H=128, PDL=True), dict(num_warps=4, num_stages=2)),
+    ("split_kv_attention", "_attn_combine_kernel", {"WS": "*fp32"},
+     dict(SPLIT_BLOCK=32, BLOCK_D=256, PDL=True), dict(num_warps=4)),
+    ("rope", "_qkv_rope_kernel", {"K": "*bf16"}, dict(HALF=128, BLOCK=128, PDL=True), dict(num_warps=2)),
+    ("rms_norm", "_rms_norm_kernel", {"W": "*fp32"}, dict(HAS_RES=True, BLOCK_M=2, BLOCK_N=2048, PDL=True),
+     dict(num_warps=8)),
+    ("ada_rms_norm", "_ada_rms_norm_kernel", {"G": "*bf16"}, dict(GATED=True, BLOCK_M=4, BLOCK_N=1024, PDL=True),
+     dict(num_warps=4)),
+    ("geglu", "_geglu_kernel", {}, dict(BLOCK=1024, PDL=True), dict(num_warps=4)),
+    ("layer_norm", "_layer_norm_kernel", {}, dict(HAS_ADD=True, BLOCK=2048, PDL=True), dict(num_warps=8)),
+]
+FLOAT_ARGS = {"eps", "qk_scale"}
+INT_ARGS = {"M", "N", "K", "I", "D", "S", "G", "T", "HQ", "HKV", "SPLITS"}  # sizes spelt in capitals
+
+
+def signature(fn, types: dict, constexprs: dict) -> dict:
+    """Triton signature of a JIT function: ``types`` where given, constexprs as such, the float scalars fp32,
+    other capitalised names bf16 pointers (except the sizes in INT_ARGS), every other argument an int32."""
+    sig = {}
+    for p in fn.params:
+        if p.is_constexpr:
+            sig[p.name] = "constexpr"
+        elif p.name in types:
+            sig[p.name] = types[p.name]
+        elif p.name in FLOAT_ARGS:
+            sig[p.name] = "fp32"
+        elif p.name.isupper() and p.name not in INT_ARGS:
+            sig[p.name] = "*bf16"
+        else:
+            sig[p.name] = "i32"
+    missing = [n for n, t in sig.items() if t == "constexpr" and n not in constexprs]
+    if missing:
+        raise ValueError(f"{fn.__name__}: constexprs not given: {missing}")
+    return sig
+
+
+def compile_all(archs) -> int:
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    failures = 0
+    for arch in archs:
+        target = GPUTarget("cuda", arch, 64 if arch < 100 else 32)
+        for module, name, types, constexprs, options in SPECS:
+            fn = getattr(importlib.import_module(f"phyai_ros.kernels.{module}"), name)
+            label = f"sm_{arch} {module}.{name} {constexprs}"
+            try:
+                src = ASTSource(fn=fn, signature=signature(fn, types, constexprs), constexprs=constexprs)
+                kernel = triton.compile(src, target=target, options={**options, "launch_pdl": True})
+                ptx = kernel.asm["ptx"]
+                problems = []
+                if kernel.metadata.shared > SHARED_LIMIT:
+                    problems.append(f"shared memory {kernel.metadata.shared} B > {SHARED_LIMIT}")
+                if "griddepcontrol.wait" not in ptx:
+                    problems.append("no griddepcontrol.wait (PDL would race)")
+                if constexprs.get("PREFETCH") and "prefetch.global.L2" not in ptx:
+                    problems.append("no L2 prefetch")
+            except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
+                problems = [f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"]
+                kernel = None
+            failures += bool(problems)
+            shared = f"{kernel.metadata.shared:>7} B smem" if kernel is not None else ""
+            print(f"{'FAIL' if problems else 'ok  '} {label} {shared} {'; '.join(problems)}", flush=True)
+    return failures
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", type=int, action="append", help="compute capability as 90, 101, ... (repeat)")
+    args = ap.parse_args()
+    failures = compile_all(args.arch or [90, 101])
+    print(f"{failures} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
