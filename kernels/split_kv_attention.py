@@ -354,7 +354,8 @@ def split_kv_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.
         # Q tile + K and V tiles per stage must fit in shared memory (~227 KB on H100/H200)
         es = q.element_size()
         num_stages = 2  # H200 sweep: 2 ties 3 at B=1 and beats it at B=4
-        while num_stages > 1 and (block_m + 2 * num_stages * block_n) * block_d * es > 200 * 1024:
+        budget = (160 if rope is not None else 200) * 1024  # rotating in the kernel stages cos / sin too
+        while num_stages > 1 and (block_m + 2 * num_stages * block_n) * block_d * es > budget:
             num_stages -= 1
     n_mt = triton.cdiv(n_rows, block_m)
     if num_splits is None:

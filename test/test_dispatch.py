@@ -56,6 +56,20 @@ def test_device_restricted_candidates_are_not_offered_on_cpu():
             "op", "k", torch.device("cpu"))
 
 
+def test_profiled_only_candidates_run_only_where_a_profile_names_them():
+    """A candidate measured slower on some device (the fused RoPE attention on the H200) is never the default,
+    but a profile made on a device where it wins still selects it."""
+    sel = OperatorSelector()
+    sel.register("op", Candidate("fused", lambda x: x + 1, profiled_only=True))
+    sel.register("op", Candidate("unfused", lambda x: x + 2))
+    cpu = torch.device("cpu")
+    assert sel.call("op", "k", cpu, 1) == 3
+    sel.profile = {"cpu": {"op": {"k": "fused"}}}
+    assert sel.call("op", "k", cpu, 1) == 2 and sel.call("op", "other", cpu, 1) == 3
+    assert not any(c.profiled_only for c in dispatch.SELECTOR.candidates["linear"])
+    assert dispatch.SELECTOR.candidates["rope_attention_with_prefix"][-1].name == "unfused"
+
+
 def test_recording_keeps_each_op_and_shape_once():
     sel = OperatorSelector()
     sel.register("op", Candidate("torch", lambda x: x))

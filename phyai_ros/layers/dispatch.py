@@ -271,10 +271,11 @@ _REGISTRY = {
     "attention_with_prefix": [*(Candidate(name, functools.partial(_triton_attention_with_prefix, **tiling), _CUDA,
                                           available=_triton_ok) for name, tiling in ATTENTION_TILINGS.items()),
                               Candidate("torch", _torch_attention_with_prefix)],
-    # The expert's attention from its QKV projection, RoPE applied as q and k are loaded; else qkv_rope first.
+    # The expert's attention from its QKV projection, RoPE applied as q and k are loaded; else qkv_rope first
+    # (the default: on the H200 the rotation inside the key loop costs more than the separate rope kernel).
     "rope_attention_with_prefix": [
         *(Candidate(name, functools.partial(_triton_rope_attention, **tiling), _CUDA, available=_triton_ok,
-                    supports=_rope_attention_fits) for name, tiling in ATTENTION_TILINGS.items()),
+                    supports=_rope_attention_fits, profiled_only=True) for name, tiling in ATTENTION_TILINGS.items()),
         Candidate("unfused", _unfused_rope_attention)],
     # Long-query attention (SigLIP, the prefix): SDPA first; the split-KV kernel is a profiled option.
     "attention": [Candidate("sdpa", _sdpa, _CUDA), Candidate("triton", _triton_attention, _CUDA,

@@ -38,6 +38,7 @@ class Candidate:
     capture_safe: bool = True
     available: Callable[[], bool] = lambda: True
     supports: Optional[Callable[..., bool]] = None   # (args of the call) -> can this candidate take them?
+    profiled_only: bool = False   # chosen only where a device profile names it (slower on some devices)
 
 
 def device_signature(device: torch.device) -> str:
@@ -86,7 +87,9 @@ class OperatorSelector:
             if c.name == wanted:
                 return c
         # Forcing a name the op lacks (a fused op has no "torch" candidate) means its reference: the last one.
-        return usable[-1] if self.forced else usable[0]
+        if self.forced:
+            return usable[-1]
+        return next((c for c in usable if not c.profiled_only), usable[-1])
 
     def call(self, op: str, key: str, device: torch.device, *args, **kwargs):
         if self.recording is not None and (op, key) not in self.recording:
