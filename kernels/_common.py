@@ -150,8 +150,6 @@ def pdl(device: torch.device) -> dict:
     return {"PDL": True, "launch_pdl": True} if pdl_enabled(device) else {"PDL": False}
 
 
-wait_for_producer = prefetch_l2 = None  # device functions, defined where Triton imports
-
 if HAVE_TRITON:
 
     @triton.jit
@@ -170,3 +168,5 @@ if HAVE_TRITON:
         if PDL:
             tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs.to(tl.int64)],
                                       dtype=tl.int32, is_pure=False, pack=1)
+else:  # device functions exist only where Triton imports
+    wait_for_producer = prefetch_l2 = None

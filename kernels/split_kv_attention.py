@@ -18,7 +18,10 @@ head -- so:
 * the keys are split into chunks over a second grid axis; each program runs an
   online softmax over its chunk for BLOCK_M packed rows and writes the partial
   (running max m, sum l, unnormalised acc) in fp32;
-* a second small kernel merges the splits (log-sum-exp rescaling) and writes out.
+* a second small kernel merges the splits (log-sum-exp rescaling) and writes out;
+* with one split (``num_splits=1`` and no suffix: long-query self-attention such as
+  the prefix pass, where row tiles alone fill the GPU) the program normalises and
+  writes the output itself: no workspace, no second kernel.
 
 fp32 accumulation throughout; fp32 inputs use IEEE fp32 dots (no TF32).  A
 query row whose keys are all masked out yields 0 (SDPA yields NaN there).
@@ -134,13 +137,14 @@ if HAVE_TRITON:
 
     @triton.jit
     def _attn_partial_kernel(
-            Q, KP, VP, KS, VS, MASK, WS, COS, SIN, n_parts,
+            Q, KP, VP, KS, VS, MASK, WS, COS, SIN, O, n_parts, sob, soh, som,
             sqb, sqh, sqm,
             skpb, skph, skpn, svpb, svph, svpn,
             sksb, sksh, sksn, svsb, svsh, svsn,
             smb, smq, smk, scb, sct,
             Hkv, G, Lq, P, S, D, n_rows, nsp, n_splits, chunk, qk_scale,
             MASK_MODE: tl.constexpr, MASK_PER_KEY: tl.constexpr, DOT_PREC: tl.constexpr, ROPE: tl.constexpr,
+            DIRECT: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
             PDL: tl.constexpr):
         wait_for_producer(PDL)
@@ -222,13 +226,18 @@ if HAVE_TRITON:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
             m_i = m_new
 
-        part = (pid_bh * n_splits + pid_s).to(tl.int64) * n_rows + rows
-        MP = WS
-        LP = WS + n_parts
-        AP = WS + 2 * n_parts
-        tl.store(MP + part, m_i, mask=rmask)
-        tl.store(LP + part, l_i, mask=rmask)
-        tl.store(AP + part[:, None] * BLOCK_D + offs_d[None, :], acc, mask=rmask[:, None])
+        if DIRECT:  # one split: this program saw every key of its rows, so it writes the output itself
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            o_ptrs = O + b.to(tl.int64) * sob + head[:, None].to(tl.int64) * soh + qi[:, None] * som + offs_d[None, :]
+            tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
+        else:
+            part = (pid_bh * n_splits + pid_s).to(tl.int64) * n_rows + rows
+            MP = WS
+            LP = WS + n_parts
+            AP = WS + 2 * n_parts
+            tl.store(MP + part, m_i, mask=rmask)
+            tl.store(LP + part, l_i, mask=rmask)
+            tl.store(AP + part[:, None] * BLOCK_D + offs_d[None, :], acc, mask=rmask[:, None])
 
     @triton.jit
     def _attn_combine_kernel(WS, n_parts, O, sob, soh, som, Hkv, G, Lq, D, n_rows, n_splits,
@@ -369,12 +378,15 @@ def split_kv_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.
     nss = triton.cdiv(S, chunk)
     n_splits = max(1, nsp + nss)
 
-    # one fp32 workspace: m [n_parts] | l [n_parts] | acc [n_parts, BLOCK_D]
-    n_parts = triton.cdiv(B * Hkv * n_splits * n_rows, 16) * 16
-    ws = torch.empty(n_parts * (2 + block_d), dtype=torch.float32, device=q.device)
+    # One split (every key in one chunk): the partial kernel normalises and writes the output itself. Else one
+    # fp32 workspace: m [n_parts] | l [n_parts] | acc [n_parts, BLOCK_D], merged by the combine kernel.
+    direct = n_splits == 1
+    n_parts = 0 if direct else triton.cdiv(B * Hkv * n_splits * n_rows, 16) * 16
+    ws = out if direct else torch.empty(n_parts * (2 + block_d), dtype=torch.float32, device=q.device)
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     _attn_partial_kernel[(n_mt, n_splits, B * Hkv)](
-        q, k_prefix, v_prefix, k_suffix, v_suffix, mask, ws, cos, sin, n_parts,
+        q, k_prefix, v_prefix, k_suffix, v_suffix, mask, ws, cos, sin, out, n_parts,
+        out.stride(0), out.stride(1), out.stride(2),
         q.stride(0), q.stride(1), q.stride(2),
         k_prefix.stride(0), k_prefix.stride(1), k_prefix.stride(2),
         v_prefix.stride(0), v_prefix.stride(1), v_prefix.stride(2),
@@ -382,10 +394,12 @@ def split_kv_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.
         v_suffix.stride(0), v_suffix.stride(1), v_suffix.stride(2),
         smb, smq, smk, scb, sct,
         Hkv, G, Lq, P, S, D, n_rows, nsp, n_splits, chunk, scale * _LOG2E,
-        MASK_MODE=mask_mode, MASK_PER_KEY=per_key, DOT_PREC=dot_prec, ROPE=rope is not None,
+        MASK_MODE=mask_mode, MASK_PER_KEY=per_key, DOT_PREC=dot_prec, ROPE=rope is not None, DIRECT=direct,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_H=block_d // 2, num_warps=num_warps,
         num_stages=num_stages,
         **pdl(q.device))
+    if direct:
+        return out
     split_block = min(next_power_of_2(n_splits), max(1, _COMBINE_MAX_ELEMS // block_d))
     _attn_combine_kernel[(n_rows, B * Hkv)](
         ws, n_parts, out, out.stride(0), out.stride(1), out.stride(2),

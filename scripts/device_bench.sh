@@ -41,7 +41,7 @@ if [ "${QUICK:-0}" = 1 ]; then
   PHYAI_OP_PROFILE=$PROFILE step bench_pi05 90 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup \
     --iters 300 --batches 1 --out "$OUT/bench_pi05.json"
   step gpu_tests_rest 200 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_gpu.py \
-    test/test_dispatch.py test/test_runner.py test/test_pi05_parity.py test/test_pi0_parity.py \
+    test/test_dispatch.py test/test_runner.py test/test_pi05_parity.py test/test_pi0_parity.py test/test_profile_ops.py \
     -k "not (pdl or rope or cuda_graph or pi0 or fp32_and_bf16 or graph)"
   exit 0
 fi
@@ -56,7 +56,7 @@ fi
 step ckpt_pi05 120 $B --checkpoint /tmp/ck05 --checkpoint-only
 step ckpt_pi0 120 $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only
 [ "${TESTS:-1}" = 1 ] && step gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_gpu.py \
-  test/test_dispatch.py test/test_runner.py test/test_pi05_parity.py test/test_pi0_parity.py
+  test/test_dispatch.py test/test_runner.py test/test_pi05_parity.py test/test_pi0_parity.py test/test_profile_ops.py
 step profile 150 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 --tokenizer "$TOK" \
   --out "$PROFILE"
 [ -f "$PROFILE" ] || PROFILE=profiles/h200.json

@@ -380,6 +380,23 @@ def test_split_kv_attention_fully_masked_row_is_zero():
 
 
 @needs_triton
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_one_split_writes_the_output_directly(block_m):
+    """Self-attention with every key in one chunk (the prefix pass): the partial kernel normalises and writes
+    the output itself; padded keys, a query that sees nothing (0) and a strided output as with the runner."""
+    B, Hq, Lq, D = 2, 4, 37, 32
+    q, kp, vp, _, _ = _attn_inputs(B, Hq, 1, Lq, Lq, 0, D, seed=9)
+    allowed = torch.ones(B, Lq, Lq, dtype=torch.bool)
+    allowed[1, :, 30:] = False
+    allowed[0, 5] = False
+    mask = torch.where(allowed, 0.0, float("-inf"))[:, None].to(DEVICE)
+    out = torch.full((B, Lq, Hq, D), float("nan"), device=DEVICE).transpose(1, 2)
+    o = ska.split_kv_attention(q, kp, vp, None, None, mask, block_m=block_m, block_n=16, num_splits=1, out=out)
+    assert o is out and torch.all(o[0, :, 5] == 0)
+    torch.testing.assert_close(o, ska.split_kv_attention_ref(q, kp, vp, None, None, mask), **TOL)
+
+
+@needs_triton
 def test_split_kv_attention_rejects_bad_inputs():
     q, kp, vp, ks, vs = _attn_inputs(1, 3, 2, 3, 8, 2, 16)
     with pytest.raises(ValueError):

@@ -239,9 +239,16 @@ def _unfused_rope_attention(qkv, cos, sin, k_prefix, v_prefix, mask):
     return attention_with_prefix(q, k_prefix, v_prefix, k, v, mask)
 
 
-def _triton_attention(q, k, v, mask):
+def _triton_attention(q, k, v, mask, **tiling):
     from phyai_ros.kernels.split_kv_attention import split_kv_attention
-    return split_kv_attention(q, k, v, None, None, mask)
+    return split_kv_attention(q, k, v, None, None, mask, **tiling)
+
+
+# Long-query attention (the prefix pass: ~800-1000 queries x 8 heads against as many keys): the default splits
+# the keys (~2 programs per SM) and merges the splits in a second kernel; with one split the row tiles alone
+# fill the GPU and each program writes its rows' output directly (no fp32 workspace round trip).
+PREFIX_ATTENTION_TILINGS = {"triton": {}, "triton_s1": {"num_splits": 1},
+                            "triton_s1_m128": {"num_splits": 1, "block_m": 128, "block_n": 64, "num_warps": 8}}
 
 
 _REGISTRY = {
@@ -278,8 +285,9 @@ _REGISTRY = {
                     supports=_rope_attention_fits, profiled_only=True) for name, tiling in ATTENTION_TILINGS.items()),
         Candidate("unfused", _unfused_rope_attention)],
     # Long-query attention (SigLIP, the prefix): SDPA first; the split-KV kernel is a profiled option.
-    "attention": [Candidate("sdpa", _sdpa, _CUDA), Candidate("triton", _triton_attention, _CUDA,
-                                                            available=_triton_ok),
+    "attention": [Candidate("sdpa", _sdpa, _CUDA),
+                  *(Candidate(name, functools.partial(_triton_attention, **tiling), _CUDA, available=_triton_ok)
+                    for name, tiling in PREFIX_ATTENTION_TILINGS.items()),
                   Candidate("torch", ops.attention)],
 }
 for _op, _cands in _REGISTRY.items():
