@@ -367,6 +367,7 @@ def split_kv_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.
         while num_stages > 1 and (block_m + 2 * num_stages * block_n) * block_d * es > budget:
             num_stages -= 1
     n_mt = triton.cdiv(n_rows, block_m)
+    one_split_asked = num_splits == 1
     if num_splits is None:
         # ~2 programs per SM in total, chunks of at least 64 keys (H200 sweep, B=1)
         num_splits = max(1, triton.cdiv(2 * num_sms(q.device), n_mt * B * Hkv))
@@ -378,9 +379,10 @@ def split_kv_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.
     nss = triton.cdiv(S, chunk)
     n_splits = max(1, nsp + nss)
 
-    # One split (every key in one chunk): the partial kernel normalises and writes the output itself. Else one
-    # fp32 workspace: m [n_parts] | l [n_parts] | acc [n_parts, BLOCK_D], merged by the combine kernel.
-    direct = n_splits == 1
+    # One split asked for (every key in one chunk): the partial kernel normalises and writes the output itself.
+    # Else one fp32 workspace: m [n_parts] | l [n_parts] | acc [n_parts, BLOCK_D], merged by the combine kernel
+    # (also when the heuristic lands on one split: that path is the one measured on the device so far).
+    direct = one_split_asked and n_splits == 1
     n_parts = 0 if direct else triton.cdiv(B * Hkv * n_splits * n_rows, 16) * 16
     ws = out if direct else torch.empty(n_parts * (2 + block_d), dtype=torch.float32, device=q.device)
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"

@@ -33,9 +33,10 @@ from phyai_ros.layers.selector import SELECTOR, device_signature  # noqa: E402
 
 
 COLD_BYTES = 256 * 1024  # operands at least this large (weights, KV caches) are timed out of L2
+MAX_COPIES = 256
 
 
-def cold_arg_sets(args: tuple, reps: int) -> list:
+def cold_arg_sets(args: tuple) -> list:
     """Argument tuples for successive calls. Every tensor operand after the first (the activation, which the
     previous kernel just wrote) of at least COLD_BYTES comes in enough copies that a round through them spans
     twice the L2 cache: each call then reads its weights from HBM, as in the model, where a layer's weights
@@ -47,7 +48,7 @@ def cold_arg_sets(args: tuple, reps: int) -> list:
         return [args]
     l2 = getattr(torch.cuda.get_device_properties(args[big[0]].device), "L2_cache_size", 50 * 2 ** 20)
     size = sum(args[i].numel() * args[i].element_size() for i in big)
-    copies = min(reps, max(1, -(-2 * l2 // size)))
+    copies = min(MAX_COPIES, max(1, -(-2 * l2 // size)))
     sets = [args]
     for _ in range(copies - 1):
         sets.append(tuple(a.clone() if i in big else a for i, a in enumerate(args)))
@@ -55,10 +56,11 @@ def cold_arg_sets(args: tuple, reps: int) -> list:
 
 
 def graph_time_us(fn, args: tuple = (), kwargs: dict | None = None, reps: int = 20) -> float:
-    """Median microseconds of one call fn(*args, **kwargs) replayed from a CUDA graph of `reps` calls, its
-    large operands rotated through copies (cold_arg_sets)."""
+    """Median microseconds of one call fn(*args, **kwargs) replayed from a CUDA graph of at least `reps` calls
+    (one per copy of its large operands, see cold_arg_sets)."""
     kwargs = kwargs or {}
-    sets = cold_arg_sets(tuple(args), reps)
+    sets = cold_arg_sets(tuple(args))
+    reps = max(reps, len(sets))
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

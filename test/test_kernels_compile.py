@@ -14,15 +14,12 @@ pytest.importorskip("triton.backends.nvidia.compiler")
 
 
 def test_every_kernel_compiles_for_hopper_and_thor():
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import compile_kernels
-    finally:
-        sys.path.pop(0)
+    # In a subprocess: the script switches the Triton interpreter off, which this process's other tests need on.
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "compile_kernels.py"), "--arch", "90", "--arch", "101"],
                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     ok = [line for line in r.stdout.splitlines() if line.startswith("ok")]
-    assert len(ok) == 2 * len(compile_kernels.SPECS), r.stdout
+    total = int(r.stdout.split()[-1])
+    assert total >= 2 * 16 and len(ok) == total and "0 failed" in r.stdout, r.stdout
     assert {line.split()[2] for line in ok} >= {"split_kv_attention._attn_partial_kernel",
                                                  "skinny_linear._skinny_kernel", "skinny_epilogue._gate_up_kernel"}
