@@ -113,11 +113,11 @@ def msg_to_chunk(msg: ActionChunk) -> ChunkData:
     )
 
 
-# ControlMargin fields filled from a report object of the same names (see control.margin).
+# ControlMargin float fields, filled from a dict with the message's field names.
 _MARGIN_FLOAT_FIELDS: Sequence[str] = (
     "budget", "latency_observe", "latency_transfer", "latency_queue", "latency_inference",
     "latency_actuate", "margin", "margin_p50", "margin_p95", "margin_p99", "p_nonnegative",
-    "p_nonnegative_lower", "target", "roofline_x", "roofline_y",
+    "p_nonnegative_lower", "confidence", "target", "roofline_x", "roofline_y",
 )
 
 
@@ -132,6 +132,8 @@ def margin_to_msg(stamp_ns: int, values: dict) -> ControlMargin:
     for name in _MARGIN_FLOAT_FIELDS:
         setattr(msg, name, float(values[name]))
     msg.window_size = int(values.get("window_size", 0))
+    msg.chunk_seq = int(values.get("chunk_seq", 0))
+    msg.expired = bool(values.get("expired", False))
     level = int(values["level"])
     if level not in (ControlMargin.OK, ControlMargin.WARN, ControlMargin.ERROR):
         raise ValueError(f"margin level must be OK(0), WARN(1) or ERROR(2), got {level}")
@@ -143,6 +145,6 @@ def margin_to_msg(stamp_ns: int, values: dict) -> ControlMargin:
 def msg_to_margin(msg: ControlMargin) -> dict:
     """Unpack a ``ControlMargin`` into a dict keyed by field name (stamp in ns)."""
     out = {name: float(getattr(msg, name)) for name in _MARGIN_FLOAT_FIELDS}
-    out.update(stamp_ns=time_to_ns(msg.stamp), window_size=int(msg.window_size),
-               level=int(msg.level), message=msg.message)
+    out.update(stamp_ns=time_to_ns(msg.stamp), window_size=int(msg.window_size), chunk_seq=int(msg.chunk_seq),
+               expired=bool(msg.expired), level=int(msg.level), message=msg.message)
     return out

@@ -33,8 +33,8 @@ def sample_margin_values() -> dict:
     return dict(budget=0.48, latency_observe=0.011, latency_transfer=0.0021, latency_queue=0.0007,
                 latency_inference=0.083, latency_actuate=0.0004, margin=0.3828, margin_p50=0.39,
                 margin_p95=0.21, margin_p99=-0.05, window_size=123, p_nonnegative=0.987,
-                p_nonnegative_lower=0.961, target=0.99, level=1, message="margin below target",
-                roofline_x=12.5, roofline_y=0.93)
+                p_nonnegative_lower=0.961, confidence=0.9, target=0.99, level=1, message="margin below target",
+                roofline_x=12.5, roofline_y=0.93, chunk_seq=41, expired=True)
 
 
 MARGIN_STAMP_NS = 1_764_000_124_000_000_500

@@ -23,9 +23,8 @@ def test_segments_and_margin_equal_injected_latencies():
         # ns-exact instants
         assert lat.recv_ns - lat.stamp_ns == 3 * MS
         assert lat.snapshot_ns == lat.recv_ns
-        assert lat.start_ns - lat.snapshot_ns == 1 * MS
-        assert lat.end_ns - lat.start_ns == 25 * MS
-        assert lat.ready_ns - lat.end_ns == 2 * MS
+        assert lat.queue_ns == 1 * MS and lat.inference_ns == 25 * MS and lat.actuate_ns == 2 * MS
+        assert lat.ready_ns - lat.snapshot_ns == 28 * MS
         # trigger after index 5 of the previous chunk: it covers 4 more slots + the current one
         assert lat.cover_end_ns - lat.snapshot_ns == 5 * DT
         assert r.chunk_seq == c.seq and r.in_window
@@ -86,7 +85,7 @@ def test_window_quantiles_and_probability():
     margins_ms = [30, -5, 12, 8, 40, 22, -1, 15, 9, 18, 27, 3]
     rep = None
     for i, m in enumerate(margins_ms):
-        rec = LatencyRecord(stamp_ns=0, recv_ns=0, snapshot_ns=0, start_ns=0, end_ns=10 * MS,
+        rec = LatencyRecord(stamp_ns=0, recv_ns=0, snapshot_ns=0, inference_ns=10 * MS, actuate_ns=10 * MS,
                             ready_ns=20 * MS, cover_end_ns=20 * MS + m * MS)
         rep = mon.add_chunk(rec, seq=i, consumed=1, now_ns=0)
         assert rep.margin == pytest.approx(m / 1e3)
@@ -111,8 +110,8 @@ def test_wilson_bound_values():
 
 
 def _rec(margin_ms):
-    return LatencyRecord(stamp_ns=0, recv_ns=0, snapshot_ns=0, start_ns=0, end_ns=5 * MS, ready_ns=10 * MS,
-                         cover_end_ns=10 * MS + int(margin_ms * MS))
+    return LatencyRecord(stamp_ns=0, recv_ns=0, snapshot_ns=0, inference_ns=5 * MS, actuate_ns=5 * MS,
+                         ready_ns=10 * MS, cover_end_ns=10 * MS + int(margin_ms * MS))
 
 
 def test_status_transitions_ok_warn_error():
@@ -175,7 +174,7 @@ def test_roofline_environment_bound_and_inference_bound():
         served = [e for e in hist if e.chunk_seq == c.seq]
         env += sum(e.kind == "chunk" for e in served) * DT
         ctl += len(served) * DT
-        inf += by_seq[c.seq + 1].latency.end_ns - by_seq[c.seq + 1].latency.start_ns
+        inf += by_seq[c.seq + 1].latency.inference_ns
     r = sim.reports[-1]
     assert sim.loop.counters()["expired_chunks"] == 0 and len(sim.chunks) >= 8
     assert r.X == pytest.approx(env / inf) and r.Y == pytest.approx(env / ctl)

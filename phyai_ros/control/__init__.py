@@ -2,7 +2,7 @@
 deadline-miss policy and control-margin statistics.  Imports numpy only (never rclpy or
 torch); the policy is an injected callable, the clock an injected object."""
 from .chunk import ActionChunk, slot_index
-from .clock import CallableClock, Clock, FakeClock, MonotonicClock, ns_to_s, s_to_ns, stamp_to_ns
+from .clock import CallableClock, Clock, ClockRate, FakeClock, MonotonicClock, ns_to_s, s_to_ns, stamp_to_ns
 from .loop import COUNTERS, ControlConfig, ControlLoop, Policy
 from .margin import ERROR, OK, WARN, LatencyRecord, MarginMonitor, MarginReport, required_samples, wilson_lower
 from .observation import (BadImageError, BadStateError, FutureStampError, JointStateMapper, MissingJointError,
@@ -13,7 +13,7 @@ from .timer import ActionTimer, Emission
 from .worker import InferenceWorker, ManualExecutor
 
 __all__ = [
-    "ActionChunk", "slot_index", "CallableClock", "Clock", "FakeClock", "MonotonicClock", "ns_to_s", "s_to_ns",
+    "ActionChunk", "slot_index", "CallableClock", "Clock", "ClockRate", "FakeClock", "MonotonicClock", "ns_to_s", "s_to_ns",
     "stamp_to_ns", "COUNTERS", "ControlConfig", "ControlLoop", "Policy", "ERROR", "OK", "WARN", "LatencyRecord",
     "MarginMonitor", "MarginReport", "required_samples", "wilson_lower", "BadImageError", "BadStateError",
     "FutureStampError", "JointStateMapper", "MissingJointError", "ObservationBuffer", "ObservationError",

@@ -3,14 +3,15 @@
 All times are ``int`` nanoseconds.  ``now()`` is stamp time (ROS time in the node, so
 ``use_sim_time`` and bag replay work): sensor stamps, chunk ``t0`` and every latency
 segment are measured on it, so they are commensurable with the action timer, which also
-runs on ROS time.  ``monotonic()`` never goes back; it is used only for wall-time
-diagnostics (``LatencyRecord.inference_wall_ns``).  ``FakeClock`` makes the loop testable
+runs on ROS time.  ``monotonic()`` never goes back; compute durations are measured on it
+and converted to stamp time by the rate ``ClockRate`` estimates (see control/margin.py).  ``FakeClock`` makes the loop testable
 to the tick and can jump back to emulate a bag loop under sim time.
 """
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import Callable, Protocol, runtime_checkable
 
 NS_PER_S = 1_000_000_000
@@ -32,6 +33,32 @@ class Clock(Protocol):
 
     def monotonic(self) -> int:
         """Monotonic time, int ns; never goes back."""
+
+
+class ClockRate:
+    """Rate of the stamp clock relative to the monotonic clock (1 in real time, the replay
+    rate under sim time), from the (stamp, monotonic) pairs of the last ``window_ns`` of
+    monotonic time.  1.0 until the pairs span ``min_span_ns``; reset on a clock jump."""
+
+    def __init__(self, window_ns: int = 3 * NS_PER_S, min_span_ns: int = NS_PER_S // 10):
+        self.window_ns, self.min_span_ns = int(window_ns), int(min_span_ns)
+        self.reset()
+
+    def reset(self) -> None:
+        self._pairs: deque = deque()
+
+    def add(self, stamp_ns: int, mono_ns: int) -> None:
+        self._pairs.append((int(stamp_ns), int(mono_ns)))
+        while len(self._pairs) > 2 and mono_ns - self._pairs[1][1] >= self.window_ns:
+            self._pairs.popleft()
+
+    def rate(self) -> float:
+        if len(self._pairs) < 2:
+            return 1.0
+        (s0, m0), (s1, m1) = self._pairs[0], self._pairs[-1]
+        if m1 - m0 < self.min_span_ns or s1 <= s0:
+            return 1.0
+        return (s1 - s0) / (m1 - m0)
 
 
 class MonotonicClock:

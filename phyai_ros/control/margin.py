@@ -11,16 +11,28 @@ Definitions (all instants on the stamp clock, int ns; reported durations in seco
 * ``L_inference``= policy return - inference start.
 * ``L_actuate``  = chunk handed to the action timer - policy return (validation, prefix
   enforcement, stitching).
+* Clocks: instants are on the stamp clock (ROS time; sim time in a replay), so budgets,
+  deadlines and stamps agree with the action timer.  ``L_observe`` and ``L_transfer``
+  start at a sensor stamp / receive time and are stamp-clock differences.  The compute
+  segments ``L_queue``, ``L_inference``, ``L_actuate`` are measured on the monotonic clock
+  (a sim clock moves in steps of its /clock period) and expressed in the stamp clock's
+  time base: multiplied by the stamp clock's rate (``ClockRate``: 1 in real time, the
+  replay rate under sim time, estimated over seconds of ticks), so a 5x replay shows a 5x
+  latency and no segment is a multiple of the /clock period.
 * ``cover_end`` = ``t0 + H*dt`` of the chunk being executed when the snapshot was taken:
   the first tick that chunk can no longer serve.
 * ``B_ctrl = cover_end - anchor stamp``: the time the current chunk still covers, measured
   from the observation the new chunk is computed from.  Then with
-  ``L_critical = sum of the five = ready - anchor stamp`` the margin
-  ``M_ctrl = B_ctrl - (L_inference + L_noninf) = cover_end - ready`` exactly, so
-  ``M_ctrl >= 0`` iff the new chunk is with the timer before the old one runs out, i.e.
-  iff that chunk causes no deadline miss (ticks on the dt grid).
+  ``L_critical = sum of the five`` (= ready - anchor stamp in real time; within one /clock
+  period of it under sim time) the margin ``M_ctrl = B_ctrl - (L_inference + L_noninf)
+  = cover_end - ready``, so ``M_ctrl >= 0`` iff the new chunk is with the timer before the
+  old one runs out, i.e. iff that chunk causes no deadline miss (ticks on the dt grid).
 * Startup chunks (nothing executing at the trigger: B undefined) and cold-start
-  inferences are reported but kept out of the statistics window.
+  inferences are reported but kept out of the statistics window, unless they expired.
+* An *expired* chunk (every action already in the past on delivery, never executed) is a
+  deadline miss and always a window sample; a startup chunk that expires has its own end
+  ``t0 + H*dt`` as ``cover_end`` (it was of no use after that), so its ``M_ctrl < 0`` too.
+  Vocabulary (deadline miss, expired, late, run-out, stale, missed slot): docs/design.md.
 
 Statistics over a sliding window of the last ``window`` margins:
 
@@ -50,7 +62,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -64,13 +76,26 @@ class LatencyRecord:
     stamp_ns: int
     recv_ns: int
     snapshot_ns: int
-    start_ns: int
-    end_ns: int
     ready_ns: int
     cover_end_ns: Optional[int]
+    queue_ns: int = 0       # compute segments: monotonic, in the stamp clock's time base
+    inference_ns: int = 0
+    actuate_ns: int = 0
     remaining_at_trigger: int = 0
-    inference_wall_ns: int = 0
+    inference_wall_ns: int = 0  # monotonic inference time, unscaled
     cold: bool = False
+
+    @classmethod
+    def measured(cls, *, stamp_ns: int, recv_ns: int, snapshot_ns: int, ready_ns: int,
+                 cover_end_ns: Optional[int], mono_ns: Tuple[int, int, int, int], rate: float = 1.0,
+                 **kw) -> "LatencyRecord":
+        """From stamp-clock instants, the monotonic instants (snapshot, start, end, ready) and
+        the stamp clock's rate relative to the monotonic clock."""
+        m_snap, m_start, m_end, m_ready = mono_ns
+        return cls(stamp_ns=stamp_ns, recv_ns=recv_ns, snapshot_ns=snapshot_ns, ready_ns=ready_ns,
+                   cover_end_ns=cover_end_ns, queue_ns=int(round((m_start - m_snap) * rate)),
+                   inference_ns=int(round((m_end - m_start) * rate)),
+                   actuate_ns=int(round((m_ready - m_end) * rate)), inference_wall_ns=m_end - m_start, **kw)
 
     @property
     def startup(self) -> bool:
@@ -86,19 +111,19 @@ class LatencyRecord:
 
     @property
     def queue(self) -> float:
-        return (self.start_ns - self.snapshot_ns) / 1e9
+        return self.queue_ns / 1e9
 
     @property
     def inference(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e9
+        return self.inference_ns / 1e9
 
     @property
     def actuate(self) -> float:
-        return (self.ready_ns - self.end_ns) / 1e9
+        return self.actuate_ns / 1e9
 
     @property
     def critical(self) -> float:
-        return (self.ready_ns - self.stamp_ns) / 1e9
+        return (self.snapshot_ns - self.stamp_ns + self.queue_ns + self.inference_ns + self.actuate_ns) / 1e9
 
     @property
     def noninf(self) -> float:
@@ -110,7 +135,7 @@ class LatencyRecord:
 
     @property
     def margin(self) -> float:
-        return math.nan if self.cover_end_ns is None else (self.cover_end_ns - self.ready_ns) / 1e9
+        return math.nan if self.cover_end_ns is None else self.B_ctrl - self.critical
 
 
 @dataclass(frozen=True)
@@ -120,8 +145,10 @@ class MarginReport:
     (float), ``stamp_ns`` int ns (tick time).  NaN where undefined (startup chunk, empty
     window).  ``B_ctrl..margin`` are this chunk's; ``p*``, ``p_nonneg*``, ``n``, ``level``
     are over the window; ``X, Y, Y_seq, Y_roof`` are window ratios of sums; ``L_env`` and
-    ``L_control`` are the cycle this chunk just ended; ``consumed`` = actions of the chunk
-    already in the past when adopted; ``in_window`` False for startup/cold chunks."""
+    ``L_control`` are the cycle this chunk just ended; ``confidence`` is the level of the
+    one-sided Wilson bound ``p_nonneg_lower``; ``expired``: the chunk was never executed;
+    ``consumed`` = actions of the chunk already in the past when adopted; ``in_window``
+    False for startup/cold chunks that did not expire."""
 
     stamp_ns: int
     chunk_seq: int
@@ -138,6 +165,8 @@ class MarginReport:
     p_nonneg: float
     p_nonneg_lower: float
     target: float
+    confidence: float
+    expired: bool
     n: int
     level: int
     message: str
@@ -197,30 +226,39 @@ class MarginMonitor:
     def margins(self) -> np.ndarray:
         return np.array(self._margins, dtype=np.float64)
 
+    def bound_label(self) -> str:
+        """How the lower bound is computed, for every text that shows it."""
+        return f"{self.confidence:.0%} one-sided Wilson lower bound"
+
     def status(self) -> tuple:
         """(p_hat, lower, level, message) for the current window."""
         m = self.margins()
         n = len(m)
         k_miss = self.error_consecutive_misses
         if n == 0:
-            return math.nan, math.nan, WARN, "no margin samples yet"
+            return math.nan, math.nan, WARN, "no margin samples yet (only startup / cold-start chunks so far)"
         k = int(np.count_nonzero(m >= 0))
         p = k / n
         lo = wilson_lower(k, n, self.confidence)
         tgt = self.target
+        bound = f"P(M>=0) = {p:.3f}, lower {lo:.3f} ({self.bound_label()}) vs target {tgt:.3f}, n={n}"
         if k_miss > 0 and n >= k_miss and bool(np.all(m[-k_miss:] < 0)):
-            return p, lo, ERROR, f"last {k_miss} chunks missed their deadline"
+            return p, lo, ERROR, f"last {k_miss} chunks missed their deadline; {bound}"
         if n >= self.min_samples and p < self.error_p_threshold:
-            return p, lo, ERROR, f"P(M>=0)={p:.3f} < error threshold {self.error_p_threshold:.3f} (n={n})"
+            return p, lo, ERROR, f"P(M>=0) below the error threshold {self.error_p_threshold:.3f}; {bound}"
         if n >= self.min_samples and lo >= tgt:
-            return p, lo, OK, f"P(M>=0) >= {lo:.3f} at {self.confidence:.0%} confidence (target {tgt:.3f}, n={n})"
+            return p, lo, OK, f"target demonstrated: {bound}"
         if n < self.min_samples:
-            return p, lo, WARN, f"insufficient samples (n={n} < {self.min_samples})"
-        return p, lo, WARN, (f"P(M>=0) lower bound {lo:.3f} < target {tgt:.3f} "
-                             f"(P-hat={p:.3f}, n={n})")
+            return p, lo, WARN, f"insufficient samples (n={n} < {self.min_samples}); {bound}"
+        return p, lo, WARN, f"target not demonstrated: {bound}"
 
-    def add_chunk(self, rec: LatencyRecord, *, seq: int, consumed: int, now_ns: int) -> MarginReport:
-        in_window = not rec.startup and not rec.cold
+    def add_chunk(self, rec: LatencyRecord, *, seq: int, consumed: int, now_ns: int,
+                  expired: bool = False) -> MarginReport:
+        """Add one chunk offered to the timer.  An expired chunk must carry a ``cover_end_ns``
+        (see the module doc) and always counts."""
+        if expired and rec.startup:
+            raise ValueError("an expired chunk needs a cover_end (its deadline)")
+        in_window = expired or (not rec.startup and not rec.cold)
         if in_window:
             self._margins.append(rec.margin)
         m = self.margins()
@@ -239,7 +277,7 @@ class MarginMonitor:
             stamp_ns=int(now_ns), chunk_seq=int(seq), B_ctrl=rec.B_ctrl, L_observe=rec.observe,
             L_transfer=rec.transfer, L_queue=rec.queue, L_inference=rec.inference, L_actuate=rec.actuate,
             margin=rec.margin, p50=p50, p95=p95, p99=p99, p_nonneg=p, p_nonneg_lower=lo, target=self.target,
-            n=len(m), level=level, message=msg, X=X, Y=Y,
+            confidence=self.confidence, expired=bool(expired), n=len(m), level=level, message=msg, X=X, Y=Y,
             Y_seq=(X / (1 + X) if math.isfinite(X) else (1.0 if X == math.inf else math.nan)),
             Y_roof=(min(X, 1.0) if not math.isnan(X) else math.nan),
             L_env=self._last_cycle[0], L_control=self._last_cycle[1], consumed=int(consumed), in_window=in_window)

@@ -10,7 +10,13 @@ worker only ever swaps a pointer).  Rules:
 * A newly adopted chunk starts at its slot for the tick time (or the slot after the last
   emitted one); the actions before it are in the past and are skipped.  That index is the
   number of actions consumed while it was computed (the RTC delay sample).
-* Past the end of the chunk (deadline miss, one count per missed slot):
+* A tick that lands more than one slot after the last one served (the timer callback
+  ran late, e.g. under CPU pressure) serves its own slot; the slots in between are
+  *missed slots* (``Emission.skipped``), never served late.
+* All chunks share one grid: the first trigger fixes its origin (kept until a clock
+  reset), so every chunk's ``t0`` and every command stamp is ``origin + k*dt``, even when
+  early chunks expire before any is adopted.
+* Past the end of the chunk (a *run-out*; each such tick is a deadline-policy tick):
   ``hold_last`` repeats the chunk's last action; ``stop`` emits nothing (``None``);
   ``extrapolate_tail`` emits ``a[H-1] + j*(a[H-1] - a[H-2])`` for the j-th slot past the
   end, with j capped at ``extrapolate_max_ticks`` (then it holds the capped value; a
@@ -33,7 +39,8 @@ DEADLINE_POLICIES = ("hold_last", "stop", "extrapolate_tail")
 class Emission:
     """One tick's output.  ``action`` float32 [D] read-only, or None (``stop``).
     kind: 'chunk' | 'duplicate' | 'hold_last' | 'extrapolate_tail' | 'stop'.
-    ``index`` is the slot index in the chunk (>= H on deadline-miss slots)."""
+    ``index`` is the slot index in the chunk (>= H on run-out slots); ``skipped`` the
+    missed slots between the previous emission and this one."""
 
     t_ns: int
     slot_ns: int
@@ -41,6 +48,7 @@ class Emission:
     chunk_seq: int
     index: int
     kind: str
+    skipped: int = 0
 
     @property
     def is_miss(self) -> bool:
@@ -57,6 +65,27 @@ class Adoption:
     cycle_control_ns: Optional[int] = None  # previous chunk's reign: total (incl. miss slots)
 
 
+class DeliveryStats:
+    """Command delivery delay (tick time - slot time) over the last ``window`` served slots:
+    how late the action timer publishes; negative up to dt/2 (nearest-slot rounding)."""
+
+    def __init__(self, window: int = 5000):
+        self._delays: deque = deque(maxlen=int(window))
+        self.max_ns: Optional[int] = None  # over the whole run
+
+    def add(self, delay_ns: int) -> None:
+        self._delays.append(int(delay_ns))
+        self.max_ns = delay_ns if self.max_ns is None else max(self.max_ns, int(delay_ns))
+
+    def summary(self) -> dict:
+        """p50 / p99 over the window and the run's max, seconds (NaN before any slot)."""
+        if not self._delays:
+            return {"p50": float("nan"), "p99": float("nan"), "max": float("nan"), "n": 0}
+        d = np.array(self._delays, dtype=np.float64) / 1e9
+        p50, p99 = np.percentile(d, [50.0, 99.0])
+        return {"p50": float(p50), "p99": float(p99), "max": self.max_ns / 1e9, "n": len(d)}
+
+
 class ActionTimer:
     def __init__(self, dt_ns: int, policy: str = "hold_last", extrapolate_max_ticks: int = 5, history: int = 1000):
         if policy not in DEADLINE_POLICIES:
@@ -65,8 +94,6 @@ class ActionTimer:
         self.policy = policy
         self.extrapolate_max_ticks = int(extrapolate_max_ticks)
         self.history: deque = deque(maxlen=int(history))
-        self.misses = 0
-        self.duplicates = 0
         self.reset()
 
     def reset(self) -> None:
@@ -74,6 +101,7 @@ class ActionTimer:
         self.last: Optional[Emission] = None
         self.in_miss = False
         self._reign_start_ns: Optional[int] = None
+        self.grid_origin_ns: Optional[int] = None
 
     def _now_slot(self, chunk: ActionChunk, now_ns: int) -> int:
         i = chunk.index_at(now_ns)
@@ -104,7 +132,12 @@ class ActionTimer:
             return self.current.time_of(self.next_index(now_ns))
         if self.last is not None:
             return self.last.slot_ns + self.dt_ns
-        return int(now_ns) + self.dt_ns
+        earliest = int(now_ns) + self.dt_ns
+        if self.grid_origin_ns is None:
+            self.grid_origin_ns = earliest
+            return earliest
+        k = -(-(earliest - self.grid_origin_ns) // self.dt_ns)  # first grid slot >= earliest
+        return self.grid_origin_ns + k * self.dt_ns
 
     def adopt(self, chunk: ActionChunk, now_ns: int) -> Adoption:
         first = self._now_slot(chunk, now_ns)
@@ -130,18 +163,17 @@ class ActionTimer:
         i = c.index_at(now_ns)
         slot = c.time_of(i)
         if self.last is not None and slot <= self.last.slot_ns:
-            self.duplicates += 1
             e = self.last
             e = Emission(int(now_ns), e.slot_ns, e.action, e.chunk_seq, e.index, "duplicate")
             self.history.append(e)
             return e
         if i < 0:
             return None
+        skipped = 0 if self.last is None else max(0, (slot - self.last.slot_ns) // self.dt_ns - 1)
         if i < c.horizon:
             action, kind = c.actions[i], "chunk"
             self.in_miss = False
         else:
-            self.misses += 1
             self.in_miss = True
             a = c.actions
             kind = self.policy
@@ -156,10 +188,10 @@ class ActionTimer:
                     j = min(i - (c.horizon - 1), self.extrapolate_max_ticks)
                     action = (a[-1] + j * (a[-1] - a[-2])).astype(np.float32)
                     action.flags.writeable = False
-        e = Emission(int(now_ns), slot, action, c.seq, i, kind)
+        e = Emission(int(now_ns), slot, action, c.seq, i, kind, int(skipped))
         self.last = e
         self.history.append(e)
         return e
 
 
-__all__ = ["DEADLINE_POLICIES", "Emission", "Adoption", "ActionTimer"]
+__all__ = ["DEADLINE_POLICIES", "Emission", "Adoption", "ActionTimer", "DeliveryStats"]
