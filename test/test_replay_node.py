@@ -124,3 +124,41 @@ def test_faulty_bag_replays_to_the_end_with_every_event_reported(model, bags, tm
     head = rep.index.read_text().split("<h2>")[0]
     assert "Stepped replay" in head and "rejected" in head
     assert "clock_jump" in rep.markdown.read_text()
+
+
+def test_strict_fails_a_replay_without_chunks_and_says_why(model, tmp_path, capsys):
+    """No instruction in the bag (and no default): the node never infers; --strict must not pass it."""
+    from phyai_ros.replay.cli import main
+    from phyai_ros.replay.demo_bag import Faults
+    ckpt, tokenizer = model
+    bag = make_demo_bag(tmp_path / "no_instruction", DemoBagConfig(duration=1.0, state_rate_hz=20.0,
+                                                                   faults=Faults(drop_topics=("/instruction",))))
+    rc = main([str(bag.path), "--out", str(tmp_path / "out"), "--mode", "stepped", "--start-node", "--strict",
+               "-p", f"model.checkpoint:={ckpt}", "-p", f"model.tokenizer:={tokenizer}",
+               "-p", f"control.horizon:={HORIZON}"])
+    out, err = capsys.readouterr()
+    assert "0 chunks" in out, out
+    assert rc == 2 and "--strict" in err and "no action chunk" in err, (rc, err)
+
+
+def test_overload_replay_is_error_with_misses_and_silence_counted(model, tmp_path):
+    """Issue 11 item 1: replayed 8x faster than real time, inference (~0.1 s here) spans several
+    1 s chunks of robot time, so chunks expire. Each expired chunk is a deadline miss and a margin
+    sample with M_ctrl < 0; the node's watchdog says ERROR on /diagnostics, and the report's verdict
+    is ERROR with the misses, the expired chunks and the silence counted."""
+    from phyai_ros.replay.report import make_report
+    ckpt, tokenizer = model
+    bag = make_demo_bag(tmp_path / "bag", DemoBagConfig(duration=16.0, state_rate_hz=20.0, storage="mcap"))
+    with PolicyNode(checkpoint=ckpt, tokenizer=tokenizer, overrides=OVERRIDES, stepped=False) as node:
+        result = replay(bag.path, node, mode="realtime", rate=8.0, out=tmp_path / "out")
+    c = result.node_counters
+    assert c["deadline_misses"] >= 1 and c["expired_chunks"] >= 1, c
+    expired = [m for m in result.margin_values if m["expired"]]
+    assert expired and all(m["margin"] < 0 and m["window_size"] >= 1 for m in expired)
+    diags = [r.msg for r in result.diagnostics if "margin_level" in r.msg]
+    assert any(d["margin_level"] == 2 and "no chunk adopted" in d["margin_message"] for d in diags)
+    num = make_report(tmp_path / "out").numbers
+    assert num["verdict"]["level"] == 2
+    assert num["deadline_misses"] == c["deadline_misses"] and num["expired_chunks"] == c["expired_chunks"]
+    assert num["commands_delivery"]["longest_silence_s"] > HORIZON * 0.05
+    assert "90% one-sided Wilson lower bound" in " ".join(num["verdict"]["facts"])

@@ -243,7 +243,7 @@ def _write_output_bag(path: Path, n_chunks: int = 30, inference_s: float = 0.06,
                         latency_transfer=0.02, latency_queue=0.0, latency_inference=inference_s, latency_actuate=0.0,
                         margin=margin if k else math.nan, margin_p50=0.3, margin_p95=0.3, margin_p99=0.3,
                         window_size=k, p_nonnegative=1.0, p_nonnegative_lower=0.9, target=0.95, level=0,
-                        message="ok", roofline_x=6.0, roofline_y=1.0)
+                        message="ok", roofline_x=6.0, roofline_y=1.0, chunk_seq=k, expired=False, confidence=0.9)
             msgs.append((adopt, "/control_margin", T["phyai_ros/msg/ControlMargin"](**vals)))
             for i in range(horizon - 8):
                 slot = t0 + i * dt_ns
@@ -313,7 +313,11 @@ def test_report_flags_misses_and_an_inference_bound_loop(tmp_path):
     assert num["accounting"] is None and "accounting" not in rep.figures
     assert num["roofline"]["bound"] == "inference-bound"
     assert num["deadline_misses"] == 6 and num["margin"]["k"] < num["margin"]["n"]
-    assert num["verdict"]["level"] == 2 and num["verdict"]["headline"].startswith("Inference-bound")
+    # inference (1.2 s) is longer than a chunk (50 x 20 ms): the headline says overload, not "the tail"
+    v = num["verdict"]
+    assert v["level"] == 2 and v["headline"].startswith("Overloaded") and "6 deadline misses" in v["headline"]
+    assert any("inference-bound" in f for f in v["facts"])
+    assert not any("not the average" in f for f in v["facts"])
 
 
 # ----------------------------------------------------------------------------- command line
@@ -386,3 +390,148 @@ def test_replay_launch_file_structure(monkeypatch):
     assert set(flags) <= known
     handler = next(e for e in entities if type(e).__name__ == "RegisterEventHandler").args[0]
     assert handler.kwargs["target_action"] is replay
+
+
+# ----------------------------------------------------------------------------- bad bags (issue 11)
+def _write_bag(path: Path, messages, extra_types: str = "", storage: str = "mcap") -> Path:
+    """A rosbag2 with ``messages`` = [(topic, msgtype, bag time ns, message)]; ``extra_types``: the
+    ``.msg`` text of a type the bag brings itself (registered under the first message's type)."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore, get_types_from_msg
+    ts = get_typestore(Stores.ROS2_JAZZY)
+    for topic, msgtype, _, _ in messages:
+        if msgtype not in ts.types and extra_types:
+            ts.register(get_types_from_msg(extra_types, msgtype))
+    plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+    with Writer(path, version=9, storage_plugin=plugin) as w:
+        conns = {}
+        for topic, msgtype, t, msg in messages:
+            if topic not in conns:
+                conns[topic] = w.add_connection(topic, msgtype, typestore=ts)
+            w.write(conns[topic], t, bytes(ts.serialize_cdr(msg, msgtype)))
+    return path
+
+
+def _joint_state(t_ns: int):
+    T = typestore().types
+    return T["sensor_msgs/msg/JointState"](
+        header=T["std_msgs/msg/Header"](stamp=T["builtin_interfaces/msg/Time"](sec=t_ns // NS, nanosec=t_ns % NS),
+                                        frame_id=""),
+        name=list(NodeInfo.from_params_file(CPU_CONFIG).joint_names), position=np.zeros(8), velocity=np.zeros(0),
+        effort=np.zeros(0))
+
+
+def test_a_bag_cannot_make_the_replay_import_the_module_its_type_names(tmp_path, monkeypatch, node_info):
+    """Security (issue 11, item 13): a bag whose topic type is ``evilpkg/msg/Widget`` next to an
+    ``evilpkg/`` package in the working directory must not run that package's code: only registered
+    interface packages (ament index) are imported; the topic is reported and not played."""
+    from phyai_ros.replay.player import ReplayNode, ReplayOptions, _Replay, ros_type
+    marker = tmp_path / "evil_code_ran"
+    cwd = tmp_path / "cwd"
+    (cwd / "evilpkg" / "msg").mkdir(parents=True)
+    payload = f"open({str(marker)!r}, 'w').write('ran')\n"
+    (cwd / "evilpkg" / "__init__.py").write_text(payload)
+    (cwd / "evilpkg" / "msg" / "__init__.py").write_text(payload + "class Widget:\n    pass\n")
+    T = typestore().types
+    bag = _write_bag(tmp_path / "evil_bag", [
+        ("/joint_states", "sensor_msgs/msg/JointState", START, _joint_state(START)),
+        ("/widget", "evilpkg/msg/Widget", START + 10_000_000, T["std_msgs/msg/String"](data="x")),
+        ("/widget", "evilpkg/msg/Widget", START + 20_000_000, T["std_msgs/msg/String"](data="y"))],
+        extra_types="string data")
+    monkeypatch.chdir(cwd)
+    monkeypatch.syspath_prepend(str(cwd))
+    try:
+        session = scan_bag(bag, node_info)
+        with pytest.raises(LookupError, match="unknown message type"):
+            ros_type("evilpkg/msg/Widget")
+        with ReplayNode(name="phyai_replay_security_test") as rn:
+            _Replay(rn, session, None, ReplayOptions(), None, lambda s: None)
+        assert not marker.exists(), "the bag's type name imported and ran evilpkg"
+        assert "evilpkg" not in sys.modules
+    finally:
+        for name in [m for m in sys.modules if m.split(".")[0] == "evilpkg"]:
+            del sys.modules[name]
+    widget = [i for i in session.items if i.topic == "/widget"]
+    assert len(widget) == 2 and not any(i.publish for i in widget)
+    events = [e for e in session.events if e.kind == "unknown_type"]
+    assert len(events) == 1 and events[0].topic == "/widget" and "unknown message type" in events[0].detail
+    assert "2 messages" in events[0].detail
+    # registered packages still resolve (the standard ones and the project's own)
+    assert ros_type("sensor_msgs/msg/JointState").__name__ == "JointState"
+    assert ros_type("phyai_ros/msg/ActionChunk").__name__ == "ActionChunk"
+    for bad in ("os/path/join", "sensor_msgs/msg/../Image", "sensor_msgs/msg/NoSuchType", "sensor_msgs/srv/Image"):
+        with pytest.raises(LookupError, match="unknown message type"):
+            ros_type(bad)
+
+
+def test_a_wrong_type_on_a_camera_topic_is_one_summary_per_topic(tmp_path, node_info):
+    T = typestore().types
+    msgs = [("/joint_states", "sensor_msgs/msg/JointState", START, _joint_state(START))]
+    msgs += [("/cameras/base/image", "std_msgs/msg/String", START + k * 33_000_000, T["std_msgs/msg/String"](data="f"))
+             for k in range(1, 31)]
+    s = scan_bag(_write_bag(tmp_path / "b", msgs), node_info)
+    wrong = [e for e in s.events if e.kind == "type_mismatch"]
+    assert len(wrong) == 1, [e.detail for e in wrong]
+    e = wrong[0]
+    assert e.topic == "/cameras/base/image" and e.log_ns == START + 33_000_000
+    assert "30 messages" in e.detail and "sensor_msgs/msg/Image" in e.detail and "std_msgs/msg/String" in e.detail
+    assert "first at" in e.detail and "last at" in e.detail and "t=0.990 s" in e.detail  # bag time of the last one
+    # each message is still judged (and accounted) on its own
+    assert sum(i.verdict == "type_mismatch" for i in s.items) == 30
+
+
+def test_report_of_an_input_bag_says_it_holds_no_node_outputs(tmp_path, capsys):
+    from phyai_ros.replay.report import main
+    bag = make_demo_bag(tmp_path / "input", DemoBagConfig(duration=1.0, state_rate_hz=20.0))
+    assert main([str(bag.path)]) == 1
+    err = capsys.readouterr().err
+    assert "AttributeError" not in err
+    assert str(bag.path) in err and "none of the node's outputs" in err and "action_chunk" in err
+    assert "/joint_states" in err  # what the bag does hold
+
+
+def _truncate(bag_dir: Path, fraction: float) -> Path:
+    (mcap,) = sorted(bag_dir.glob("*.mcap"))
+    data = mcap.read_bytes()
+    mcap.write_bytes(data[: int(len(data) * fraction)])
+    return mcap
+
+
+def test_a_truncated_mcap_plays_what_can_be_read_with_a_warning(tmp_path, node_info):
+    from phyai_ros.replay.scan import iter_bag
+    bag = make_demo_bag(tmp_path / "s", DemoBagConfig(duration=2.0, state_rate_hz=20.0))  # ~1 MB chunks
+    full = [(c.topic, t) for c, t, _, _ in iter_bag(bag.path)]
+    mcap = _truncate(bag.path, 0.7)
+    s = scan_bag(bag.path, node_info)
+    got = [(i.topic, i.log_ns) for i in s.items]
+    assert 0 < len(got) < len(full) and got == full[: len(got)]   # what was recovered, in order
+    (ev,) = [e for e in s.events if e.kind == "truncated_bag"]
+    assert mcap.name in ev.detail and "truncated" in ev.detail
+    assert f"recovered {len(got)} of {len(full)} messages" in ev.detail
+    # the play pass reads exactly what the scan read
+    assert [(c.topic, t) for c, t, _, _ in iter_bag(bag.path)] == got
+
+
+def test_a_bad_bag_fails_at_once_without_starting_a_node(tmp_path, capsys):
+    """The bag is read and checked before ``--start-node`` starts anything."""
+    import time
+    from phyai_ros.replay.cli import main
+    T = typestore().types
+    bag = make_demo_bag(tmp_path / "garbage", DemoBagConfig(duration=1.0, state_rate_hz=20.0)).path
+    (mcap,) = bag.glob("*.mcap")
+    data = mcap.read_bytes()
+    cut = _write_bag(tmp_path / "cut", [("/joint_states", "sensor_msgs/msg/JointState", START, _joint_state(START))])
+    (cut_mcap,) = cut.glob("*.mcap")
+    cut_mcap.write_bytes(cut_mcap.read_bytes()[:60])          # the header and a bit: no complete record
+    no_inputs = _write_bag(tmp_path / "no_inputs", [("/chatter", "std_msgs/msg/String", START,
+                                                     T["std_msgs/msg/String"](data="hi"))])
+    mcap.write_bytes(b"definitely not an mcap file" + data[100:200])
+    expected = {bag: [mcap.name, "magic"], cut: [cut_mcap.name, "truncated", "no message could be read"],
+                no_inputs: ["none of its messages can reach the node", "/chatter", "/joint_states"]}
+    for path, words in expected.items():
+        t = time.monotonic()
+        rc = main([str(path), "--start-node", "--params-file", str(CPU_CONFIG), "-p", "model.checkpoint:=/nonexistent"])
+        out, err = capsys.readouterr()
+        assert rc == 1 and time.monotonic() - t < 10, (path, out, err)
+        assert "starting the policy node" not in out, (path, out)
+        assert all(w in err for w in words), (path, err)

@@ -4,14 +4,20 @@ rosbags ships the standard ROS 2 Jazzy types; ``phyai_ros/msg/ActionChunk`` and
 ``ControlMargin`` are registered from the package's ``.msg`` text, found in the source
 tree (``<repo>/msg``) or in an installed prefix (``share/phyai_ros/msg``).  Bags written
 here carry the definitions, so any ROS 2 tool (``ros2 bag info``, Foxglove) can read them.
+
+``open_bag`` reads a rosbag2 folder whose mcap file was cut short (a recording killed, a disk
+full, a partial copy): the complete records before the cut, as ``ros2 bag reindex`` would.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import re
+import struct
 import sys
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, List, Optional
 
 from rosbags.typesys import Stores, get_typestore, get_types_from_msg
 
@@ -49,6 +55,125 @@ def typestore():
     return store
 
 
+class UnknownMessageType(LookupError):
+    """A bag names a message type that no registered interface package provides."""
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
+
+
+def _index_prefixes() -> List[Path]:
+    """Prefixes whose ament index is searched: AMENT_PREFIX_PATH, then this environment's prefix
+    (the venv, where rosidl installed the interfaces, when no ROS setup was sourced)."""
+    prefixes = [p for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
+    return [Path(p) for p in prefixes + [sys.prefix]]
+
+
+def registered_msgtype(msgtype: str) -> bool:
+    """Whether ``pkg/msg/Name`` is one of the project's messages or listed by a registered interface
+    package (ament index resource ``rosidl_interfaces``).  Reads index files only, imports nothing:
+    a bag's type names are chosen by whoever wrote the file."""
+    from ament_index_python.constants import RESOURCE_INDEX_SUBFOLDER
+    parts = msgtype.split("/")
+    if len(parts) != 3 or parts[1] != "msg" or not all(_IDENTIFIER.match(p) for p in parts):
+        return False
+    pkg, _, name = parts
+    if pkg == PACKAGE and name in CUSTOM_MESSAGES:
+        return True
+    wanted = {f"msg/{name}.msg", f"msg/{name}.idl"}
+    for prefix in _index_prefixes():
+        listing = prefix / RESOURCE_INDEX_SUBFOLDER / "rosidl_interfaces" / pkg
+        if listing.is_file() and wanted & {line.strip() for line in listing.read_text().splitlines()}:
+            return True
+    return False
+
+
+MCAP_MAGIC = b"\x89MCAP0\r\n"
+_MCAP_DATA_END, _MCAP_FOOTER = 0x0F, 0x02
+
+
+@functools.lru_cache(maxsize=1)
+def _mcap_reader_class():
+    from rosbags.rosbag2.errors import ReaderError
+    from rosbags.rosbag2.storage_mcap import McapReader
+
+    class RecoveringMcapReader(McapReader):
+        """rosbags' mcap reader; every error names the file, and a file without its end (no footer:
+        cut short) is read up to its last complete record, unindexed.  ``recovered`` then says how
+        much: {'file', 'size', 'read', 'messages', 'start_ns', 'end_ns'}."""
+
+        recovered: Optional[dict] = None
+
+        def open(self) -> None:
+            try:
+                super().open()
+            except ReaderError as exc:
+                if "end magic" not in str(exc):
+                    raise ReaderError(f"{self.path}: {exc}") from None
+                self._open_cut()
+
+        def _open_cut(self) -> None:
+            self.bio = self.path.open("rb")
+            try:
+                size = os.fstat(self.bio.fileno()).st_size
+                self.data_start, self.data_end = _complete_mcap_records(self.bio, size, self.path)
+                self.meta_scan()
+            except BaseException as exc:
+                self.close()
+                if isinstance(exc, (ReaderError, struct.error, ValueError)):
+                    raise ReaderError(f"{self.path}: truncated mcap, unreadable: {exc}") from None
+                raise
+            st = self.statistics
+            self.connections = [c._replace(msgcount=st.channel_message_counts.get(c.id, 0)) for c in self.connections]
+            n = st.message_count
+            self.metadata = self.metadata._replace(
+                duration=st.end_time - st.start_time + 1 if n else 0, start_time=st.start_time if n else 2**63 - 1,
+                end_time=st.end_time + 1 if n else 0, message_count=n)
+            self.recovered = {"file": str(self.path), "size": size, "read": self.data_end, "messages": n,
+                              "start_ns": st.start_time if n else None, "end_ns": st.end_time if n else None}
+
+    return RecoveringMcapReader
+
+
+def _complete_mcap_records(bio, size: int, path) -> tuple:
+    """(data start, end of the last complete record of the data section) of an mcap file without
+    its end: records are walked by their length fields up to the first one the file cuts off."""
+    bio.seek(0)
+    if bio.read(8) != MCAP_MAGIC:
+        raise ValueError("not an mcap file (bad start magic)")
+    op, length = struct.unpack("<BQ", bio.read(9))
+    start = pos = 8 + 9 + length
+    while pos + 9 <= size:
+        bio.seek(pos)
+        op, length = struct.unpack("<BQ", bio.read(9))
+        if op in (_MCAP_DATA_END, _MCAP_FOOTER) or pos + 9 + length > size:
+            break
+        pos += 9 + length
+    return min(start, size), pos
+
+
+@contextlib.contextmanager
+def open_bag(path) -> Iterator:
+    """An open rosbags AnyReader on a rosbag2 folder (this package's types as the default store) whose
+    mcap files may be cut short; ``recovered_files(reader)`` lists what was recovered from those."""
+    from rosbags.highlevel import AnyReader
+    reader = AnyReader([Path(path)], default_typestore=typestore())
+    recovering = _mcap_reader_class()
+    for sub in reader.readers:
+        storage = getattr(sub, "storage", None)
+        plugins = getattr(storage, "STORAGE_PLUGINS", None)
+        if plugins is not None and "mcap" in plugins:
+            storage.STORAGE_PLUGINS = {**plugins, "mcap": recovering}   # this reader only
+    with reader:
+        yield reader
+
+
+def recovered_files(reader) -> List[dict]:
+    """For each mcap file of an ``open_bag`` reader that was cut short: what could be read."""
+    return [st.recovered for sub in reader.readers for st in getattr(getattr(sub, "storage", None), "storages", [])
+            if getattr(st, "recovered", None)]
+
+
 def absolute_topic(name: str) -> str:
     """'cameras/base/image' -> '/cameras/base/image' (the node runs in the root namespace)."""
     name = name.strip()
@@ -71,4 +196,5 @@ def stamp_ns(stamp) -> int:
     return int(stamp.sec) * NS + int(stamp.nanosec)
 
 
-__all__ = ["typestore", "msg_dir", "absolute_topic", "parse_remaps", "stamp_ns", "NS"]
+__all__ = ["typestore", "msg_dir", "registered_msgtype", "UnknownMessageType", "open_bag", "recovered_files",
+           "absolute_topic", "parse_remaps", "stamp_ns", "NS"]

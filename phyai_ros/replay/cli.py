@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--report", nargs="?", const="true", default="false", choices=("true", "false"),
                     help="write the report (report OUT) after the replay")
     ap.add_argument("--strict", action="store_true",
-                    help="exit 2 when the replay is incomplete or its accounting found a problem")
+                    help="exit 2 (with the reason) when the replay is incomplete, the node produced no chunk, or "
+                         "the accounting found a problem")
     return ap
 
 
@@ -96,6 +97,8 @@ def format_summary(r: ReplayResult) -> str:
         role = s.topics[t].get("role")
         what = {"other": "played, not a node input", "clock": "time source (replayed as /clock)",
                 "excluded": "excluded, not played"}[role]
+        if s.topics[t].get("unknown_type") and role == "other":
+            what = f"not played: unknown message type {s.topics[t]['msgtype']}"
         lines.append(f"    {t:<{w}}  {n:>6}  {what}")
     lines.append(f"  snapshots: {acc.snapshots} chunks, {acc.verified} observation stamps verified"
                  + (f" ({acc.races} after resolving a delivery race: a message published just before the "
@@ -121,16 +124,34 @@ def format_summary(r: ReplayResult) -> str:
     return "\n".join(lines)
 
 
+def prepare_session(bag, info, *, remaps=None, topics=None, exclude=(), clock_source: str = "auto",
+                    publish_undecodable: bool = False, log=print):
+    """Scan the bag against the node's inputs and check it is worth replaying (ValueError if not);
+    a bag recovered from a cut-short file is announced here."""
+    from phyai_ros.replay.scan import check_playable, scan_bag
+    session = check_playable(scan_bag(bag, info, remaps=remaps, exclude=exclude, only=topics,
+                                      clock_source=clock_source, publish_undecodable=publish_undecodable))
+    for e in session.events:
+        if e.kind == "truncated_bag":
+            log(f"replay: WARNING: {e.detail}")
+    return session
+
+
+def _scan_inputs(info) -> tuple:
+    """What a scan's verdicts depend on: a session scanned for one node fits another with the same."""
+    return info.cameras, info.state_topic, info.joint_names, info.instruction_topic
+
+
 def run_replay(bag, *, out=None, options: Optional[ReplayOptions] = None, remaps=None, topics=None,
                exclude=(), clock_source: str = "auto", node_name: str = "phyai_policy", node_info=None,
                node_process=None, wait_node: float = 60.0, publish_undecodable: bool = False,
-               log=print) -> ReplayResult:
+               log=print, session=None) -> ReplayResult:
     """Connect to the policy node, scan the bag against its parameters, replay, return the result.
 
     ``node_info``: the node's NodeInfo if known (else asked from the live node); ``node_process``:
-    a PolicyNodeProcess to watch (its death ends the replay)."""
+    a PolicyNodeProcess to watch (its death ends the replay); ``session``: the bag already scanned
+    (``prepare_session``), rescanned only if the live node's inputs differ from the scan's."""
     from phyai_ros.replay.player import ReplayNode
-    from phyai_ros.replay.scan import scan_bag
     options = options or ReplayOptions()
     alive = (lambda: node_process.alive) if node_process is not None else None
     with ReplayNode(node_name=node_name) as rn:
@@ -156,8 +177,10 @@ def run_replay(bag, *, out=None, options: Optional[ReplayOptions] = None, remaps
                 break
             time.sleep(0.1)
         info = checked
-        session = scan_bag(bag, info, remaps=remaps, exclude=exclude, only=topics, clock_source=clock_source,
-                           publish_undecodable=publish_undecodable)
+        if session is None or _scan_inputs(session.node) != _scan_inputs(info):
+            session = prepare_session(bag, info, remaps=remaps, topics=topics, exclude=exclude,
+                                      clock_source=clock_source, publish_undecodable=publish_undecodable, log=log)
+        session.node = info
         session.events[:0] = [Event("node_topics", w, source="replay") for w in warnings]
         if out is None:
             out = Path(str(Path(bag).resolve()) + "_replay_" + datetime.now().strftime("%Y%m%d_%H%M%S"))
@@ -169,7 +192,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a.remap = [r for item in a.remap for r in item.replace(",", " ").split()]
     a.out = a.out or None
     from phyai_ros.replay.nodeinfo import NodeInfo
-    from phyai_ros.replay.nodeproc import PolicyNodeProcess, parse_param_args
+    from phyai_ros.replay.nodeproc import PolicyNodeProcess, node_info_for, parse_param_args
     proc = None
     if not (Path(a.bag) / "metadata.yaml").is_file():
         print(f"replay: {a.bag} is not a rosbag2 folder (no metadata.yaml)", file=sys.stderr)
@@ -179,7 +202,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 settle=a.settle, out_storage=a.out_storage, record_inputs=a.record_inputs,
                                 startup_timeout=a.wait_node)
         overrides = parse_param_args(a.param)
-        info = None
+        remaps = parse_remaps(a.remap)
+        info = session = None
         if a.start_node:
             if a.mode == "stepped":
                 dt = overrides.get("control.dt")
@@ -190,15 +214,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 overrides["diagnostics.period"] = dt
             else:
                 overrides.setdefault("diagnostics.period", 0.1)
-            print("replay: starting the policy node" + (f" (log: {a.node_log})" if a.node_log else ""), flush=True)
-            proc = PolicyNodeProcess(a.params_file, overrides=overrides, log_path=a.node_log)
-            info = proc.info
+            info = node_info_for(a.params_file, overrides)
         elif a.params_file:
             info = NodeInfo.from_params_file(a.params_file, name=a.node, overrides=overrides)
-        result = run_replay(a.bag, out=a.out, options=options, remaps=parse_remaps(a.remap), topics=a.topics,
-                            exclude=a.exclude, clock_source=a.clock_source, node_name=a.node, node_info=info,
-                            node_process=proc, wait_node=a.wait_node, publish_undecodable=a.publish_undecodable,
-                            log=lambda m: print(m, flush=True))
+        scan_args = dict(remaps=remaps, topics=a.topics, exclude=a.exclude, clock_source=a.clock_source,
+                         publish_undecodable=a.publish_undecodable)
+        log = lambda m: print(m, flush=True)  # noqa: E731
+        if info is not None:  # the bag first: a bad one fails before any node starts
+            session = prepare_session(a.bag, info, log=log, **scan_args)
+        if a.start_node:
+            print("replay: starting the policy node" + (f" (log: {a.node_log})" if a.node_log else ""), flush=True)
+            proc = PolicyNodeProcess(a.params_file, overrides=overrides, log_path=a.node_log)
+        result = run_replay(a.bag, out=a.out, options=options, node_name=a.node, node_info=info, node_process=proc,
+                            wait_node=a.wait_node, log=log, session=session, **scan_args)
     except KeyboardInterrupt:
         print("replay: interrupted", file=sys.stderr)
         return 130
@@ -215,9 +243,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from phyai_ros.replay.report import make_report
         rep = make_report(result.out_path)
         print(f"report: {rep.index} — {rep.verdict_line}")
-    if a.strict and (not result.complete or not result.accounting.ok):
+    failures = strict_failures(result) if a.strict else []
+    if failures:
+        print("replay: --strict: " + "; ".join(failures), file=sys.stderr)
         return 2
     return 0
+
+
+def strict_failures(r: ReplayResult) -> list:
+    """Why a replay does not pass ``--strict`` (empty: it passes)."""
+    out = []
+    if not r.complete:
+        out.append(f"incomplete: {r.played} of {len(r.session.items)} messages played")
+    if not r.chunks:
+        out.append("the node produced no action chunk")
+    if not r.accounting.ok:
+        out.append("accounting check failed: " + "; ".join(r.accounting.problems))
+    return out
 
 
 if __name__ == "__main__":

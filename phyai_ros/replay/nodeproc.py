@@ -53,6 +53,17 @@ def parse_param_args(items) -> Dict[str, Any]:
     return out
 
 
+def node_info_for(params_file=None, overrides: Optional[Mapping[str, Any]] = None, use_sim_time: bool = True
+                  ) -> NodeInfo:
+    """What a PolicyNodeProcess with these arguments will be, known before starting it (so a bag can be
+    checked against it first)."""
+    params_file = Path(params_file) if params_file else default_params_file()
+    params = {**load_params_file(params_file), **dict(overrides or {})}
+    if use_sim_time:
+        params["use_sim_time"] = True
+    return NodeInfo.from_params(params, source=f"params file {params_file} + overrides")
+
+
 def _die_with_parent() -> None:
     """In the child: get SIGINT when the parent dies, so a killed replay leaves no node behind."""
     try:
@@ -129,10 +140,7 @@ class PolicyNodeProcess(DrainedProcess):
                  env: Optional[Mapping[str, str]] = None, log_path=None, module: str = "phyai_ros.node.main"):
         self.params_file = Path(params_file) if params_file else default_params_file()
         self.overrides = dict(overrides or {})
-        params = {**load_params_file(self.params_file), **self.overrides}
-        if use_sim_time:
-            params["use_sim_time"] = True
-        self.info = NodeInfo.from_params(params, source=f"params file {self.params_file} + overrides")
+        self.info = node_info_for(self.params_file, self.overrides, use_sim_time)
         args = [sys.executable, "-m", module, "--ros-args", "--params-file", str(self.params_file)]
         for name, value in self.overrides.items():
             args += ["-p", param_arg(name, value)]
@@ -150,4 +158,5 @@ class PolicyNodeProcess(DrainedProcess):
         return NODE_NAME
 
 
-__all__ = ["DrainedProcess", "PolicyNodeProcess", "default_params_file", "param_arg", "parse_param_args", "PACKAGE_ROOT"]
+__all__ = ["DrainedProcess", "PolicyNodeProcess", "node_info_for", "default_params_file", "param_arg", "parse_param_args",
+           "PACKAGE_ROOT"]

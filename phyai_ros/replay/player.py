@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from phyai_ros.replay.accounting import Accounting, Snapshot, account
-from phyai_ros.replay.bagtypes import NS, stamp_ns, typestore
+from phyai_ros.replay.bagtypes import NS, UnknownMessageType, registered_msgtype, stamp_ns, typestore
 from phyai_ros.replay.nodeinfo import NodeInfo, query_node
 from phyai_ros.replay.scan import CLOCK_TOPIC, Event, Session, iter_bag
 
@@ -128,7 +128,12 @@ class ReplayResult:
 
 
 def ros_type(msgtype: str):
-    """'sensor_msgs/msg/Image' -> the rclpy message class (ImportError/AttributeError if unavailable)."""
+    """'sensor_msgs/msg/Image' -> the rclpy message class.  Only a registered interface package is
+    imported (the name comes from a bag, and importing runs code): anything else raises
+    UnknownMessageType; ImportError/AttributeError if registered but not importable here."""
+    if not registered_msgtype(msgtype):
+        raise UnknownMessageType(f"{msgtype}: unknown message type (no registered interface package provides it; "
+                                 "not imported)")
     pkg, kind, name = msgtype.split("/")
     return getattr(importlib.import_module(f"{pkg}.{kind}"), name)
 
@@ -298,11 +303,11 @@ class _Replay:
         unavailable = set()
         for topic, meta in session.topics.items():
             out_topic = meta["out_topic"]
-            if meta.get("role") in ("clock", "excluded") or out_topic in self.pubs:
-                continue
+            if meta.get("role") in ("clock", "excluded") or meta.get("unknown_type") or out_topic in self.pubs:
+                continue  # an unknown type was reported by the scan, its messages are not published
             try:
                 cls = ros_type(meta["msgtype"])
-            except (ImportError, AttributeError, ValueError):
+            except (ImportError, AttributeError, ValueError, UnknownMessageType):
                 unavailable.add(topic)
                 continue
             qos = latched if (out_topic == self.info.instruction_topic or _recorded_latched(session, topic)) \
@@ -771,28 +776,16 @@ def _json_default(o):
 
 
 def reconstruct_snapshots(chunks: List[Received], margins: List[Received], dt_ns: int) -> List[Snapshot]:
-    """One snapshot per published chunk.  A ControlMargin follows its chunk (published on the tick that
-    adopts it) and carries the same inference latency; the snapshot time is then exact:
-    observation stamp + L_observe + L_transfer.  A chunk without a margin (dropped by a clock reset
-    before adoption) gets t0 - dt, the tick that triggered it."""
-    events = sorted([(r.seq, "c", r) for r in chunks] + [(r.seq, "m", r) for r in margins], key=lambda x: x[0])
-    open_chunks: List[Received] = []
-    matched: Dict[int, dict] = {}
-    for _, kind, r in events:
-        if kind == "c":
-            open_chunks.append(r)
-            continue
-        m = r.msg
-        for c in reversed(open_chunks):
-            if c.msg.inference_latency == m["latency_inference"] or (
-                    math.isnan(c.msg.inference_latency) and math.isnan(m["latency_inference"])):
-                matched[c.seq] = m
-                open_chunks.remove(c)
-                break
+    """One snapshot per published chunk.  Its ControlMargin (``chunk_seq``; published on the tick that
+    adopts or expires it) makes the snapshot time exact: observation stamp + L_observe + L_transfer.
+    A chunk without a margin (dropped by a clock reset before adoption) gets t0 - dt, the tick that
+    triggered it."""
+    from phyai_ros.replay.runbag import match_chunks_and_margins
+    pairs = match_chunks_and_margins([(r.seq, r.msg) for r in chunks], [(r.seq, r.msg) for r in margins])
     out = []
-    for r in chunks:
+    for i, r in enumerate(chunks):
         c = r.msg
-        m = matched.get(r.seq)
+        m = margins[pairs[i]].msg if i in pairs else None
         if m is not None and math.isfinite(m["latency_observe"]) and math.isfinite(m["latency_transfer"]):
             taken = c.observation_ns + int(round((m["latency_observe"] + m["latency_transfer"]) * NS))
             out.append(Snapshot(taken, c.observation_ns, c.seq, r.epoch, True))

@@ -24,19 +24,21 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from phyai_ros.replay.bagtypes import NS
-from phyai_ros.replay.runbag import Run, load_run, match_chunks_and_margins
+from phyai_ros.replay.runbag import NotAnOutputBag, Run, load_run, match_chunks_and_margins, require_node_outputs
 
 SEGMENTS = (("latency_observe", "observe"), ("latency_transfer", "transfer"), ("latency_queue", "queue"),
             ("latency_inference", "inference"), ("latency_actuate", "actuate"))
 SEG_COLORS = ("#8fb3d9", "#b5d99c", "#f2d17c", "#e8845c", "#b48ec9")
 LEVEL_NAMES = {0: "OK", 1: "WARN", 2: "ERROR"}
 LEVEL_COLORS = {0: "#2e7d32", 1: "#ef8f00", 2: "#c62828"}
-PROBLEM_COUNTERS = ("deadline_misses", "stale_snapshots", "late_chunks", "expired_chunks", "bad_image", "bad_state",
+# Node counters shown as problems, named as in docs/design.md ("Vocabulary").
+PROBLEM_COUNTERS = ("deadline_misses", "expired_chunks", "run_outs", "missed_slots", "stale_snapshots", "late_chunks",
+                    "bad_image", "bad_state",
                     "missing_joint", "out_of_order", "future_stamp", "clock_jumps", "inference_errors", "bad_chunks",
                     "discarded_after_reset", "callback_errors", "worker_crashes")
 
@@ -81,16 +83,17 @@ def analyze(run: Run) -> dict:
     error_p = float(node.get("error_probability", 0.8))
     p_hat = k / n if n else math.nan
     p_low = _wilson_lower(k, n, confidence) if n else math.nan
+    bound_label = f"{confidence:.0%} one-sided Wilson lower bound"
     if n == 0:
-        level, why = 1, "no margin samples (no chunk was adopted while another was executing)"
+        level, why = 2, "no margin samples: no chunk was adopted while another was executing, and none expired"
     elif n >= min_samples and p_hat < error_p:
         level, why = 2, f"P(M_ctrl >= 0) = {p_hat:.3f} is below the error threshold {error_p:.2f}"
     elif n >= min_samples and p_low >= target:
-        level, why = 0, f"lower bound {p_low:.3f} >= target {target:.3f} at {confidence:.0%} confidence"
+        level, why = 0, f"lower bound {p_low:.3f} ({bound_label}) >= target {target:.3f}"
     elif n < min_samples:
         level, why = 1, f"only {n} margin samples (< {min_samples}): the target cannot be demonstrated yet"
     else:
-        level, why = 1, f"lower bound {p_low:.3f} < target {target:.3f} (P-hat {p_hat:.3f}, n = {n})"
+        level, why = 1, f"lower bound {p_low:.3f} ({bound_label}) < target {target:.3f} (P-hat {p_hat:.3f}, n = {n})"
 
     seg = {}
     for key, name in SEGMENTS:
@@ -138,6 +141,10 @@ def analyze(run: Run) -> dict:
     if s.get("node_counters"):
         counters = dict(s["node_counters"])
     misses = counters.get("deadline_misses", int((M[finite] < 0).sum()))
+    expired = counters.get("expired_chunks", int(sum(bool(m.get("expired")) for m in margins)))
+    budgets = np.array([m["budget"] for m in margins], float)
+    commands = command_delivery(run)
+    health = node_health(run)
 
     disc = discontinuity(run, pairs)
     node_level = (margins[-1]["level"], margins[-1]["message"]) if margins else (None, "")
@@ -152,20 +159,65 @@ def analyze(run: Run) -> dict:
         "dt": run.chunks[-1][1].dt if run.chunks else node.get("dt"),
         "horizon": run.chunks[-1][1].horizon if run.chunks else node.get("horizon"),
         "margin": {"n": n, "k": k, "p_hat": p_hat, "p_lower": p_low, "target": target, "confidence": confidence,
+                   "bound_label": bound_label, "negative_budgets": int(np.count_nonzero(budgets < 0)),
+                   "budget_min_ms": float(np.nanmin(budgets) * 1e3) if np.isfinite(budgets).any() else math.nan,
                    "level": level, "level_name": LEVEL_NAMES[level], "why": why,
                    "p50_ms": _pct(M[finite] * 1e3, 50), "p05_ms": _pct(M[finite] * 1e3, 5),
                    "p01_ms": _pct(M[finite] * 1e3, 1), "min_ms": float(M[finite].min() * 1e3) if n else math.nan,
                    "budget_p50_ms": _pct(np.array([m["budget"] for m in margins], float)[finite] * 1e3, 50),
-                   "node_level": node_level[0], "node_message": node_level[1]},
+                   "node_level": node_level[0], "node_message": node_level[1],
+                   "node_errors": sum(m["level"] == 2 for m in margins),
+                   "node_error_example": next((m["message"] for m in margins if m["level"] == 2), "")},
         "latency_ms": seg,
         "roofline": {"X": X, "Y": Y, "Y_seq": X / (1 + X) if math.isfinite(X) else (1.0 if X == math.inf else math.nan),
                      "Y_roof": min(X, 1.0) if not math.isnan(X) else math.nan, "cycles": cycles, "bound": bound,
                      "env_s": env, "control_s": ctl, "inference_s": inf,
                      "node_window_X": last_window[0], "node_window_Y": last_window[1],
                      "node_window_n": last_window[2]},
-        "deadline_misses": int(misses), "counters": counters, "discontinuity": disc,
+        "deadline_misses": int(misses), "expired_chunks": int(expired), "commands_delivery": commands,
+        "health": health, "counters": counters, "discontinuity": disc,
         "accounting": acc, "events": run.events, "bad_output_messages": run.bad_messages,
     }
+
+
+def command_delivery(run: Run) -> dict:
+    """Command delivery: the delay (tick time - slot time) p50/p99/max as the node measured
+    it (/diagnostics), and from the recorded commands (stamp = the slot it is for, bag time =
+    when it was received) the slots with no command between consecutive ones (missed slots
+    and deadline-policy 'stop' slots alike) and the longest silence in the session."""
+    cmds = [(t, slot) for t, slot, _ in run.commands if slot is not None]
+    out = {"n": len(cmds), "delay_p50_ms": math.nan, "delay_p99_ms": math.nan, "delay_max_ms": math.nan,
+           "gap_slots": 0, "longest_silence_s": math.nan}
+    dt = run.chunks[-1][1].dt if run.chunks else None
+    values = next((d["margin_values"] for _, d in reversed(run.diagnostics) if "command_delay_p50_s" in
+                   d.get("margin_values", {})), None)
+    if values:
+        out.update({f"delay_{q}_ms": float(values[f"command_delay_{q}_s"]) * 1e3 for q in ("p50", "p99", "max")})
+    if cmds:
+        slots = np.array(sorted(slot for _, slot in cmds), np.int64)
+        if dt and len(slots) > 1:
+            steps = np.round(np.diff(slots) / (dt * NS)).astype(int)
+            out["gap_slots"] = int(np.clip(steps - 1, 0, None).sum())
+    start = (run.summary or {}).get("session_start_bag_ns")
+    times = ([start] if start is not None else []) + [t for t, _ in cmds]
+    end = (run.summary or {}).get("session_end_bag_ns")
+    if end is not None and times and end > times[-1]:
+        times.append(end)
+    if len(times) > 1:
+        out["longest_silence_s"] = float(np.diff(np.array(sorted(times), float)).max() / NS)
+    return out
+
+
+def node_health(run: Run) -> dict:
+    """The node's own margin status on /diagnostics (its watchdog: ERROR on silence) during the
+    session: the replay's preroll (no input yet) and tail (inputs aged out) are not its doing."""
+    start = (run.summary or {}).get("session_start_bag_ns")
+    end = (run.summary or {}).get("session_end_bag_ns")
+    diags = [d for t, d in run.diagnostics if "margin_level" in d and (start is None or t >= start)
+             and (end is None or t <= end)]
+    worst = max(diags, key=lambda d: d["margin_level"], default=None)
+    return {"worst_level": worst["margin_level"] if worst else None, "worst_message": worst["margin_message"] if worst
+            else "", "errors": sum(d["margin_level"] == 2 for d in diags), "reports": len(diags)}
 
 
 def session_mask(run: Run, pairs: Dict[int, int]) -> List[bool]:
@@ -295,12 +347,12 @@ def _figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
     a1.set_ylabel("chunks")
     a1.set_title("Margin distribution (one sample per chunk)")
     a1.text(0.02, 0.97, f"P(M>=0) = {_fmt(mg['p_hat'], 3)} over {mg['n']} chunks\nlower bound {_fmt(mg['p_lower'], 3)} "
-            f"at {mg['confidence']:.0%} confidence\ntarget 1 - eps = {mg['target']:.3f}", transform=a1.transAxes,
+            f"({mg['bound_label']})\ntarget 1 - eps = {mg['target']:.3f}", transform=a1.transAxes,
             va="top", fontsize=8, bbox=dict(boxstyle="round", fc="white", ec="#bbb"))
     pn = np.array([m["p_nonnegative"] for m in margins], float)
     pl = np.array([m["p_nonnegative_lower"] for m in margins], float)
     a2.plot(mt, pn, color="#2e7d32", label="P-hat(M>=0), node window")
-    a2.plot(mt, pl, color="#1b5e20", ls="--", label="lower confidence bound")
+    a2.plot(mt, pl, color="#1b5e20", ls="--", label=f"lower bound ({mg['bound_label']})")
     a2.axhline(mg["target"], color="#c62828", lw=1, label=f"target 1 - eps = {mg['target']:.3f}")
     a2.set_ylim(-0.02, 1.05)
     a2.set_xlabel("bag time [s]")
@@ -411,14 +463,17 @@ def _figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
         for key in PROBLEM_COUNTERS:
             v = np.array([d["counters"].get(key, 0) - base.get(key, 0) for _, d in run.diagnostics])
             if v.size and v[-1] > 0:
-                ax.step(dtm, v, where="post", label=f"{key} ({v[-1]})", lw=1.5 if key == "deadline_misses" else 1)
+                session = num["counters"].get(key, v[-1])  # the number the text gives: bag start to bag end
+                ax.step(dtm, v, where="post", label=f"{key} ({session} in the session)",
+                        lw=1.5 if key == "deadline_misses" else 1)
                 drawn = True
         if not drawn:
             ax.text(0.5, 0.5, "no deadline misses, no input problems", transform=ax.transAxes, ha="center",
                     color="#2e7d32", fontsize=11)
         else:
             ax.legend(fontsize=7, ncol=3, loc="upper left")
-    ax.set_title("Deadline misses and input problems (node counters, cumulative over the whole replay)")
+    ax.set_title("Deadline misses and input problems (node counters, cumulative; after the dashed bag-end line: "
+                 "the replay's tail, not counted)")
     ax.set_xlabel("bag time [s]")
     save(fig, "problems")
 
@@ -458,49 +513,91 @@ def _fmt(v, digits: int = 2) -> str:
 
 # ============================================================================ text
 def verdict(num: dict) -> dict:
-    """Headline, level and the facts under it."""
+    """Headline, level and the facts under it.  The text follows the data: misses and
+    silence lead; the roofline is said as measured, with what contradicts it."""
     r, mg, acc = num["roofline"], num["margin"], num.get("accounting")
+    lat, cmd, health = num["latency_ms"], num["commands_delivery"], num["health"]
     stepped = num["mode"] == "stepped"
-    bound = r["bound"]
+    misses, expired = num["deadline_misses"], num["expired_chunks"]
+    horizon_ms = (num["horizon"] or 0) * (num["dt"] or 0) * 1e3
+    overloaded = bool(horizon_ms) and lat["inference"]["p50"] >= horizon_ms
+    level = mg["level"]
+    if misses and level == 0:
+        level = 1
+    if health["worst_level"] == 2:
+        level = 2
+    bound_text = {
+        "environment-bound": f"environment-bound (X = {_fmt(r['X'])} > 1: inference is shorter than a chunk's "
+                             "execution on average)",
+        "inference-bound": f"inference-bound (X = {_fmt(r['X'])} < 1: the robot waits on the model)",
+        "balanced": f"balanced (X = {_fmt(r['X'])} ~ 1)",
+    }.get(r["bound"], "not placed on the roofline (fewer than two adopted chunks)")
     if stepped:
-        head = (f"Stepped replay (logic check): {num['chunks']} chunks, {num['deadline_misses']} deadline misses. "
+        head = (f"Stepped replay (logic check): {num['chunks']} chunks, {misses} deadline misses. "
                 "Timing is not measured in this mode.")
-    elif bound == "environment-bound":
-        head = (f"Environment-bound: X = {_fmt(r['X'])} > 1. Inference finishes well within a chunk; the loop waits "
-                "on the robot, not on the model.")
-    elif bound == "inference-bound":
-        head = (f"Inference-bound: X = {_fmt(r['X'])} < 1. The robot waits on the model; faster inference pays off "
-                "directly.")
-    elif bound == "balanced":
+    elif overloaded:
+        head = (f"Overloaded: inference p50 {_fmt(lat['inference']['p50'], 0)} ms is longer than the "
+                f"{horizon_ms:.0f} ms a chunk covers; {misses} deadline misses, {expired} chunks expired.")
+    elif misses:
+        head = (f"{misses} deadline misses in {mg['n']} chunks ({expired} expired); on average {bound_text}, "
+                "but not every chunk arrived in time.")
+    elif r["bound"] == "environment-bound":
+        head = f"Environment-bound: X = {_fmt(r['X'])} > 1. Every chunk arrived in time; the loop waits on the robot."
+    elif r["bound"] == "inference-bound":
+        head = f"Inference-bound: X = {_fmt(r['X'])} < 1. The robot waits on the model; faster inference pays off."
+    elif r["bound"] == "balanced":
         head = f"Balanced: X = {_fmt(r['X'])} ~ 1. Inference and execution take about equally long."
     else:
         head = "Not enough chunk cycles to place this run on the roofline."
-    level = mg["level"]
-    misses = num["deadline_misses"]
-    if misses and level == 0:
-        level = 1
     facts = [
         f"Control margin {LEVEL_NAMES[mg['level']]}: P(M_ctrl >= 0) = {_fmt(mg['p_hat'], 3)} over {mg['n']} chunks; "
-        + (f"its lower bound {_fmt(mg['p_lower'], 3)} at {mg['confidence']:.0%} confidence meets the target "
+        + (f"its lower bound {_fmt(mg['p_lower'], 3)} ({mg['bound_label']}) meets the target "
            f"{mg['target']:.3f}." if mg["level"] == 0 else f"{mg['why']}."),
         f"Margin p50 {_fmt(mg['p50_ms'], 0)} ms, worst {_fmt(mg['min_ms'], 0)} ms; inference p50 "
-        f"{_fmt(num['latency_ms']['inference']['p50'], 1)} ms, p99 {_fmt(num['latency_ms']['inference']['p99'], 1)} ms;"
-        f" L_critical p99 {_fmt(num['latency_ms']['critical']['p99'], 1)} ms.",
-        f"Y = {_fmt(r['Y'], 3)} of the control time was spent acting (roof {_fmt(r['Y_roof'], 3)}, sequential "
-        f"{_fmt(r['Y_seq'], 3)}), over {r['cycles']} chunk cycles.",
-        f"Deadline misses: {misses}.",
+        f"{_fmt(lat['inference']['p50'], 1)} ms, p99 {_fmt(lat['inference']['p99'], 1)} ms;"
+        f" L_critical p99 {_fmt(lat['critical']['p99'], 1)} ms.",
+        f"Roofline: {bound_text}; Y = {_fmt(r['Y'], 3)} of the control time was spent acting (roof "
+        f"{_fmt(r['Y_roof'], 3)}, sequential {_fmt(r['Y_seq'], 3)}), over {r['cycles']} chunk cycles.",
+        f"Deadline misses: {misses} (chunks that reached the action timer after the executing chunk ran out), of "
+        f"which {expired} expired (never executed); run-outs {num['counters'].get('run_outs', 0)}, "
+        f"deadline-policy ticks {num['counters'].get('deadline_policy_ticks', 0)}.",
+        f"Commands: {cmd['n']} published; missed slots {num['counters'].get('missed_slots', 0)} (timer ran late); "
+        f"delivery delay p50 {_fmt(cmd['delay_p50_ms'], 2)} ms, p99 {_fmt(cmd['delay_p99_ms'], 2)} ms, max "
+        f"{_fmt(cmd['delay_max_ms'], 2)} ms; longest silence {_fmt(cmd['longest_silence_s'], 2)} s.",
     ]
+    if mg["node_errors"]:
+        level = 2
+        facts.append(f"The node's control-margin status was ERROR in {mg['node_errors']} of {num['margins']} "
+                     f"ControlMargin reports, e.g. \"{mg['node_error_example']}\".")
+    if health["errors"]:
+        facts.append(f"The node's watchdog said ERROR in {health['errors']} of {health['reports']} /diagnostics "
+                     f"reports, e.g. \"{health['worst_message']}\".")
     if mg["n"] and mg["min_ms"] < 0:
-        facts.append(f"{mg['n'] - mg['k']} chunk(s) arrived late, the worst by {-mg['min_ms']:.0f} ms: the latency tail "
-                     f"(inference p99 {_fmt(num['latency_ms']['inference']['p99'], 0)} ms vs p50 "
-                     f"{_fmt(num['latency_ms']['inference']['p50'], 0)} ms), not the average, sets the margin.")
+        if overloaded:
+            cause = ("inference itself is longer than the horizon: every chunk is late by construction, whatever "
+                     "the tail")
+        elif lat["inference"]["p99"] > 1.5 * lat["inference"]["p50"]:
+            cause = (f"the latency tail (inference p99 {_fmt(lat['inference']['p99'], 0)} ms vs p50 "
+                     f"{_fmt(lat['inference']['p50'], 0)} ms), not the average, sets the margin")
+        else:
+            cause = (f"inference p50 {_fmt(lat['inference']['p50'], 0)} ms and p99 {_fmt(lat['inference']['p99'], 0)}"
+                     " ms are close: the average itself is too long for the budget")
+        facts.append(f"{mg['n'] - mg['k']} chunk(s) missed their deadline, the worst by {-mg['min_ms']:.0f} ms: "
+                     f"{cause}.")
+    if mg.get("negative_budgets"):
+        facts.append(f"B_ctrl < 0 for {mg['negative_budgets']} chunk(s) (down to {_fmt(mg['budget_min_ms'] / 1e3, 2)} "
+                     "s): their observation was taken after the executing chunk had already run out, so the budget "
+                     "was spent before inference began (a run-out was in progress).")
     if acc:
         tot = {c: sum(row[c] for row in acc["per_topic"].values()) for c in
                ("played", "used", "superseded", "stale", "rejected", "not_played")}
         facts.append(f"Inputs: {tot['played']} messages played, all accounted for: {tot['used']} used, "
-                     f"{tot['superseded']} superseded, {tot['stale']} stale, {tot['rejected']} rejected"
+                     f"{tot['superseded']} superseded, {tot['stale']} stale messages (too old when a snapshot was "
+                     f"taken), {tot['rejected']} rejected"
                      + (f", {tot['not_played']} not played" if tot["not_played"] else "")
                      + ("" if acc.get("ok", True) else " - with problems: " + "; ".join(acc.get("problems", []))) + ".")
+        facts.append(f"Stale snapshots (triggers refused because an input was missing or too old): "
+                     f"{num['counters'].get('stale_snapshots', 0)}.")
         end_of_bag = sum(n for rs in acc.get("reasons", {}).values() for r2, n in rs.items() if r2 == "stale: end of bag")
         if acc.get("ok") is False or tot["rejected"] or tot["stale"] - end_of_bag or tot["not_played"]:
             level = max(level, 1)
@@ -513,7 +610,9 @@ def verdict(num: dict) -> dict:
                   "inference takes no replay time. Latency, margin and X describe the control logic, not this "
                   "machine; replay in real time (--mode realtime) to measure.")
     elif num.get("rate") not in (None, 1, 1.0):
-        caveat = f"Replayed at {num['rate']:g}x real time: latencies are in replay time (scaled)."
+        caveat = (f"Replayed at {num['rate']:g}x real time: the robot's time runs {num['rate']:g}x faster than this "
+                  "machine's, so latencies in robot time are scaled by that factor (measured on the monotonic "
+                  "clock, converted at the node's measured clock rate).")
     return {"headline": head, "level": level, "facts": facts, "caveat": caveat}
 
 
@@ -528,12 +627,14 @@ def _events_rows(events: List[dict], t0: Optional[int]) -> List[List[str]]:
     return rows
 
 
-def _markdown(num: dict, v: dict, figs: Dict[str, Path], t0: int) -> str:
+def _markdown(num: dict, v: dict, figs: Dict[str, Path], t0: int, appendix=()) -> str:
     lines = [f"# Replay report: {Path(num['input_bag'] or num['bag']).name}", "",
              f"**{LEVEL_NAMES[v['level']]}** - {v['headline']}", ""]
     lines += [f"- {f}" for f in v["facts"]]
     if v["caveat"]:
         lines += ["", f"> {v['caveat']}"]
+    for title, body in appendix:
+        lines += ["", f"## {title}", ""] + [f"- {x}" for x in body]
     lines += ["", f"Mode: {num['mode']}" + (f" x{num['rate']:g}" if num.get('rate') else "")
               + f"; model {num['model_id']}; dt {num['dt']} s, H {num['horizon']}; {num['chunks']} chunks, "
               f"{num['commands']} commands; output bag `{num['bag']}`.", ""]
@@ -575,7 +676,7 @@ def _markdown(num: dict, v: dict, figs: Dict[str, Path], t0: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _html(num: dict, v: dict, figs: Dict[str, Path], md_body: str, t0: int) -> str:
+def _html(num: dict, v: dict, figs: Dict[str, Path], md_body: str, t0: int, appendix=()) -> str:
     def img(name, width="100%"):
         if name not in figs:
             return ""
@@ -586,8 +687,11 @@ def _html(num: dict, v: dict, figs: Dict[str, Path], md_body: str, t0: int) -> s
     e = html.escape
     mg, r = num["margin"], num["roofline"]
     big = [("X", _fmt(r["X"]), r["bound"]), ("P(M&ge;0)", _fmt(mg["p_hat"], 3),
-                                             f"lower {_fmt(mg['p_lower'], 3)} vs {mg['target']:.3f}"),
-           ("deadline misses", str(num["deadline_misses"]), f"{num['chunks']} chunks"),
+                                             f"lower {_fmt(mg['p_lower'], 3)} ({mg['bound_label']}) vs {mg['target']:.3f}"),
+           ("deadline misses", str(num["deadline_misses"]), f"{num['expired_chunks']} expired of {num['chunks']} chunks"),
+           ("missed slots", str(num["counters"].get("missed_slots", 0)),
+            f"command delay p99 {_fmt(num['commands_delivery']['delay_p99_ms'], 1)} ms, max "
+            f"{_fmt(num['commands_delivery']['delay_max_ms'], 1)} ms"),
            ("inference p99", f"{_fmt(num['latency_ms']['inference']['p99'], 1)} ms",
             f"p50 {_fmt(num['latency_ms']['inference']['p50'], 1)} ms")]
     tiles = "".join(f'<div class="tile"><div class="k">{k}</div><div class="v">{val}</div><div class="s">{e(sub)}</div></div>'
@@ -617,6 +721,7 @@ def _html(num: dict, v: dict, figs: Dict[str, Path], md_body: str, t0: int) -> s
           ) if rows else "<p>None.</p>"
     d = num["discontinuity"]
     counters = ", ".join(f"{k} {v2}" for k, v2 in sorted(num["counters"].items()) if v2)
+    extra = "".join(f"<h2>{e(t)}</h2><ul>" + "".join(f"<li>{e(x)}</li>" for x in body) + "</ul>" for t, body in appendix)
     title = e(Path(num["input_bag"] or num["bag"]).name)
     return f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>Replay report: {title}</title>
 <style>
@@ -632,6 +737,7 @@ ul{{margin:4px 0}} li{{margin:2px 0}} .meta{{color:#666;font-size:12px}}
 </style></head><body>
 <div class="verdict"><h1><span class="badge">{LEVEL_NAMES[v['level']]}</span>{e(v['headline'])}</h1>
 <div class="tiles">{tiles}</div><ul>{facts}</ul>{caveat}</div>
+{extra}
 <div class="row"><div>{img('roofline')}</div><div>{img('problems')}{img('accounting') if acc else ''}</div></div>
 <p class="meta">Input bag {e(str(num['input_bag']))} &middot; mode {e(str(num['mode']))}{(' x' + format(num['rate'], 'g')) if num.get('rate') else ''}
 &middot; model {e(str(num['model_id']))} &middot; dt {num['dt']} s, H {num['horizon']} &middot; {num['chunks']} chunks,
@@ -650,10 +756,10 @@ chunk {_fmt(d['median_step'], 4)} (p99 {_fmt(d['p99_step'], 4)}).</p>
 
 
 # ============================================================================ entry points
-def make_report(bag, out_dir=None, formats: Sequence[str] = ("html", "md")) -> ReportResult:
-    run = load_run(bag)
-    if not run.margins and not run.chunks:
-        raise ValueError(f"{bag}: no ActionChunk or ControlMargin messages (is this the node's output bag?)")
+def make_report(bag, out_dir=None, formats: Sequence[str] = ("html", "md"),
+                appendix: Sequence[Tuple[str, Sequence[str]]] = ()) -> ReportResult:
+    """``appendix``: extra sections (title, lines) put after the verdict, e.g. the demo's overload run."""
+    run = require_node_outputs(load_run(bag))
     out = Path(out_dir) if out_dir else Path(bag) / "report"
     out.mkdir(parents=True, exist_ok=True)
     num = analyze(run)
@@ -661,19 +767,22 @@ def make_report(bag, out_dir=None, formats: Sequence[str] = ("html", "md")) -> R
     v = verdict(num)
     num["verdict"] = v
     t0 = run.t0
-    md = _markdown(num, v, figs, t0)
+    md = _markdown(num, v, figs, t0, appendix)
     md_path = html_path = None
     if "md" in formats:
         md_path = out / "report.md"
         md_path.write_text(md)
     if "html" in formats:
         html_path = out / "report.html"
-        html_path.write_text(_html(num, v, figs, md, t0))
+        html_path.write_text(_html(num, v, figs, md, t0, appendix))
     (out / "report.json").write_text(json.dumps(num, indent=2, default=_json_safe, allow_nan=True))
     bound = "stepped: timing not measured" if num["mode"] == "stepped" else num["roofline"]["bound"]
     line = f"{LEVEL_NAMES[v['level']]}: {bound} (X = {_fmt(num['roofline']['X'])}), " \
-           f"P(M_ctrl >= 0) = {_fmt(num['margin']['p_hat'], 3)} (lower {_fmt(num['margin']['p_lower'], 3)} vs " \
-           f"target {num['margin']['target']:.3f}, n = {num['margin']['n']}), deadline misses {num['deadline_misses']}"
+           f"P(M_ctrl >= 0) = {_fmt(num['margin']['p_hat'], 3)} (lower {_fmt(num['margin']['p_lower'], 3)}, " \
+           f"{num['margin']['bound_label']}, vs target {num['margin']['target']:.3f}, n = {num['margin']['n']}), " \
+           f"deadline misses {num['deadline_misses']} (expired {num['expired_chunks']}), missed slots " \
+           f"{num['counters'].get('missed_slots', 0)}, longest command silence " \
+           f"{_fmt(num['commands_delivery']['longest_silence_s'], 2)} s"
     return ReportResult(out_dir=out, index=html_path or md_path, markdown=md_path, figures=figs, numbers=num,
                         verdict_line=line)
 
@@ -695,6 +804,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a = ap.parse_args(argv)
     try:
         rep = make_report(a.bag, a.out, a.format)
+    except NotAnOutputBag as exc:
+        print(f"report: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:  # noqa: BLE001 - a CLI reports one clear line
         print(f"report: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from phyai_ros.replay.bagtypes import stamp_ns, typestore
+from phyai_ros.replay.bagtypes import open_bag, stamp_ns
 
 CHUNK_TYPE = "phyai_ros/msg/ActionChunk"
 MARGIN_TYPE = "phyai_ros/msg/ControlMargin"
@@ -41,17 +41,17 @@ class Run:
 
 
 def load_run(path) -> Run:
-    from rosbags.highlevel import AnyReader
     from phyai_ros.messages import MalformedMessageError, msg_to_chunk, msg_to_margin
     from phyai_ros.replay.player import EVENTS_TOPIC, SUMMARY_TOPIC, parse_diagnostics
 
     path = Path(path)
     run = Run(path=path)
-    with AnyReader([path], default_typestore=typestore()) as reader:
+    with open_bag(path) as reader:   # an output bag cut short (a killed replay) still gives its complete part
         run.topics = {c.topic: c.msgtype for c in reader.connections}
         # the summary first: it names the command topic
-        sconns = [c for c in reader.connections if c.topic in (SUMMARY_TOPIC, EVENTS_TOPIC)]
-        for conn, t, raw in reader.messages(connections=sconns):
+        sconns = [c for c in reader.connections
+                  if c.topic in (SUMMARY_TOPIC, EVENTS_TOPIC) and c.msgtype == "std_msgs/msg/String"]
+        for conn, t, raw in _messages(reader, sconns):
             data = reader.deserialize(raw, conn.msgtype).data
             try:
                 value = json.loads(data)
@@ -64,7 +64,7 @@ def load_run(path) -> Run:
         command_topic = _command_topic(reader, run.summary)
         wanted = [c for c in reader.connections
                   if c.msgtype in (CHUNK_TYPE, MARGIN_TYPE, DIAG_TYPE) or c.topic == command_topic]
-        for conn, t, raw in reader.messages(connections=wanted):
+        for conn, t, raw in _messages(reader, wanted):
             try:
                 msg = reader.deserialize(raw, conn.msgtype)
                 if conn.msgtype == CHUNK_TYPE:
@@ -86,6 +86,27 @@ def load_run(path) -> Run:
     return run
 
 
+def _messages(reader, connections):
+    """The messages of ``connections`` only (rosbags reads every topic when given none)."""
+    return reader.messages(connections=connections) if connections else iter(())
+
+
+class NotAnOutputBag(ValueError):
+    """The bag holds none of the policy node's outputs (an input bag, say)."""
+
+
+def require_node_outputs(run: Run) -> Run:
+    """``run`` if it holds the node's chunks or margins, else a NotAnOutputBag that says what the bag holds."""
+    if run.chunks or run.margins:
+        return run
+    held = ", ".join(f"{t} ({m})" for t, m in sorted(run.topics.items())[:8]) or "no topics"
+    more = f" and {len(run.topics) - 8} more" if len(run.topics) > 8 else ""
+    raise NotAnOutputBag(f"{run.path} holds none of the node's outputs (action_chunk / control_margin: no "
+                         f"{CHUNK_TYPE} or {MARGIN_TYPE} messages); it holds {held}{more}. An input bag? "
+                         "Replay it through the node first: python -m phyai_ros.replay.cli BAG --start-node ... "
+                         "--report")
+
+
 def _command_topic(reader, summary: Optional[dict]) -> Optional[str]:
     if summary is not None and summary.get("node", {}).get("command_topic"):
         return summary["node"]["command_topic"]
@@ -98,23 +119,9 @@ def _command_topic(reader, summary: Optional[dict]) -> Optional[str]:
 
 
 def match_chunks_and_margins(chunks: List[Tuple[int, Any]], margins: List[Tuple[int, dict]]) -> Dict[int, int]:
-    """chunk list index -> margin list index.  A margin is published on the tick that adopts its chunk
-    (after the chunk) and carries the same inference latency."""
-    events = sorted([(t, 0, i) for i, (t, _) in enumerate(chunks)] + [(t, 1, j) for j, (t, _) in enumerate(margins)])
-    open_chunks: List[int] = []
-    out: Dict[int, int] = {}
-    for _, kind, i in events:
-        if kind == 0:
-            open_chunks.append(i)
-            continue
-        li = margins[i][1]["latency_inference"]
-        for ci in reversed(open_chunks):
-            lc = chunks[ci][1].inference_latency
-            if lc == li or (math.isnan(lc) and math.isnan(li)):
-                out[ci] = i
-                open_chunks.remove(ci)
-                break
-    return out
+    """chunk list index -> margin list index: a ControlMargin names its chunk (``chunk_seq``)."""
+    by_seq = {c.seq: i for i, (_, c) in enumerate(chunks)}
+    return {by_seq[m["chunk_seq"]]: j for j, (_, m) in enumerate(margins) if m["chunk_seq"] in by_seq}
 
 
-__all__ = ["Run", "load_run", "match_chunks_and_margins"]
+__all__ = ["Run", "load_run", "match_chunks_and_margins", "require_node_outputs", "NotAnOutputBag"]

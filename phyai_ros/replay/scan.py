@@ -26,12 +26,13 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from phyai_ros.replay.bagtypes import NS, absolute_topic, stamp_ns, typestore
+from phyai_ros.replay.bagtypes import NS, absolute_topic, open_bag, recovered_files, registered_msgtype, stamp_ns
 from phyai_ros.replay.nodeinfo import CLOCK_JUMP_TOLERANCE, FUTURE_STAMP_TOLERANCE, NodeInfo
 
 CLOCK_TOPIC = "/clock"
 REJECTIONS = ("undecodable", "type_mismatch", "bad_image", "bad_state", "missing_joint", "out_of_order",
               "future_stamp")
+SUMMARIZED = ("type_mismatch",)   # rejections reported once per topic (every message of it has them)
 
 
 @dataclass
@@ -143,19 +144,26 @@ class Session:
         return (max(logs) - min(logs)) / NS if logs else 0.0
 
 
-def bag_storage(path) -> str:
+def bag_metadata(path) -> dict:
+    """The ``rosbag2_bagfile_information`` of a rosbag2 folder's metadata.yaml."""
     import yaml
     meta = Path(path) / "metadata.yaml"
     if not meta.is_file():
         raise FileNotFoundError(f"{path} is not a rosbag2 folder (no metadata.yaml)")
-    info = yaml.safe_load(meta.read_text()).get("rosbag2_bagfile_information", {})
-    return str(info.get("storage_identifier", "?"))
+    return yaml.safe_load(meta.read_text()).get("rosbag2_bagfile_information", {}) or {}
 
 
-def iter_bag(path, topics: Optional[Sequence[str]] = None) -> Iterator[tuple]:
-    """(connection, log_ns, raw bytes, reader) in bag-timestamp order; the same order on every call."""
-    from rosbags.highlevel import AnyReader
-    with AnyReader([Path(path)], default_typestore=typestore()) as reader:
+def bag_storage(path) -> str:
+    return str(bag_metadata(path).get("storage_identifier", "?"))
+
+
+def iter_bag(path, topics: Optional[Sequence[str]] = None, recovered: Optional[list] = None) -> Iterator[tuple]:
+    """(connection, log_ns, raw bytes, reader) in bag-timestamp order; the same order on every call.
+    A cut-short mcap file yields its complete records; ``recovered`` (a list) receives what was read
+    of each such file (``bagtypes.recovered_files``)."""
+    with open_bag(path) as reader:
+        if recovered is not None:
+            recovered.extend(recovered_files(reader))
         conns = [c for c in reader.connections if topics is None or c.topic in topics]
         for conn, log_ns, raw in reader.messages(connections=conns):
             yield conn, log_ns, raw, reader
@@ -202,6 +210,31 @@ class _Judge:
         return "ok", ""
 
 
+def _truncation_event(path: Path, cut: dict, read: int) -> Event:
+    """The warning for an mcap file cut short: which file, how much of it and of the bag was read."""
+    meta = bag_metadata(path)
+    total = meta.get("message_count")
+    duration = (meta.get("duration") or {}).get("nanoseconds")
+    start = (meta.get("starting_time") or {}).get("nanoseconds_since_epoch")
+    span = ""
+    if cut["end_ns"] is not None and duration and start is not None:
+        span = f", the first {(cut['end_ns'] - start) / NS:.3f} s of {duration / NS:.3f} s"
+    return Event("truncated_bag", f"{cut['file']} is truncated (no index or footer; {cut['size'] - cut['read']} of "
+                 f"{cut['size']} bytes at its end are an incomplete record): recovered {read} of "
+                 f"{total if total is not None else '?'} messages{span}, read from its complete records as "
+                 "rosbag2 reindexing would; the rest is lost", log_ns=cut["end_ns"])
+
+
+def _topic_summary(kind: str, its: List[Item], what: str, t_first: int) -> Event:
+    """One event for a fault every message of a topic shares (a wrong or unknown type), instead of one
+    per message: how many, what, and the bag times of the first and the last."""
+    first, last = its[0], its[-1]
+    n = f"{len(its)} message" + ("" if len(its) == 1 else "s")
+    return Event(kind, f"{n}: {what} (first at t={(first.log_ns - t_first) / NS:.3f} s, last at "
+                 f"t={(last.log_ns - t_first) / NS:.3f} s of the bag)", topic=first.topic, log_ns=first.log_ns,
+                 sim_ns=first.sim_ns, index=first.index)
+
+
 def _first_line(exc, limit: int = 200) -> str:
     text = str(exc).strip().splitlines()
     return (text[0] if text else type(exc).__name__)[:limit]
@@ -235,7 +268,8 @@ def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
     decoded_stamps: Dict[int, Optional[int]] = {}
     pending_verdicts: Dict[int, Tuple[str, str]] = {}
 
-    for conn, log_ns, raw, reader in iter_bag(path):
+    cut_files: List[dict] = []
+    for conn, log_ns, raw, reader in iter_bag(path, recovered=cut_files):
         topic = conn.topic
         out = remaps.get(topic, topic)
         info = topics.get(topic)
@@ -243,7 +277,8 @@ def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
             qos = getattr(conn.ext, "offered_qos_profiles", None) or []
             latched = any(getattr(q, "durability", None) is not None and q.durability.name == "TRANSIENT_LOCAL"
                           for q in qos if not isinstance(q, str))
-            info = topics[topic] = {"msgtype": conn.msgtype, "count": 0, "out_topic": out, "latched": latched}
+            info = topics[topic] = {"msgtype": conn.msgtype, "count": 0, "out_topic": out, "latched": latched,
+                                    "unknown_type": not registered_msgtype(conn.msgtype)}
         info["count"] += 1
         if topic == CLOCK_TOPIC and clock_source != "bag" and out == CLOCK_TOPIC:
             role = "clock"
@@ -269,6 +304,9 @@ def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
                 item.publish = False
             elif role in ("camera", "state", "instruction"):
                 pending_verdicts[item.index] = judge(item, msg)
+        if info["unknown_type"] and role != "clock":
+            item.publish = False
+            item.detail = item.detail or "unknown message type (not published)"
         if excluded:
             item.role, item.publish, item.detail = "excluded", False, "excluded by --exclude/--topics"
         items.append(item)
@@ -313,11 +351,23 @@ def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
     if node.instruction_topic not in present:
         events.append(Event("missing_topic", f"no instruction on {node.instruction_topic}: the node waits for one "
                             "unless instruction.default is set", topic=node.instruction_topic))
+    t_first = min((it.log_ns for it in items), default=0)
+    per_topic: Dict[Tuple[str, str], List[Item]] = defaultdict(list)
     for it in items:
-        if it.verdict != "ok":
+        if it.verdict in SUMMARIZED:
+            per_topic[(it.verdict, it.topic)].append(it)
+        elif it.verdict != "ok":
             note = "" if it.publish else " (not published)"
             events.append(Event(it.verdict, it.detail + note, topic=it.topic, log_ns=it.log_ns, sim_ns=it.sim_ns,
                                 index=it.index))
+    for topic, info in topics.items():
+        if info["unknown_type"] and info.get("role") not in ("clock", "excluded"):
+            per_topic[("unknown_type", topic)] = [it for it in items if it.topic == topic]
+    for (kind, _), its in per_topic.items():
+        what = (f"{its[0].msgtype}: unknown message type (no registered interface package provides it), not played"
+                if kind == "unknown_type" else its[0].detail + ("" if its[0].publish else " (not published)"))
+        events.append(_topic_summary(kind, its, what, t_first))
+    events.extend(_truncation_event(path, f, len(items)) for f in cut_files)
     for log_ns, before, after in tmap.jumps:
         direction = "back" if after < before else "forward"
         events.append(Event("clock_jump", f"recorded clock jumps {direction} {(after - before) / NS:+.3f} s",
@@ -351,4 +401,19 @@ def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
                    publish_undecodable=publish_undecodable)
 
 
-__all__ = ["Item", "Event", "Session", "TimeMap", "scan_bag", "iter_bag", "bag_storage", "REJECTIONS", "CLOCK_TOPIC"]
+def check_playable(session: Session) -> Session:
+    """``session`` if replaying it can show the node anything, else a ValueError saying why (checked
+    before a node is started: a bad bag fails at once)."""
+    cut = [e.detail for e in session.events if e.kind == "truncated_bag"]
+    if not session.items:
+        raise ValueError(f"{session.path}: no message could be read" + (f" ({'; '.join(cut)})" if cut else ""))
+    if not any(it.publish for it in session.inputs()):
+        held = ", ".join(sorted(session.topics))
+        wanted = ", ".join(sorted(session.node.input_topics))
+        raise ValueError(f"{session.path}: none of its messages can reach the node: it holds {held}, the node takes "
+                         f"{wanted} (remap with --remap BAG_TOPIC:=NODE_TOPIC)")
+    return session
+
+
+__all__ = ["Item", "Event", "Session", "TimeMap", "scan_bag", "check_playable", "iter_bag", "bag_storage", "bag_metadata",
+           "REJECTIONS", "CLOCK_TOPIC"]
