@@ -22,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Optional, Sequence
 
+from phyai_ros.diagnostics import NODE_NAME
 from phyai_ros.replay.accounting import CATEGORIES
 from phyai_ros.replay.bagtypes import NS, parse_remaps
 from phyai_ros.replay.player import MODES, ReplayOptions, ReplayResult, _json_default
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--clock-source", choices=("auto", "bag", "clock"), default="auto",
                     help="replay clock: a recorded /clock if the bag has one (auto), bag timestamps (bag), or the "
                          "recorded /clock (clock)")
-    ap.add_argument("--node", default="phyai_policy", help="name of the policy node (default phyai_policy)")
+    ap.add_argument("--node", default=NODE_NAME, help=f"name of the policy node (default {NODE_NAME})")
     ap.add_argument("--params-file", help="the node's params file (with --start-node, or when its parameter "
                                           "service cannot be reached)")
     ap.add_argument("-p", "--param", action="append", default=[], metavar="NAME:=VALUE",
@@ -143,7 +144,7 @@ def _scan_inputs(info) -> tuple:
 
 
 def run_replay(bag, *, out=None, options: Optional[ReplayOptions] = None, remaps=None, topics=None,
-               exclude=(), clock_source: str = "auto", node_name: str = "phyai_policy", node_info=None,
+               exclude=(), clock_source: str = "auto", node_name: str = NODE_NAME, node_info=None,
                node_process=None, wait_node: float = 60.0, publish_undecodable: bool = False,
                log=print, session=None) -> ReplayResult:
     """Connect to the policy node, scan the bag against its parameters, replay, return the result.

@@ -10,11 +10,13 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import yaml
 
+from phyai_ros.control.loop import ControlConfig
+from phyai_ros.diagnostics import NODE_NAME
 from phyai_ros.replay.bagtypes import absolute_topic
 
-NODE_NAME = "phyai_policy"
-FUTURE_STAMP_TOLERANCE = 0.5   # ControlConfig.future_stamp_tolerance (not a node parameter)
-CLOCK_JUMP_TOLERANCE = 0.1     # ControlConfig.clock_jump_tolerance
+# The loop's fixed tolerances (not node parameters), read from the one place they are defined.
+FUTURE_STAMP_TOLERANCE = ControlConfig.__dataclass_fields__["future_stamp_tolerance"].default
+CLOCK_JUMP_TOLERANCE = ControlConfig.__dataclass_fields__["clock_jump_tolerance"].default
 
 # The parameters the tools read (all declared by phyai_ros.node.parameters).
 PARAMETER_NAMES = (

@@ -37,6 +37,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from phyai_ros.replay.accounting import Accounting, Snapshot, account
+from phyai_ros import diagnostics
+from phyai_ros.diagnostics import NODE_NAME
 from phyai_ros.replay.bagtypes import NS, UnknownMessageType, registered_msgtype, stamp_ns, typestore
 from phyai_ros.replay.nodeinfo import NodeInfo, query_node
 from phyai_ros.replay.scan import CLOCK_TOPIC, Event, Session, iter_bag
@@ -139,35 +141,8 @@ def ros_type(msgtype: str):
 
 
 def parse_diagnostics(msg) -> Optional[dict]:
-    """The policy node's /diagnostics report as a dict, or None for someone else's."""
-    out = {"stamp_ns": stamp_ns(msg.header.stamp), "counters": {}, "flags": {}}
-    mine = False
-    for st in msg.status:
-        if st.name.endswith("inputs and loop"):
-            mine = True
-            for kv in st.values:
-                v = kv.value.strip()
-                if v.lstrip("-").isdigit():
-                    out["counters"][kv.key] = int(v)
-                else:
-                    out["flags"][kv.key] = v
-            out["inputs_level"] = int(st.level[0]) if isinstance(st.level, (bytes, bytearray)) else int(st.level)
-            out["inputs_message"] = st.message
-        elif st.name.endswith("control margin"):
-            out["margin_level"] = int(st.level[0]) if isinstance(st.level, (bytes, bytearray)) else int(st.level)
-            out["margin_message"] = st.message
-            out["margin_values"] = {kv.key: kv.value for kv in st.values}
-    return out if mine else None
-
-
-def in_flight(diag: dict) -> bool:
-    flag = diag["flags"].get("inference_in_flight")
-    if flag is not None:
-        return flag == "true"
-    c = diag["counters"]
-    done = sum(c.get(k, 0) for k in ("chunks", "inference_errors", "bad_chunks", "discarded_after_reset",
-                                     "worker_crashes"))
-    return c.get("inferences_started", 0) > done
+    """The policy node's /diagnostics report as a dict (``phyai_ros.diagnostics.parse``), or None."""
+    return diagnostics.parse(msg, stamp_ns(msg.header.stamp))
 
 
 class _Output:
@@ -206,7 +181,7 @@ class ReplayNode:
     Use as a context manager.  ``wait_for_node`` / ``node_info`` find the policy node;
     ``play(session, out, options)`` replays and returns a ``ReplayResult``."""
 
-    def __init__(self, name: str = "phyai_replay", node_name: str = "phyai_policy"):
+    def __init__(self, name: str = "phyai_replay", node_name: str = NODE_NAME):
         import rclpy
         from rclpy.executors import SingleThreadedExecutor
         self.node_name = node_name.lstrip("/")
@@ -509,7 +484,7 @@ class _Replay:
         if stats["ticks"] is not None and ticks is not None and ticks != stats["ticks"] + 1:
             stats["tick_mismatch"] += 1
         stats["ticks"] = ticks
-        if in_flight(d):
+        if diagnostics.in_flight(d):
             base = stats["baseline_chunks"]
             want = d["counters"].get("chunks", 0) - base + 1
             if not self._wait(lambda: len(self.chunks) >= want, self.o.inference_timeout):
