@@ -73,8 +73,9 @@ class ControlPolicy:
             x = self.runner.sample(bucket, noise, guide)
         return a.unnormalize_actions(x)[0].to("cpu", torch.float32).numpy()
 
-    def warmup(self, runs: int, state_dim: int) -> None:
-        """Run the whole path on a synthetic observation (cold start, graph capture) before acting."""
+    def warmup(self, runs: int, state_dim: int, source: str = "the policy") -> None:
+        """Run the whole path on a synthetic observation (cold start, graph capture) before acting, and
+        refuse a policy whose chunks are not finite: the loop would drop every one of them after 'ready'."""
         rng = np.random.default_rng(0)
         images = {slot: rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for slot in self.camera_slots}
         if self.runner is not None and self.runner.token_bucket:
@@ -82,7 +83,11 @@ class ControlPolicy:
             self.runner.capture_all_buckets(x.images, x.image_masks, x.tokens, x.token_masks,
                                             self.adapter.make_noise(1))
         for _ in range(runs):
-            self.predict(images, np.zeros(state_dim, dtype=np.float32), "warm up")
+            chunk = self.predict(images, np.zeros(state_dim, dtype=np.float32), "warm up")
+            bad = int(np.size(chunk) - np.isfinite(chunk).sum())
+            if bad:
+                raise ValueError(f"{source} produces non-finite actions: the warm-up chunk on a synthetic "
+                                 f"observation holds {bad} NaN/Inf of {chunk.size} values")
 
 
 def norm_stats_path(param: str, checkpoint: Path) -> Optional[Path]:
@@ -133,5 +138,6 @@ def build_policy(p: dict, logger=None) -> ControlPolicy:
                         state_dim=cfg.max_state_dim) if device == "cuda" else None
     policy = ControlPolicy(adapter, runner, p["model.noise_seed"], p["rtc.max_guidance"], p["rtc.jacobian"])
     if p["model.warmup_runs"]:
-        policy.warmup(p["model.warmup_runs"], adapter.state_dim)
+        policy.warmup(p["model.warmup_runs"], adapter.state_dim,
+                      f"the checkpoint '{checkpoint}' (normalization stats '{stats or checkpoint}')")
     return policy

@@ -14,12 +14,14 @@ fixture; use --prev-left-over-space robot for robot units). Cameras of the check
 are masked slots. --case NAME takes the RTC parameters of that case from --tasks-json's "rtc" list and
 compares against the expected keys prefixed "NAME." ("plain" = no RTC, no prefix).
 Output: actions [B, H, D] (unnormalized) and actions.model [B, H, 32] (normalized, padded).
-Exit status 2 when --tolerance is given and a compared max-abs exceeds it.
+Exit status: 0 done; 2 a bad argument or input file (one line on stderr), or --tolerance given and a compared
+max-abs exceeds it (NaN exceeds every tolerance); 3 the model produced non-finite actions (nothing written).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -27,6 +29,30 @@ from pathlib import Path
 import torch
 
 IMG_PREFIX = "raw.observation.images."
+MAX_GUIDANCE = (0.0, 100.0)  # the range the node accepts for rtc.max_guidance
+
+
+class InputError(Exception):
+    """A bad argument or input: reported on one line, exit status 2."""
+
+
+class NonFiniteOutput(Exception):
+    """The model produced NaN/Inf actions: exit status 3, and no output file."""
+
+
+def _require_range(name: str, value, lo, hi=None) -> None:
+    """A finite value in [lo, hi] (NaN and +-inf never pass)."""
+    if value is None:
+        return
+    if not (math.isfinite(value) and lo <= value and (hi is None or value <= hi)):
+        want = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise InputError(f"{name} must be a finite number {want}, got {value}")
+
+
+def _require_finite(name: str, t: torch.Tensor) -> torch.Tensor:
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise InputError(f"{name} holds {int((~torch.isfinite(t)).sum())} NaN/Inf values of {t.numel()}")
+    return t
 
 
 def _parse(argv):
@@ -61,20 +87,20 @@ def _parse(argv):
 
 
 def _load_noise(arg, inputs):
-    from safetensors.torch import load_file
+    from phyai_ros.models.common.checkpoint_io import read_safetensors_file
     if arg is None:
         return inputs.get("noise")
     path = Path(arg)
     if path.is_file():
-        d = load_file(str(path))
+        d = read_safetensors_file(path)
         if "noise" in d:
             return d["noise"]
         if len(d) == 1:
             return next(iter(d.values()))
-        raise SystemExit(f"--noise {path}: no 'noise' key and more than one tensor ({sorted(d)})")
+        raise InputError(f"--noise {path}: no 'noise' key and more than one tensor ({sorted(d)})")
     if arg in inputs:
         return inputs[arg]
-    raise SystemExit(f"--noise {arg!r} is neither a file nor a key of --inputs ({sorted(inputs)})")
+    raise InputError(f"--noise {arg!r} is neither a file nor a key of --inputs ({sorted(inputs)})")
 
 
 def _rtc_params(args, meta, inputs, policy):
@@ -83,7 +109,7 @@ def _rtc_params(args, meta, inputs, policy):
     if args.case and args.case != "plain":
         cases = {c["name"]: c for c in (meta or {}).get("rtc", [])}
         if args.case not in cases:
-            raise SystemExit(f"--case {args.case!r} not in --tasks-json's rtc list ({sorted(cases)})")
+            raise InputError(f"--case {args.case!r} not in --tasks-json's rtc list ({sorted(cases)})")
         c = cases[args.case]
         sched = sched or c["schedule"].lower()
         delay = c["inference_delay"] if delay is None else delay
@@ -92,45 +118,93 @@ def _rtc_params(args, meta, inputs, policy):
     if sched is None:
         return None
     if delay is None or horizon is None:
-        raise SystemExit("--rtc needs --inference-delay and --execution-horizon")
+        raise InputError("--rtc needs --inference-delay and --execution-horizon")
+    h = policy.chunk_size
+    _require_range("--inference-delay", delay, 0, h)
+    _require_range("--execution-horizon", horizon, 1, h)
+    _require_range("--max-guidance", max_g, *MAX_GUIDANCE)
     if args.prev_left_over not in inputs:
-        raise SystemExit(f"RTC needs {args.prev_left_over!r} in --inputs")
-    prev = inputs[args.prev_left_over].to(torch.float32)
+        raise InputError(f"RTC needs {args.prev_left_over!r} in --inputs")
+    prev = _require_finite(f"--inputs key {args.prev_left_over}", inputs[args.prev_left_over].to(torch.float32))
     if args.prev_left_over_space == "robot":
         prev = policy.normalize_actions(prev.to(policy.device))
     return RtcParams(prev, delay, horizon, sched, 10.0 if max_g is None else max_g, args.rtc_jacobian)
 
 
-def main(argv=None) -> int:
-    args = _parse(argv)
-    from safetensors.torch import load_file, save_file
-
+def _load_policy(args, dtype):
+    """The adapter config.json's type names (pi0.5 when it names none)."""
+    from phyai_ros.models.common.checkpoint_io import read_json
     from phyai_ros.models.pi0 import Pi0Policy
     from phyai_ros.models.pi05 import Pi05Policy
 
+    cfg_path = Path(args.checkpoint) / "config.json"
+    kind = read_json(cfg_path).get("type", "pi05")
+    policy_cls = {"pi05": Pi05Policy, "pi0": Pi0Policy}.get(kind)
+    if policy_cls is None:
+        raise InputError(f"{cfg_path}: unsupported policy type {kind!r} (pi05 and pi0 are)")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"--device {args.device}: no CUDA device is available")
+    return policy_cls.from_files(args.checkpoint, args.tokenizer, args.norm_stats, device=args.device, dtype=dtype)
+
+
+def _read_tasks(path, batch: int):
+    from phyai_ros.models.common.checkpoint_io import read_json
+    meta = read_json(path)
+    tasks = meta.get("tasks")
+    if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
+        raise InputError(f"--tasks-json {path}: needs a 'tasks' list of strings (one per batch item, {batch} here)")
+    return meta, tasks
+
+
+def _compare(out, args) -> int:
+    """Print max-abs against --expected; 2 when --tolerance is given and any comparison fails it (NaN
+    fails every tolerance, and so does a comparison that could not be made)."""
+    from phyai_ros.models.common.checkpoint_io import read_safetensors_file
+    expected = read_safetensors_file(args.expected)
+    prefix = "" if args.case in (None, "plain") else args.case + "."
+    pairs = [("actions", args.expected_key)] if args.expected_key else \
+        [("actions", prefix + "actions.unnormalized"), ("actions.model", prefix + "actions.model")]
+    failed = []
+    for ours, key in pairs:
+        if key not in expected:
+            print(f"expected: no key {key} in {args.expected}")
+            failed.append(f"no key {key}")
+            continue
+        if tuple(expected[key].shape) != tuple(out[ours].shape):
+            print(f"expected: {key} has shape {list(expected[key].shape)}, {ours} {list(out[ours].shape)}")
+            failed.append(f"shape of {key}")
+            continue
+        diff = (out[ours] - expected[key].float()).abs().max().item()
+        print(f"max-abs {ours} vs {key}: {diff:.3e}")
+        if args.tolerance is not None and not diff <= args.tolerance:
+            failed.append(f"max-abs {ours} {diff:.3e} > tolerance {args.tolerance:.1e}")
+    if args.tolerance is not None and failed:
+        print("FAIL: " + "; ".join(failed))
+        return 2
+    return 0
+
+
+def _run(args) -> int:
+    from safetensors.torch import save_file
+
+    from phyai_ros.models.common.checkpoint_io import read_safetensors_file
+
+    _require_range("--tolerance", args.tolerance, 0.0)
+    _require_range("--seed", args.seed, 0, 2**63 - 1)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    if not Path(args.inputs).is_file():
-        raise FileNotFoundError(f"file not found: {args.inputs}")
-    inputs = load_file(args.inputs)
-    meta = json.loads(Path(args.tasks_json).read_text()) if args.tasks_json else None
+    inputs = read_safetensors_file(args.inputs)
     images = {k[len(IMG_PREFIX):]: v.numpy() for k, v in inputs.items() if k.startswith(IMG_PREFIX)}
     if "raw.observation.state" not in inputs:
-        raise SystemExit("--inputs lacks raw.observation.state")
+        raise InputError(f"--inputs {args.inputs} lacks raw.observation.state")
     state = inputs["raw.observation.state"].numpy()
     batch = state.shape[0] if state.ndim == 2 else 1
-    tasks = meta["tasks"] if meta is not None else [args.task] * batch
+    meta, tasks = _read_tasks(args.tasks_json, batch) if args.tasks_json else (None, [args.task] * batch)
 
-    cfg_path = Path(args.checkpoint) / "config.json"
-    if not cfg_path.is_file():
-        raise FileNotFoundError(f"file not found: {cfg_path}")
-    policy_cls = {"pi05": Pi05Policy, "pi0": Pi0Policy}.get(json.loads(cfg_path.read_text()).get("type", "pi05"))
-    if policy_cls is None:
-        raise SystemExit(f"{cfg_path}: unsupported policy type (pi05 and pi0 are)")
-    policy = policy_cls.from_files(args.checkpoint, args.tokenizer, args.norm_stats, device=args.device,
-                                   dtype=dtype)
+    policy = _load_policy(args, dtype)
     noise = _load_noise(args.noise, inputs)
     if noise is None:
         noise = policy.make_noise(batch, torch.Generator().manual_seed(args.seed))
+    _require_finite(f"--noise {args.noise}" if args.noise else f"--inputs {args.inputs} noise", noise)
     rtc = _rtc_params(args, meta, inputs, policy)
 
     t0 = time.perf_counter()
@@ -141,29 +215,30 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
     dt_ms = (time.perf_counter() - t0) * 1e3
     out = {"actions": actions.float().cpu().contiguous(), "actions.model": actions_model.float().cpu().contiguous()}
+    for key, t in out.items():
+        bad = int((~torch.isfinite(t)).sum())
+        if bad:
+            raise NonFiniteOutput(f"the model produced non-finite {key}: {bad} NaN/Inf of {t.numel()} values "
+                                  f"(checkpoint {args.checkpoint}); nothing written to {args.output}")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     save_file(out, args.output, metadata={"prompts": json.dumps(prepared.prompts),
                                           "slots": json.dumps(prepared.slot_names)})
     print(f"actions {list(out['actions'].shape)} actions.model {list(out['actions.model'].shape)} "
           f"({dt_ms:.1f} ms incl. preprocessing, {args.device} {args.dtype}) -> {args.output}")
+    return _compare(out, args) if args.expected else 0
 
-    worst = 0.0
-    if args.expected:
-        expected = load_file(args.expected)
-        prefix = "" if args.case in (None, "plain") else args.case + "."
-        pairs = [("actions", args.expected_key)] if args.expected_key else \
-            [("actions", prefix + "actions.unnormalized"), ("actions.model", prefix + "actions.model")]
-        for ours, key in pairs:
-            if key not in expected:
-                print(f"expected: no key {key}")
-                continue
-            diff = (out[ours] - expected[key].float()).abs().max().item()
-            worst = max(worst, diff)
-            print(f"max-abs {ours} vs {key}: {diff:.3e}")
-    if args.tolerance is not None and worst > args.tolerance:
-        print(f"FAIL: max-abs {worst:.3e} > tolerance {args.tolerance:.1e}")
+
+def main(argv=None) -> int:
+    """Exit status as the module docstring says; errors are one line on stderr, never a traceback."""
+    args = _parse(argv)
+    try:
+        return _run(args)
+    except NonFiniteOutput as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except (InputError, OSError, ValueError, KeyError) as exc:  # the loaders' messages name the file / input
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

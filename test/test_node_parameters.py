@@ -100,3 +100,51 @@ def test_a_node_that_cannot_start_says_why_and_exits_1(tmp_path):
     node = NodeProcess(make_small_checkpoint(tmp_path / "pi05_ok"), tokenizer, overrides={"model.op_profile": str(missing)})
     assert node.wait_exit(timeout=60) == 1, node.stop()
     assert "cannot start: FileNotFoundError" in node.stop()
+
+
+def write_params_with_typos(path):
+    """The CPU config plus misspelt keys in this node's section and in /**, a key of another node (not
+    ours to judge) and ROS's own use_sim_time (allowed)."""
+    import yaml
+    raw = yaml.safe_load(CPU_CONFIG.read_text())
+    raw["phyai_policy"]["ros__parameters"]["rtc"]["max_guidence"] = 5.0
+    raw["/**"] = {"ros__parameters": {"margin": {"epss": 0.1}, "use_sim_time": False}}
+    raw["other_node"] = {"ros__parameters": {"anything": 1}}
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.ros
+def test_unknown_parameter_names_refuse_to_start_naming_them(tmp_path):
+    tokenizer = require_tokenizer()
+    ckpt = make_small_checkpoint(tmp_path / "pi05_ok")
+    node = NodeProcess(ckpt, tokenizer, overrides={"contrl.dt": 0.1})
+    assert node.wait_exit(timeout=60) == 1, node.stop()
+    out = node.stop()
+    assert "cannot start: ParameterError: unknown parameter contrl.dt (did you mean control.dt?)" in out, out
+
+    node = NodeProcess(ckpt, tokenizer, params_file=write_params_with_typos(tmp_path / "typos.yaml"))
+    assert node.wait_exit(timeout=60) == 1, node.stop()
+    out = node.stop()
+    assert ("unknown parameters margin.epss (did you mean margin.eps?), rtc.max_guidence (did you mean "
+            "rtc.max_guidance?)") in out, out
+    assert "anything" not in out and "use_sim_time" not in out and "Traceback" not in out
+
+
+@pytest.mark.ros
+def test_a_model_that_cannot_act_refuses_to_start(tmp_path):
+    """A pi0 label on pi0.5 weights, and finite weights whose warm-up chunk is NaN (it used to log
+    'ready' and then never publish a chunk)."""
+    from test_checkpoint_errors import nan_action_stats
+    tokenizer = require_tokenizer()
+    ckpt = make_small_checkpoint(tmp_path / "pi05_ok")
+    node = NodeProcess(nan_action_stats(ckpt, tmp_path), tokenizer)
+    assert node.wait_exit(timeout=90) == 1, node.stop()
+    out = node.stop()
+    assert "cannot start: ValueError:" in out and "produces non-finite actions" in out, out
+    assert " ready in " not in out and "Traceback" not in out
+
+    node = NodeProcess(ckpt, tokenizer, overrides={"model.type": "pi0"})
+    assert node.wait_exit(timeout=60) == 1, node.stop()
+    out = node.stop()
+    assert "config.json says type pi05 but model.type (the policy type asked for) is pi0" in out, out

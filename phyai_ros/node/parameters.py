@@ -6,6 +6,7 @@ change under a running node (all are read at start, so all are read-only).
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -120,9 +121,35 @@ class ParameterError(ValueError):
 _YAML_BOOLS = {"off", "on", "yes", "no", "y", "n", "true", "false"}
 
 
+# Overrides ROS itself may consume on any node (QoS overrides of publishers/subscriptions).
+_ROS_PREFIXES = ("qos_overrides.",)
+
+
+def unknown_overrides(node) -> list[str]:
+    """Names given to this node (params file for its name or /**, -p) that neither this table nor ROS
+    (use_sim_time, ... already declared on the node) declares: a typo there would silently keep the default."""
+    given = getattr(node, "_parameter_overrides", {})  # rclpy keeps rcl's overrides here (no public accessor)
+    return sorted(name for name in given if name not in SPECS and not node.has_parameter(name)
+                  and not name.startswith(_ROS_PREFIXES))
+
+
+def check_no_unknown(node) -> None:
+    """Refuse unknown parameter names, each with the closest declared name as a hint."""
+    unknown = unknown_overrides(node)
+    if not unknown:
+        return
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, SPECS, n=1, cutoff=0.6)
+        parts.append(name + (f" (did you mean {close[0]}?)" if close else ""))
+    raise ParameterError(f"unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(parts)}: not declared "
+                         "by this node (check the params file's keys and the -p names)")
+
+
 def declare_and_read(node) -> dict[str, Any]:
     """Declare every parameter on an rclpy node and return their values by name, validated."""
     from rclpy.exceptions import InvalidParameterTypeException
+    check_no_unknown(node)
     values = {}
     for name, spec in SPECS.items():
         try:

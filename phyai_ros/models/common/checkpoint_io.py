@@ -32,23 +32,55 @@ def require_file(path) -> Path:
 
 
 def read_json(path) -> dict:
-    return json.loads(require_file(path).read_text())
+    """A JSON object from a file; a file that is not one names itself (a bare JSONDecodeError does not)."""
+    p = require_file(path)
+    try:
+        data = json.loads(p.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{p}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{p}: expected a JSON object, got a {type(data).__name__}")
+    return data
+
+
+def read_safetensors_file(path) -> Dict[str, torch.Tensor]:
+    """One .safetensors file on CPU; a truncated or corrupt one names itself (safetensors' own error does not)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    p = require_file(path)
+    try:
+        return load_file(str(p))
+    except SafetensorError as exc:
+        raise CheckpointError(f"{p}: unreadable safetensors file, truncated or corrupt ({exc})") from None
 
 
 def read_safetensors(ckpt_dir) -> Dict[str, torch.Tensor]:
     """model.safetensors (or the shards of model.safetensors.index.json) of a checkpoint dir, on CPU."""
-    from safetensors.torch import load_file
     d = require_file(ckpt_dir)
     single, index = d / "model.safetensors", d / "model.safetensors.index.json"
     if single.is_file():
-        return load_file(str(single))
+        return read_safetensors_file(single)
     if index.is_file():
-        shards = sorted(set(read_json(index)["weight_map"].values()))
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: no 'weight_map' object")
         sd: Dict[str, torch.Tensor] = {}
-        for s in shards:
-            sd.update(load_file(str(require_file(d / s))))
+        for s in sorted(set(weight_map.values())):
+            sd.update(read_safetensors_file(d / s))
         return sd
     raise FileNotFoundError(f"file not found: {single}")
+
+
+def require_finite(sd: Mapping[str, torch.Tensor], keys: Iterable[str], source) -> None:
+    """Refuse weights holding NaN/Inf at load time, naming the first such tensor: such a checkpoint
+    produces only non-finite actions, which the control loop would drop forever after a 'ready'."""
+    for k in keys:
+        t = sd[k]
+        # One float32 sum per tensor (no tensor-sized mask): NaN/Inf always survive a sum, and a finite
+        # sum overflowing float32 would take weights no checkpoint has.
+        if t.is_floating_point() and not bool(torch.isfinite(t.sum(dtype=torch.float32))):
+            raise CheckpointError(f"checkpoint {source}: tensor {k} holds non-finite values (NaN/Inf): this checkpoint "
+                                  "produces non-finite actions")
 
 
 def validate_keys(sd: Mapping[str, torch.Tensor], expected: Shapes, ignored: Iterable[str] = ()) -> None:

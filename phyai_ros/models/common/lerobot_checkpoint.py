@@ -36,8 +36,22 @@ def read_lerobot_checkpoint(ckpt_dir, policy_type: str) -> Tuple[Path, dict, Dic
         raise NotADirectoryError(f"checkpoint path is not a directory: {ckpt_dir}")
     lr = read_json(ckpt_dir / "config.json")
     if lr.get("type", policy_type) != policy_type:
-        raise CheckpointError(f"{ckpt_dir / 'config.json'}: policy type {lr.get('type')!r}, expected '{policy_type}'")
-    return ckpt_dir, lr, normalize_key_aliases(read_safetensors(ckpt_dir))
+        raise CheckpointError(f"checkpoint {ckpt_dir}: config.json says type {lr.get('type')} but model.type "
+                              f"(the policy type asked for) is {policy_type}")
+    sd = normalize_key_aliases(read_safetensors(ckpt_dir))
+    found = type_of_weights(sd)
+    if found not in (None, policy_type):
+        raise CheckpointError(f"checkpoint {ckpt_dir}: its weights are {found}'s but "
+                              f"model.type (the policy type asked for) is {policy_type}")
+    return ckpt_dir, lr, sd
+
+
+def type_of_weights(sd: Dict[str, torch.Tensor]) -> Optional[str]:
+    """'pi0' or 'pi05' when the weights hold the key only that one has (pi0's state projection, pi0.5's
+    time MLP) and not the other's, else None: a mislabelled checkpoint is then named as such instead of
+    failing with a key-mismatch dump (one holding both is left to that dump)."""
+    pi0, pi05 = "model.state_proj.weight" in sd, "model.time_mlp_in.weight" in sd
+    return "pi0" if pi0 and not pi05 else "pi05" if pi05 and not pi0 else None
 
 
 def parse_features(lr: dict) -> Tuple[List[str], Optional[int], Optional[int]]:
@@ -53,7 +67,7 @@ def find_model_dims(ckpt_dir: Path, policy_type: str) -> Optional[dict]:
     """model_dims.json next to config.json, else in the parent directory (parity-fixture layout)."""
     for cand in (ckpt_dir / "model_dims.json", ckpt_dir.parent / "model_dims.json"):
         if cand.is_file():
-            d = json.loads(cand.read_text())
+            d = read_json(cand)
             if d.get("policy_type", policy_type) == policy_type:
                 return d
     return None

@@ -13,12 +13,13 @@ Accepted statistics sources (all give {feature: {stat: float32 array}}):
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Dict
 
 import numpy as np
 import torch
+
+from .checkpoint_io import read_json, read_safetensors_file
 
 Stats = Dict[str, Dict[str, np.ndarray]]
 
@@ -40,12 +41,11 @@ def load_norm_stats(path) -> Stats:
         raise FileNotFoundError(f"normalization stats file not found: {p}")
     stats: Stats = {}
     if p.suffix == ".safetensors":
-        from safetensors.numpy import load_file
-        for key, arr in load_file(str(p)).items():
+        for key, arr in read_safetensors_file(p).items():
             feat, _, stat = key.rpartition(".")
-            stats.setdefault(feat, {})[stat] = np.asarray(arr, dtype=np.float32)
+            stats.setdefault(feat, {})[stat] = arr.to(torch.float32).numpy()
         return stats
-    raw = json.loads(p.read_text())
+    raw = read_json(p)
     if "norm_stats" in raw:  # openpi layout
         raw = {_OPENPI_KEYS.get(k, k): v for k, v in raw["norm_stats"].items()}
     for feat, d in raw.items():

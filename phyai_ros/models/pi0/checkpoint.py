@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from phyai_ros.models.common.checkpoint_io import (CheckpointError, gemma_key_shapes, load_gemma_layers,
-                                                   read_json, validate_keys)
+                                                   read_json, require_finite, validate_keys)
 from phyai_ros.models.common.lerobot_checkpoint import (find_model_dims, flow_overrides, gemma_from_shapes,
                                                         parse_features, prefix_dims_from_shapes,
                                                         read_lerobot_checkpoint, write_random_checkpoint)
@@ -72,7 +72,9 @@ class Pi0Checkpoint:
 def load_pi0_checkpoint(ckpt_dir, device="cpu", dtype: torch.dtype = torch.float32, dims=None) -> Pi0Checkpoint:
     ckpt_dir, lr, sd = read_lerobot_checkpoint(ckpt_dir, "pi0")
     cfg = resolve_config(ckpt_dir, sd, lr, dims)
-    validate_keys(sd, lerobot_key_shapes(cfg), ignored=UNUSED_KEYS)
+    expected = lerobot_key_shapes(cfg)
+    validate_keys(sd, expected, ignored=UNUSED_KEYS)
+    require_finite(sd, expected, ckpt_dir)
     model = Pi0Model(cfg, dtype=dtype, device=device)
     load_state_dict(model, sd)
     cams, state_dim, action_dim = parse_features(lr)
