@@ -1,6 +1,7 @@
 """Offline pi0.5 (and pi0) prediction: one command from raw inputs to an action chunk, for checking any case
 stored in the LeRobot parity-fixture format against its expected outputs. The policy type comes from the
-checkpoint's config.json ("pi05" or "pi0").
+checkpoint's config.json ("pi05" or "pi0"; "groot" runs
+phyai_ros.models.groot_n17.predict with the same flags, no --tokenizer).
 
     python -m phyai_ros.predict --checkpoint DIR --tokenizer tokenizer.model --norm-stats norm_stats.json \
         --inputs inputs.safetensors [--tasks-json inputs.json | --task "..."] [--noise noise.safetensors|KEY] \
@@ -58,7 +59,7 @@ def _require_finite(name: str, t: torch.Tensor) -> torch.Tensor:
 def _parse(argv):
     p = argparse.ArgumentParser(prog="python -m phyai_ros.predict", description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True)
-    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--tokenizer", default=None, help="SentencePiece model (pi0 / pi0.5; GR00T reads its backbone's)")
     p.add_argument("--norm-stats", default=None, help="norm_stats.json / normalizer .safetensors "
                                                        "(default: the normalizer file in --checkpoint)")
     p.add_argument("--inputs", required=True)
@@ -131,17 +132,24 @@ def _rtc_params(args, meta, inputs, policy):
     return RtcParams(prev, delay, horizon, sched, 10.0 if max_g is None else max_g, args.rtc_jacobian)
 
 
+def _policy_type(checkpoint) -> str:
+    """config.json's policy type (pi0.5 when it names none)."""
+    from phyai_ros.models.common.checkpoint_io import read_json
+    return read_json(Path(checkpoint) / "config.json").get("type", "pi05")
+
+
 def _load_policy(args, dtype):
     """The adapter config.json's type names (pi0.5 when it names none)."""
-    from phyai_ros.models.common.checkpoint_io import read_json
     from phyai_ros.models.pi0 import Pi0Policy
     from phyai_ros.models.pi05 import Pi05Policy
 
     cfg_path = Path(args.checkpoint) / "config.json"
-    kind = read_json(cfg_path).get("type", "pi05")
+    kind = _policy_type(args.checkpoint)
     policy_cls = {"pi05": Pi05Policy, "pi0": Pi0Policy}.get(kind)
     if policy_cls is None:
-        raise InputError(f"{cfg_path}: unsupported policy type {kind!r} (pi05 and pi0 are)")
+        raise InputError(f"{cfg_path}: unsupported policy type {kind!r} (pi05, pi0 and groot are)")
+    if args.tokenizer is None:
+        raise InputError(f"--tokenizer is required for {kind} checkpoints")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {args.device}: no CUDA device is available")
     return policy_cls.from_files(args.checkpoint, args.tokenizer, args.norm_stats, device=args.device, dtype=dtype)
@@ -191,6 +199,9 @@ def _run(args) -> int:
 
     _require_range("--tolerance", args.tolerance, 0.0)
     _require_range("--seed", args.seed, 0, 2**63 - 1)
+    if _policy_type(args.checkpoint) == "groot":   # GR00T N1.7: its own entry point, same flags
+        from phyai_ros.models.groot_n17.predict import run
+        return run(args)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     inputs = read_safetensors_file(args.inputs)
     images = {k[len(IMG_PREFIX):]: v.numpy() for k, v in inputs.items() if k.startswith(IMG_PREFIX)}

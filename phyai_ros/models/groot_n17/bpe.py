@@ -1,0 +1,185 @@
+"""Byte-level BPE tokenizer reading a Hugging Face `tokenizer.json` (Qwen2 / Qwen3-VL layout).
+
+Why our own: the backbone's tokenizer is a plain byte-level BPE (NFC normalizer, one regex split, GPT-2 byte
+mapping, ranked merges, special tokens matched verbatim), and reading it here keeps the `tokenizers` package
+(and the hub client it pulls in) off the robot. Only what Qwen's tokenizer.json uses is supported; anything
+else is refused at load time, naming the file, rather than tokenized differently.
+
+Python's `re` has no `\\p{L}` / `\\p{N}`: the split pattern's Unicode classes are expanded into explicit
+code-point ranges from `unicodedata` once per process.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+import unicodedata
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+
+class TokenizerError(ValueError):
+    """tokenizer.json uses a feature this reader does not implement, or is malformed."""
+
+
+@functools.lru_cache(maxsize=None)
+def _unicode_class(letter: str) -> str:
+    """Code-point ranges (regex class body, no brackets) of every character whose category starts with
+    `letter` ('L' letters, 'N' numbers)."""
+    ranges, start, prev = [], None, None
+    for cp in range(sys.maxunicode + 1):
+        hit = unicodedata.category(chr(cp))[0] == letter
+        if hit and start is None:
+            start = cp
+        if not hit and start is not None:
+            ranges.append((start, prev))
+            start = None
+        prev = cp
+    if start is not None:
+        ranges.append((start, prev))
+    esc = lambda c: "\\U%08x" % c  # noqa: E731
+    return "".join(esc(a) if a == b else f"{esc(a)}-{esc(b)}" for a, b in ranges)
+
+
+def expand_unicode_classes(pattern: str) -> str:
+    """Rewrite `\\p{L}` / `\\p{N}` into explicit ranges (bare inside [...], bracketed outside)."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        if pattern.startswith("\\p{", i):
+            end = pattern.index("}", i)
+            name = pattern[i + 3:end]
+            if name not in ("L", "N"):
+                raise TokenizerError(f"unsupported Unicode class \\p{{{name}}} in the split pattern")
+            body = _unicode_class(name)
+            out.append(body if in_class else f"[{body}]")
+            i = end + 1
+            continue
+        ch = pattern[i]
+        if ch == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if ch == "[" and not in_class:
+            in_class = True
+        elif ch == "]" and in_class:
+            in_class = False
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=1)
+def byte_to_unicode() -> Dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
+        list(range(ord("\xae"), ord("\xff") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _require(cond: bool, path: Path, what: str) -> None:
+    if not cond:
+        raise TokenizerError(f"{path}: unsupported tokenizer.json ({what})")
+
+
+class ByteLevelBPE:
+    """encode(text) -> ids exactly as `tokenizers.Tokenizer.from_file(path).encode(text,
+    add_special_tokens=False)` for Qwen's byte-level BPE tokenizers."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"tokenizer file not found: {self.path}")
+        try:
+            spec = json.loads(self.path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TokenizerError(f"{self.path}: not valid JSON ({exc})") from None
+        model = spec.get("model") or {}
+        _require(model.get("type") == "BPE", self.path, f"model type {model.get('type')!r}, BPE expected")
+        _require(not model.get("byte_fallback") and not model.get("continuing_subword_prefix")
+                 and not model.get("end_of_word_suffix"), self.path, "BPE options other than byte-level")
+        self.vocab: Dict[str, int] = dict(model["vocab"])
+        merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        self.ranks: Dict[Tuple[str, str], int] = {m: r for r, m in enumerate(merges)}
+        self.special: Dict[str, int] = {t["content"]: int(t["id"]) for t in spec.get("added_tokens") or []}
+        self.vocab_size = max([*self.vocab.values(), *self.special.values()]) + 1
+        self.nfc = self._normalizer(spec.get("normalizer"))
+        self.split = re.compile(self._split_pattern(spec.get("pre_tokenizer")))
+        alternation = "|".join(re.escape(t) for t in sorted(self.special, key=len, reverse=True))
+        self.special_re = re.compile(f"({alternation})") if self.special else None
+        self.bytes_map = byte_to_unicode()
+
+    def _normalizer(self, spec) -> bool:
+        _require(spec is None or spec.get("type") == "NFC", self.path, f"normalizer {spec}")
+        return spec is not None
+
+    def _split_pattern(self, spec) -> str:
+        _require(spec is not None and spec.get("type") == "Sequence", self.path, "pre_tokenizer must be a Sequence")
+        steps = spec["pretokenizers"]
+        _require(len(steps) == 2 and steps[0].get("type") == "Split" and steps[1].get("type") == "ByteLevel",
+                 self.path, "pre_tokenizer must be Split(regex) + ByteLevel")
+        split, byte_level = steps
+        _require(split.get("behavior") == "Isolated" and not split.get("invert") and "Regex" in split["pattern"],
+                 self.path, "Split must be an isolated regex")
+        _require(not byte_level.get("add_prefix_space") and not byte_level.get("use_regex"), self.path,
+                 "ByteLevel with its own prefix space / regex")
+        return expand_unicode_classes(split["pattern"]["Regex"])
+
+    # ------------------------------------------------------------------ encoding
+    def encode(self, text: str) -> List[int]:
+        ids: List[int] = []
+        parts = self.special_re.split(text) if self.special_re else [text]
+        for part in parts:
+            if not part:
+                continue
+            if part in self.special:
+                ids.append(self.special[part])
+                continue
+            if self.nfc:
+                part = unicodedata.normalize("NFC", part)
+            for piece in self._pieces(part):
+                ids.extend(self._bpe(piece))
+        return ids
+
+    def _pieces(self, text: str) -> List[str]:
+        """Isolated regex split: matches and the gaps between them, each mapped to byte-level characters."""
+        out, pos = [], 0
+        for m in self.split.finditer(text):
+            if m.start() > pos:
+                out.append(text[pos:m.start()])
+            if m.end() > m.start():
+                out.append(m.group())
+            pos = m.end()
+        if pos < len(text):
+            out.append(text[pos:])
+        return ["".join(self.bytes_map[b] for b in p.encode("utf-8")) for p in out]
+
+    @functools.lru_cache(maxsize=65536)
+    def _bpe(self, piece: str) -> Tuple[int, ...]:
+        """Merge the lowest-ranked adjacent pair (leftmost first) until none is in the merge table."""
+        symbols = list(piece)
+        while len(symbols) > 1:
+            ranked = [(self.ranks.get(pair, -1), i) for i, pair in enumerate(zip(symbols, symbols[1:]))]
+            ranked = [(r, i) for r, i in ranked if r >= 0]
+            if not ranked:
+                break
+            _, i = min(ranked)
+            symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
+        try:
+            return tuple(self.vocab[s] for s in symbols)
+        except KeyError as exc:
+            raise TokenizerError(f"{self.path}: piece {exc} of {piece!r} is not in the vocabulary") from None
+
+    def token_id(self, token: str) -> int:
+        if token in self.special:
+            return self.special[token]
+        if token in self.vocab:
+            return self.vocab[token]
+        raise TokenizerError(f"{self.path}: no token {token!r}")

@@ -1,0 +1,314 @@
+"""GR00T N1.7 preprocessing: raw robot observation -> backbone tokens, image patches and normalized state.
+
+The recipe of LeRobot's pipeline (pack step + VLM encode step), because the checkpoint was trained on it:
+- cameras in the pack step's `video_modality_keys` order (others dropped), else sorted by name;
+- language lower-cased, keeping only alphanumerics, whitespace and '_' (`formalize_language`);
+- state min/max-normalized to [-1, 1] (0 where max == min), clamped, zero-padded to max_state_dim;
+- each frame squashed to a square, centre-cropped (floor offsets), resized to the target, then Qwen's
+  smart_resize + normalize + patchify; every resize is bicubic with antialias on uint8 and rounds;
+- the Qwen3-VL chat template (one image entry per frame, then the text), each image pad expanded to its
+  merged patch count, byte-level BPE, LEFT padding with the pad token (the action head's unmasked VL
+  self-attention sees the pad rows, so the side and the token matter).
+
+Resizes: torch's CPU uint8 bicubic kernel (what LeRobot runs on CPU) differs by +-1 grey level from the float
+path that LeRobot takes on CUDA; `resize_mode` picks one ("auto": uint8 kernel on CPU, float elsewhere).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from phyai_ros.models.common.checkpoint_io import CheckpointError, read_json
+
+from .bpe import ByteLevelBPE
+
+Tensor = torch.Tensor
+IMAGE_PREFIX = "observation.images."
+IMAGE_PAD = "<|image_pad|>"
+DEFAULT_TASK = "Perform the task."
+RESIZE_MODES = ("auto", "uint8", "float")
+
+
+# ------------------------------------------------------------------ language / state
+def formalize_language(text: str) -> str:
+    """lower(), then only alphanumerics, whitespace and '_' kept (punctuation dropped, spaces as they are)."""
+    return "".join(c for c in text.lower() if c.isalnum() or c.isspace() or c == "_")
+
+
+def min_max_normalize(x: Tensor, lo: Tensor, hi: Tensor, clip: bool) -> Tensor:
+    """2 (x - lo) / (hi - lo) - 1, 0 where hi == lo, optionally clamped to [-1, 1]."""
+    span = hi - lo
+    same = span == 0
+    y = torch.where(same, torch.zeros_like(x), 2 * (x - lo) / torch.where(same, torch.ones_like(span), span) - 1)
+    return y.clamp(-1.0, 1.0) if clip else y
+
+
+# ------------------------------------------------------------------ images
+def resize_uint8(x: Tensor, h: int, w: int, mode: str) -> Tensor:
+    """uint8 [N, C, H, W] -> [N, C, h, w], bicubic with antialias; unchanged when the size is. 'uint8': torch's
+    fixed-point uint8 kernel (CPU only); 'float': float32 interpolate, clamp to [0, 255], round."""
+    if tuple(x.shape[-2:]) == (h, w):
+        return x
+    if mode == "auto":
+        mode = "uint8" if x.device.type == "cpu" else "float"
+    if mode == "uint8":
+        return F.interpolate(x.contiguous(), size=(h, w), mode="bicubic", align_corners=False, antialias=True)
+    y = F.interpolate(x.float(), size=(h, w), mode="bicubic", align_corners=False, antialias=True)
+    return y.clamp_(0, 255).round_().to(torch.uint8)
+
+
+@dataclass(frozen=True)
+class FrameGeometry:
+    """The VLM step's square-resize / centre-crop / resize-to-target recipe."""
+    target_hw: Tuple[int, int] = (256, 256)
+    crop_hw: Optional[Tuple[int, int]] = (230, 230)
+    shortest_edge: Optional[int] = None
+    crop_fraction: Optional[float] = None
+
+    @classmethod
+    def from_step(cls, cfg: Mapping) -> "FrameGeometry":
+        target = tuple(cfg.get("image_target_size") or (256, 256))
+        crop = cfg.get("image_crop_size")
+        return cls(target, tuple(crop) if crop else None, cfg.get("shortest_image_edge"), cfg.get("crop_fraction"))
+
+    def apply(self, x: Tensor, mode: str) -> Tensor:
+        """uint8 [N, C, H, W] -> [N, C, target_h, target_w]."""
+        e = self.shortest_edge or self.target_hw[0]
+        x = resize_uint8(x, e, e, mode)   # squashes: the aspect ratio is not kept
+        f = self.crop_fraction or (self.crop_hw[0] / self.target_hw[0] if self.crop_hw else None)
+        if f is not None and 0 < f < 1:
+            ch, cw = int(round(e * f)), int(round(e * f))
+            top, left = (e - ch) // 2, (e - cw) // 2
+            x = x[..., top:top + ch, left:left + cw]
+        return resize_uint8(x, self.target_hw[0], self.target_hw[1], mode)
+
+
+@dataclass(frozen=True)
+class QwenImageProcessor:
+    """Qwen2-VL image processor: smart_resize, normalize, duplicate in time, patchify in merge-block order."""
+    patch_size: int
+    merge_size: int
+    temporal_patch_size: int
+    min_pixels: int
+    max_pixels: int
+    mean: Tuple[float, ...]
+    std: Tuple[float, ...]
+    rescale: float
+
+    @classmethod
+    def from_file(cls, path: Path) -> "QwenImageProcessor":
+        c = read_json(path)
+        size = c.get("size") or {}
+        return cls(int(c.get("patch_size", 14)), int(c.get("merge_size", 2)), int(c.get("temporal_patch_size", 2)),
+                   int(c.get("min_pixels") or size.get("shortest_edge") or 56 * 56),
+                   int(c.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280),
+                   tuple(c.get("image_mean") or (0.5, 0.5, 0.5)), tuple(c.get("image_std") or (0.5, 0.5, 0.5)),
+                   float(c.get("rescale_factor", 1 / 255)))
+
+    def smart_size(self, h: int, w: int) -> Tuple[int, int]:
+        """Nearest multiple of patch*merge per side (Python round: half to even), kept within the pixel budget."""
+        f = self.patch_size * self.merge_size
+        hb, wb = max(f, round(h / f) * f), max(f, round(w / f) * f)
+        if hb * wb > self.max_pixels:
+            beta = math.sqrt(h * w / self.max_pixels)
+            hb, wb = max(f, math.floor(h / beta / f) * f), max(f, math.floor(w / beta / f) * f)
+        elif hb * wb < self.min_pixels:
+            beta = math.sqrt(self.min_pixels / (h * w))
+            hb, wb = math.ceil(h * beta / f) * f, math.ceil(w * beta / f) * f
+        return hb, wb
+
+    def __call__(self, frames: Tensor, mode: str) -> Tuple[Tensor, Tensor]:
+        """uint8 [N, C, H, W] (one size) -> pixel rows [N * gh * gw, C * tp * p * p] float32, grid [N, 3]."""
+        n, c, h, w = frames.shape
+        hb, wb = self.smart_size(h, w)
+        x = resize_uint8(frames, hb, wb, mode).float()
+        # rescale folded into mean / std in float64, as the reference does: (x - mean/r) / (std/r)
+        mean = torch.tensor([m / self.rescale for m in self.mean], device=x.device).view(1, c, 1, 1)
+        std = torch.tensor([s / self.rescale for s in self.std], device=x.device).view(1, c, 1, 1)
+        x = (x - mean) / std
+        p, m, tp = self.patch_size, self.merge_size, self.temporal_patch_size
+        gh, gw = hb // p, wb // p
+        x = x[:, None].expand(n, tp, c, hb, wb)
+        x = x.reshape(n, tp, c, gh // m, m, p, gw // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+        rows = x.reshape(n * gh * gw, c * tp * p * p)
+        grid = torch.tensor([[1, gh, gw]] * n, dtype=torch.int64, device=x.device)
+        return rows, grid
+
+
+# ------------------------------------------------------------------ prompt
+@functools.lru_cache(maxsize=8)
+def _compiled(template: str):
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    return env.from_string(template)
+
+
+def render_chat_template(template: str, n_images: int, text: str) -> str:
+    """The backbone's chat template for one user message: n_images image entries, then the text."""
+    content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": text}]
+    return _compiled(template).render(messages=[{"role": "user", "content": content}], add_generation_prompt=False)
+
+
+def read_chat_template(backbone_dir: Path) -> str:
+    """chat_template.jinja, else chat_template.json's or tokenizer_config.json's `chat_template`."""
+    jinja = backbone_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    for name in ("chat_template.json", "tokenizer_config.json"):
+        p = backbone_dir / name
+        if p.is_file() and isinstance(read_json(p).get("chat_template"), str):
+            return read_json(p)["chat_template"]
+    raise FileNotFoundError(f"backbone {backbone_dir}: no chat template (chat_template.jinja, chat_template.json "
+                            "or tokenizer_config.json)")
+
+
+# ------------------------------------------------------------------ the whole step
+@dataclass
+class GrootInputs:
+    """Model inputs of one batch (on the policy's device) plus what decoding and checks need."""
+    input_ids: Tensor        # [B, L] int64, left-padded
+    attention_mask: Tensor   # [B, L] int64, 0 on the left pads
+    pixel_values: Tensor     # [N_img, C*tp*p*p] float32, item-major then camera
+    image_grid_thw: Tensor   # [N_img, 3] int64
+    state: Tensor            # [B, 1, max_state_dim] normalized
+    embodiment_id: Tensor    # [B] int64
+    raw_state: Tensor        # [B, state_dim] float32, robot units (relative actions add it back)
+    vlm_images: Tensor       # [B, V, 3, h, w] uint8, the frames given to the image processor
+    prompts: List[str] = field(default_factory=list)
+    cameras: List[str] = field(default_factory=list)
+
+
+class GrootProcessor:
+    """Pack + VLM-encode steps of a LeRobot GR00T N1.7 checkpoint (see module docstring)."""
+
+    def __init__(self, pack: Mapping, pack_state: Mapping[str, Tensor], vlm: Mapping, backbone_dir: Path,
+                 image_token_id: int, camera_keys: Sequence[str], max_state_dim: int):
+        self.pack = dict(pack)
+        self.tokenizer = ByteLevelBPE(backbone_dir / "tokenizer.json")
+        self.template = read_chat_template(backbone_dir)
+        self.images = QwenImageProcessor.from_file(backbone_dir / "preprocessor_config.json")
+        self.geometry = FrameGeometry.from_step(vlm)
+        pad = read_json(backbone_dir / "tokenizer_config.json").get("pad_token") or "<|endoftext|>"
+        self.pad_id = self.tokenizer.token_id(pad if isinstance(pad, str) else pad["content"])
+        self.image_token_id = image_token_id
+        if self.tokenizer.token_id(IMAGE_PAD) != image_token_id:
+            raise CheckpointError(f"{backbone_dir}: tokenizer's {IMAGE_PAD} id {self.tokenizer.token_id(IMAGE_PAD)} "
+                                  f"!= image_token_id {image_token_id} of config.json")
+        self.cameras = self._camera_order(camera_keys)
+        self.max_state_dim = max_state_dim
+        for k in ("observation.state.min", "observation.state.max"):
+            if k not in pack_state:
+                raise CheckpointError(f"pack step state file: no {k} (needed for the state normalization)")
+        self.state_lo = pack_state["observation.state.min"].float()
+        self.state_hi = pack_state["observation.state.max"].float()
+        if self.state_dim > max_state_dim:
+            raise CheckpointError(f"state has {self.state_dim} dims > max_state_dim {max_state_dim}")
+
+    @property
+    def state_dim(self) -> int:
+        return int(self.state_lo.numel())
+
+    def _camera_order(self, camera_keys: Sequence[str]) -> List[str]:
+        listed = self.pack.get("video_modality_keys")
+        names = [k[len(IMAGE_PREFIX):] if k.startswith(IMAGE_PREFIX) else k for k in camera_keys]
+        return list(listed) if listed else sorted(names)
+
+    def embodiment_id(self, tag: Optional[str] = None) -> int:
+        tag = tag or self.pack.get("embodiment_tag")
+        mapping = self.pack.get("embodiment_mapping") or {}
+        if tag not in mapping:
+            raise ValueError(f"embodiment tag {tag!r} is not in the checkpoint's mapping {mapping}")
+        return int(mapping[tag])
+
+    def language(self, task: str) -> str:
+        if not isinstance(task, str):
+            raise ValueError(f"task must be a string, got {type(task).__name__}")
+        text = task if task.strip() else DEFAULT_TASK
+        return formalize_language(text) if self.pack.get("formalize_language", True) else text
+
+    def normalize_state(self, raw: Tensor) -> Tensor:
+        """[B, state_dim] robot units -> [B, 1, max_state_dim]."""
+        y = min_max_normalize(raw.float(), self.state_lo.to(raw.device), self.state_hi.to(raw.device),
+                              bool(self.pack.get("clip_outliers", True)))
+        return F.pad(y, (0, self.max_state_dim - y.shape[-1]))[:, None]
+
+    def frames(self, images: Mapping[str, Tensor], batch: int, mode: str) -> Tensor:
+        """camera -> uint8 [B, H, W, 3] -> [B, V, 3, h, w] uint8 in camera order, after the frame geometry."""
+        out = []
+        for cam in self.cameras:
+            x = images.get(cam)
+            if x is None:
+                x = images.get(IMAGE_PREFIX + cam)
+            if x is None:
+                raise ValueError(f"camera '{cam}': no image (the checkpoint needs {self.cameras})")
+            if x.shape[0] != batch:
+                raise ValueError(f"camera '{cam}': {x.shape[0]} images for a batch of {batch}")
+            out.append(self.geometry.apply(x.permute(0, 3, 1, 2), mode))
+        sizes = {tuple(f.shape[-2:]) for f in out}
+        if len(sizes) != 1:
+            raise ValueError(f"cameras {self.cameras}: frames of different sizes {sorted(sizes)}")
+        return torch.stack(out, 1)
+
+    def tokens(self, languages: Sequence[str], grid: Tensor, n_views: int) -> Tuple[Tensor, Tensor, List[str]]:
+        """Prompts, expanded and tokenized, left-padded -> input_ids, attention_mask [B, L], prompts."""
+        merge = self.images.merge_size ** 2
+        counts = [int(t * h * w) // merge for t, h, w in grid.tolist()]
+        prompts, ids = [], []
+        for i, text in enumerate(languages):
+            prompt = render_chat_template(self.template, n_views, text)
+            pieces = prompt.split(IMAGE_PAD)
+            if len(pieces) != n_views + 1:
+                raise ValueError(f"chat template gave {len(pieces) - 1} image pads for {n_views} views")
+            own = counts[i * n_views:(i + 1) * n_views]
+            expanded = pieces[0] + "".join(IMAGE_PAD * c + p for c, p in zip(own, pieces[1:]))
+            prompts.append(prompt)
+            ids.append(self.tokenizer.encode(expanded))
+        length = max(len(x) for x in ids)
+        input_ids = torch.tensor([[self.pad_id] * (length - len(x)) + x for x in ids], dtype=torch.int64)
+        mask = torch.tensor([[0] * (length - len(x)) + [1] * len(x) for x in ids], dtype=torch.int64)
+        return input_ids, mask, prompts
+
+    def __call__(self, images: Mapping[str, Tensor], state: Tensor, tasks: Sequence[str],
+                 embodiment_id: Optional[Sequence[int]] = None, device="cpu", resize_mode: str = "auto"
+                 ) -> GrootInputs:
+        """images: camera -> uint8 [B, H, W, 3] tensors; state [B, state_dim]; one task per item."""
+        if resize_mode not in RESIZE_MODES:
+            raise ValueError(f"resize_mode {resize_mode!r} not in {RESIZE_MODES}")
+        batch = state.shape[0]
+        if len(tasks) != batch:
+            raise ValueError(f"{len(tasks)} tasks for a batch of {batch}")
+        if state.shape[-1] != self.state_dim:
+            raise ValueError(f"state has {state.shape[-1]} dims, the checkpoint's stats {self.state_dim}")
+        frames = self.frames(images, batch, resize_mode)
+        v = frames.shape[1]
+        rows, grid = self.images(frames.flatten(0, 1), resize_mode)
+        input_ids, mask, prompts = self.tokens([self.language(t) for t in tasks], grid, v)
+        ids = [self.embodiment_id()] * batch if embodiment_id is None else [int(i) for i in embodiment_id]
+        if len(ids) != batch:
+            raise ValueError(f"{len(ids)} embodiment ids for a batch of {batch}")
+        return GrootInputs(input_ids.to(device), mask.to(device), rows.to(device), grid.to(device),
+                           self.normalize_state(state).to(device), torch.tensor(ids, dtype=torch.int64, device=device),
+                           state.float().to(device), frames.to(device), prompts, list(self.cameras))
+
+
+def as_uint8_batch(image, name: str) -> Tensor:
+    """numpy / tensor uint8 [H, W, 3] or [B, H, W, 3] -> tensor [B, H, W, 3]; bad input names the camera."""
+    t = image if isinstance(image, Tensor) else torch.from_numpy(np.ascontiguousarray(image).copy())
+    if t.dtype != torch.uint8:
+        raise ValueError(f"camera '{name}': expected uint8 RGB, got dtype {t.dtype}")
+    if t.dim() == 3:
+        t = t[None]
+    if t.dim() != 4 or t.shape[-1] != 3 or t.shape[1] == 0 or t.shape[2] == 0:
+        raise ValueError(f"camera '{name}': expected [H, W, 3] or [B, H, W, 3], got {tuple(t.shape)}")
+    return t
+
+
+def to_image_batch(images: Mapping[str, object]) -> Dict[str, Tensor]:
+    return {k: as_uint8_batch(v, k) for k, v in images.items() if v is not None}

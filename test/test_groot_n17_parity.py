@@ -1,0 +1,231 @@
+"""GR00T N1.7 parity against LeRobot 0.6.1 fixtures (shared/fixtures/lerobot_parity/groot_n17, README there).
+
+CPU, float32. Integer / bool data (tokens, masks, grids, positions, timesteps) and images must match exactly;
+floats within 1e-4 max-abs (the fixture README: LeRobot itself moves by ~1e-5 across CPU builds).
+"""
+import json
+import shutil
+
+import pytest
+import torch
+
+from phyai_ros.testing import fixtures_dir
+
+GROOT = fixtures_dir() / "groot_n17"
+TOL = 1e-4
+IMG = "raw.observation.images."
+pytestmark = pytest.mark.skipif(not (GROOT / "expected.safetensors").is_file(),
+                                reason=f"GR00T N1.7 parity fixtures not found at {GROOT}")
+
+
+def maxabs(a, b):
+    return (a.detach().float().cpu() - b.float()).abs().max().item()
+
+
+@pytest.fixture(scope="module")
+def fx():
+    from safetensors.torch import load_file
+    inp = load_file(str(GROOT / "inputs.safetensors"))
+    return {"inp": inp, "exp": load_file(str(GROOT / "expected.safetensors")),
+            "meta": json.loads((GROOT / "inputs.json").read_text()),
+            "images": {k[len(IMG):]: v for k, v in inp.items() if k.startswith(IMG)}}
+
+
+def load(name="checkpoint", **kw):
+    from phyai_ros.models.groot_n17 import GrootPolicy
+    return GrootPolicy.from_files(GROOT / name, **kw)
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load()
+
+
+@pytest.fixture(scope="module")
+def plain(policy, fx):
+    """The plain case: inputs, actions and every traced intermediate."""
+    ids = fx["inp"]["embodiment_id"].tolist()
+    inputs = policy.prepare(fx["images"], fx["inp"]["raw.observation.state"], fx["meta"]["tasks"], ids)
+    trace = {}
+    actions = policy.sample_actions(inputs, fx["inp"]["noise"], trace=trace)
+    return inputs, actions, trace
+
+
+@pytest.fixture(scope="module")
+def relative(fx):
+    pol = load("checkpoint_relative")
+    inputs = pol.prepare(fx["images"], fx["inp"]["raw.observation.state"], fx["meta"]["tasks"])
+    return pol, inputs, pol.sample_actions(inputs, fx["inp"]["noise"])
+
+
+# ------------------------------------------------------------------ preprocessing (exact)
+def test_tokens_masks_grid_state_exact(plain, fx):
+    inputs, exp, case = plain[0], fx["exp"], fx["meta"]["cases"]["plain"]
+    assert inputs.cameras == [c.split(".")[-1] for c in case["camera_order"]]
+    assert inputs.prompts == case["prompts"]
+    assert inputs.input_ids.tolist() == case["input_ids"]
+    for ours, key in ((inputs.input_ids, "pre.input_ids"), (inputs.attention_mask, "pre.attention_mask"),
+                      (inputs.image_grid_thw, "pre.image_grid_thw"), (inputs.vlm_images, "pre.vlm_images")):
+        assert torch.equal(ours.cpu(), exp[key]), key
+    assert maxabs(inputs.pixel_values, exp["pre.pixel_values"]) <= 1e-6
+    assert maxabs(inputs.state, exp["pre.state"]) <= 1e-6
+    assert inputs.embodiment_id.tolist() == case["embodiment_id_used"]
+
+
+def test_relative_preprocessing_exact(relative, fx):
+    pol, inputs, _ = relative
+    exp, case = fx["exp"], fx["meta"]["cases"]["relative"]
+    assert inputs.cameras == ["wrist", "front"]       # the pack step's video_modality_keys, not sorted
+    for ours, key in ((inputs.input_ids, "relative.pre.input_ids"),
+                      (inputs.attention_mask, "relative.pre.attention_mask"),
+                      (inputs.image_grid_thw, "relative.pre.image_grid_thw"),
+                      (inputs.vlm_images, "relative.pre.vlm_images")):
+        assert torch.equal(ours.cpu(), exp[key]), key
+    assert maxabs(inputs.state, exp["relative.pre.state"]) <= 1e-6
+    assert inputs.embodiment_id.tolist() == case["embodiment_id_used"] == exp["relative.pre.embodiment_id"].tolist()
+    assert pol.chunk_size == 12
+
+
+def test_float_resize_frames_exact(fx):
+    pol = load(resize_mode="float")
+    inputs = pol.prepare(fx["images"], fx["inp"]["raw.observation.state"], fx["meta"]["tasks"])
+    assert torch.equal(inputs.vlm_images, fx["exp"]["float_resize.pre.vlm_images"])
+    assert not torch.equal(inputs.vlm_images, fx["exp"]["pre.vlm_images"])
+
+
+# ------------------------------------------------------------------ intermediates
+BACKBONE = ("visual_patch_embed", "visual_pos_embeds", "visual_block_out.0", "visual_block_out.1",
+            "visual_deepstack.0", "visual_merged", "inputs_embeds", "layer_out.0", "features")
+
+
+@pytest.mark.parametrize("key", BACKBONE)
+def test_backbone_intermediates(plain, fx, key):
+    assert maxabs(plain[2][key], fx["exp"]["backbone." + key]) <= TOL
+
+
+def test_mrope_positions_exact(plain, fx):
+    exp = fx["exp"]["backbone.position_ids"]
+    assert torch.equal(plain[2]["position_ids"], exp[1:])   # LeRobot's row 0 only repeats row 1
+
+
+@pytest.mark.parametrize("key", ["vlln", "vl_self_attention", "state_features"])
+def test_head_intermediates(plain, fx, key):
+    assert maxabs(plain[2][key], fx["exp"]["head." + key]) <= TOL
+
+
+@pytest.mark.parametrize("key", ["x_t", "action_features", "sa_embs", "temb", "dit_out", "v"])
+def test_denoise_steps(plain, fx, key):
+    assert maxabs(torch.stack(plain[2][key]), fx["exp"]["denoise." + key]) <= TOL
+
+
+def test_timestep_buckets_exact(plain, fx):
+    assert torch.equal(torch.stack(plain[2]["timestep"]), fx["exp"]["denoise.timestep"])
+
+
+# ------------------------------------------------------------------ actions, every case
+def test_plain_actions(policy, plain, fx):
+    inputs, actions, _ = plain
+    exp = fx["exp"]
+    assert maxabs(actions, exp["actions.model"]) <= TOL
+    assert maxabs(policy.policy_actions(actions), exp["actions.policy_normalized"]) <= TOL
+    assert maxabs(policy.decode(actions, inputs), exp["actions.unnormalized"]) <= TOL
+
+
+def test_native_rtc_actions(policy, plain, fx):
+    from phyai_ros.models.groot_n17 import GrootRtc
+    from phyai_ros.models.groot_n17.action_head import native_rtc, rtc_weights
+    inputs, exp, case = plain[0], fx["exp"], fx["meta"]["cases"]["rtc"]
+    prev = fx["inp"]["rtc.prev_chunk_left_over"]
+    rtc = native_rtc(prev, case["inference_delay"], case["execution_horizon"], policy.config.head, 2)
+    assert maxabs(rtc.prefix, exp["rtc.prefix_actions"]) == 0
+    assert maxabs(rtc_weights(rtc, policy.config.head, prev).expand(2, -1, 14), exp["rtc.vel_strength"]) <= 1e-6
+    trace = {}
+    actions = policy.sample_actions(inputs, fx["inp"]["noise"],
+                                    GrootRtc(prev, case["inference_delay"], case["execution_horizon"]), trace)
+    assert maxabs(torch.stack(trace["x_t"]), exp["rtc.denoise.x_t"]) <= TOL
+    assert maxabs(torch.stack(trace["v"]), exp["rtc.denoise.v"]) <= TOL
+    assert maxabs(actions, exp["rtc.actions.model"]) <= TOL
+    assert maxabs(policy.decode(actions, inputs), exp["rtc.actions.unnormalized"]) <= TOL
+
+
+def test_relative_actions(relative, fx):
+    pol, inputs, actions = relative
+    exp = fx["exp"]
+    assert maxabs(actions, exp["relative.actions.model"]) <= TOL
+    assert maxabs(pol.policy_actions(actions), exp["relative.actions.policy_normalized"]) <= TOL
+    assert maxabs(pol.decode(actions, inputs), exp["relative.actions.unnormalized"]) <= TOL
+    with pytest.raises(ValueError, match="relative-action"):
+        from phyai_ros.models.groot_n17 import GrootRtc
+        pol.sample_actions(inputs, fx["inp"]["noise"], GrootRtc(fx["inp"]["rtc.prev_chunk_left_over"], 3, 8))
+
+
+def test_float_resize_actions(fx):
+    pol = load(resize_mode="float")
+    inputs = pol.prepare(fx["images"], fx["inp"]["raw.observation.state"], fx["meta"]["tasks"],
+                         fx["inp"]["embodiment_id"].tolist())
+    trace = {}
+    actions = pol.sample_actions(inputs, fx["inp"]["noise"], trace=trace)
+    exp = fx["exp"]
+    assert maxabs(trace["features"], exp["float_resize.backbone.features"]) <= TOL
+    assert maxabs(actions, exp["float_resize.actions.model"]) <= TOL
+    assert maxabs(pol.decode(actions, inputs), exp["float_resize.actions.unnormalized"]) <= TOL
+
+
+def test_predict_batch1_api(policy, fx):
+    """The node-facing call: one observation in robot units -> [chunk, action_dim] in robot units."""
+    images = {k: v[1].numpy() for k, v in fx["images"].items()}
+    out = policy.predict(images, fx["inp"]["raw.observation.state"][1].numpy(), fx["meta"]["tasks"][1],
+                         noise=fx["inp"]["noise"][1])
+    assert out.shape == (16, 12) and out.dtype.name == "float32"
+    with pytest.raises(ValueError, match="camera 'wrist'"):
+        policy.predict({"front": images["front"]}, fx["inp"]["raw.observation.state"][1].numpy(), "x")
+
+
+# ------------------------------------------------------------------ loading errors
+def _copy_checkpoint(tmp_path, edit):
+    from safetensors.torch import load_file, save_file
+    dst = tmp_path / "ckpt"
+    shutil.copytree(GROOT / "checkpoint", dst)
+    sd = load_file(str(dst / "model.safetensors"))
+    edit(sd)
+    save_file(sd, str(dst / "model.safetensors"))
+    return dst
+
+
+def test_checkpoint_key_errors_listed_at_once(tmp_path):
+    from phyai_ros.models.groot_n17 import CheckpointError, load_groot_checkpoint
+    vlln = "_groot_model.action_head.vlln.weight"
+    pos = "_groot_model.action_head.position_embedding.weight"
+
+    def edit(sd):
+        sd["_groot_model.action_head.extra.weight"] = sd.pop(vlln)
+        sd[pos] = sd[pos][:8]
+    dst = _copy_checkpoint(tmp_path, edit)
+    with pytest.raises(CheckpointError) as err:
+        load_groot_checkpoint(dst, base_model=str(GROOT / "base_model"), backbone=str(GROOT / "backbone"))
+    msg = str(err.value)
+    assert str(dst / "model.safetensors") in msg
+    assert "missing keys (1)" in msg and "action_head.vlln.weight" in msg
+    assert "unexpected keys (1)" in msg and "action_head.extra.weight" in msg
+    assert "shape mismatches (1)" in msg and "(8, 32)" in msg and "(32, 32)" in msg
+
+
+def test_missing_base_model_folder_is_named(tmp_path):
+    from phyai_ros.models.groot_n17 import load_groot_checkpoint
+    dst = _copy_checkpoint(tmp_path, lambda sd: None)
+    with pytest.raises(FileNotFoundError, match="base_model_path './base_model'"):
+        load_groot_checkpoint(dst)
+
+
+# ------------------------------------------------------------------ offline CLI
+@pytest.mark.parametrize("ckpt,case", [("checkpoint", "plain"), ("checkpoint", "rtc"),
+                                       ("checkpoint_relative", "relative"), ("checkpoint", "float_resize")])
+def test_predict_cli_cases(tmp_path, capsys, ckpt, case):
+    from phyai_ros.predict import main
+    rc = main(["--checkpoint", str(GROOT / ckpt), "--inputs", str(GROOT / "inputs.safetensors"),
+               "--tasks-json", str(GROOT / "inputs.json"), "--expected", str(GROOT / "expected.safetensors"),
+               "--case", case, "--output", str(tmp_path / "out.safetensors"), "--tolerance", str(TOL)])
+    out = capsys.readouterr().out
+    key = "actions.unnormalized" if case == "plain" else f"{case}.actions.unnormalized"
+    assert rc == 0, out
+    assert f"max-abs actions vs {key}: " in out
