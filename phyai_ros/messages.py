@@ -6,13 +6,18 @@ place with one clear error, whoever sent it.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Sequence
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from builtin_interfaces.msg import Time
-from phyai_ros.msg import ActionChunk, ControlMargin
+from phyai_ros import needs_ros
+
+if TYPE_CHECKING:
+    from builtin_interfaces.msg import Time
+    from phyai_ros.msg import ActionChunk, ControlMargin
 
 NS_PER_S = 1_000_000_000
 
@@ -21,12 +26,22 @@ class MalformedMessageError(ValueError):
     """A received message contradicts itself (sizes, values) and cannot be used."""
 
 
+@functools.cache
+def _ros_types() -> SimpleNamespace:
+    """The ROS message classes, imported when the first message is made: reading a message (a bag's, through
+    rosbags) needs no ROS, so the replay reports and offline tools import this module without it."""
+    with needs_ros(__name__):
+        from builtin_interfaces.msg import Time
+        from phyai_ros.msg import ActionChunk, ControlMargin
+    return SimpleNamespace(Time=Time, ActionChunk=ActionChunk, ControlMargin=ControlMargin)
+
+
 def ns_to_time(ns: int) -> Time:
     """ROS Time from integer nanoseconds (non-negative)."""
     if ns < 0:
         raise ValueError(f"cannot express negative time {ns} ns as builtin_interfaces/Time")
     sec, nanosec = divmod(int(ns), NS_PER_S)
-    return Time(sec=sec, nanosec=nanosec)
+    return _ros_types().Time(sec=sec, nanosec=nanosec)
 
 
 def time_to_ns(stamp: Time) -> int:
@@ -65,7 +80,7 @@ def chunk_to_msg(chunk: ChunkData) -> ActionChunk:
     if chunk.action_names and len(chunk.action_names) != actions.shape[1]:
         raise ValueError(
             f"{len(chunk.action_names)} action names for action dimension {actions.shape[1]}")
-    msg = ActionChunk()
+    msg = _ros_types().ActionChunk()
     msg.header.stamp = ns_to_time(chunk.t0_ns)
     msg.header.frame_id = chunk.frame_id
     msg.observation_stamp = ns_to_time(chunk.observation_ns)
@@ -127,6 +142,7 @@ def margin_to_msg(stamp_ns: int, values: dict) -> ControlMargin:
     Non-finite floats (e.g. an empty window's quantiles) are sent as NaN, which the
     message carries faithfully; ``level`` must be one of OK/WARN/ERROR.
     """
+    ControlMargin = _ros_types().ControlMargin
     msg = ControlMargin()
     msg.stamp = ns_to_time(stamp_ns)
     for name in _MARGIN_FLOAT_FIELDS:

@@ -105,7 +105,7 @@ def norm_stats_path(param: str, checkpoint: Path) -> Optional[Path]:
                             "statistics (a LeRobot normalizer .safetensors or norm_stats.json)")
 
 
-def build_policy(p: dict, logger=None) -> ControlPolicy:
+def build_policy(p: dict) -> ControlPolicy:
     """Load the adapter named by ``model.type`` and wrap it (with a runner on CUDA)."""
     adapter_cls = ADAPTERS.get(p["model.type"])
     if adapter_cls is None:

@@ -7,4 +7,6 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 # Loopback-only discovery and a DDS domain of this run's own (test/conftest.py picks one per run).
 export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
+# Lint first (rules: pyproject.toml [tool.ruff]); any finding fails the run before the tests start.
+"$repo/.venv/bin/ruff" check "$repo"
 exec "$repo/.venv/bin/python" -m pytest "$@"

@@ -19,20 +19,34 @@ REPO = Path(__file__).resolve().parents[1]
 VENV = Path(sys.prefix)
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    if shutil.which("cmake") is None:
-        pytest.skip("cmake not available")
-    tmp = tmp_path_factory.mktemp("install")
-    src, build, prefix = tmp / "src", tmp / "build", tmp / "prefix"
+def copy_source_tree(dest: Path) -> Path:
+    """Copy what git tracks or would track (no build outputs, no symlinks) to ``dest``: what a clone has."""
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, check=True,
                            capture_output=True, text=True).stdout.split()
     for rel in files:
         path = REPO / rel
         if path.is_symlink() or not path.is_file():
             continue
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, src / rel)
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest / rel)
+    return dest
+
+
+def package_py_files(root: Path) -> set:
+    """The package's Python files under ``root`` (a site-packages folder or, with the kernels mapped to
+    ``phyai_ros/kernels``, the source tree), less what rosidl generates (``phyai_ros/msg``)."""
+    files = {p.relative_to(root).as_posix() for p in (root / "phyai_ros").rglob("*.py")}
+    if root == REPO:
+        files |= {f"phyai_ros/kernels/{p.name}" for p in (REPO / "kernels").glob("*.py")}
+    return {f for f in files if not f.startswith("phyai_ros/msg/")}
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake not available")
+    tmp = tmp_path_factory.mktemp("install")
+    src, build, prefix = copy_source_tree(tmp / "src"), tmp / "build", tmp / "prefix"
     env = dict(os.environ, AMENT_PREFIX_PATH=str(VENV), PATH=f"{VENV / 'bin'}:{os.environ['PATH']}")
     for cmd in (["cmake", "-S", str(src), "-B", str(build), f"-DCMAKE_INSTALL_PREFIX={prefix}",
                  f"-DPython3_EXECUTABLE={sys.executable}", "-DBUILD_TESTING=OFF"],
@@ -53,6 +67,7 @@ def test_installed_tree_has_what_ros2_run_and_launch_need(installed):
     assert os.access(prefix / "lib/phyai_ros/onboard_node", os.X_OK)
     assert (site / "phyai_ros" / "kernels" / "rms_norm.py").is_file()
     assert not (site / "kernels").exists()
+    assert package_py_files(site) == package_py_files(REPO)  # the same files as the source tree and the wheel
 
 
 def test_installed_package_imports_without_the_source_tree(installed):

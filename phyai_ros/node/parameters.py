@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+from phyai_ros import needs_ros
+
+if TYPE_CHECKING:
+    from rcl_interfaces.msg import ParameterDescriptor
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,8 @@ def descriptor(name: str, spec: Spec) -> ParameterDescriptor:
     """Every parameter is read-only: the node reads them once at start (they size buffers, pick the
     model, name topics, configure the loop), so a change at run time is refused instead of being
     silently ignored."""
+    with needs_ros(__name__):  # the table (SPECS) is read without ROS by the replay tools
+        from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
     text = spec.description + (f" (one of: {', '.join(spec.choices)})" if spec.choices else "")
     desc = ParameterDescriptor(description=text, read_only=True)
     if spec.range is not None and not isinstance(spec.default, bool):

@@ -21,6 +21,8 @@ from typing import Iterable, Iterator, List, Optional
 
 from rosbags.typesys import Stores, get_typestore, get_types_from_msg
 
+from phyai_ros import needs_ros
+
 PACKAGE = "phyai_ros"
 CUSTOM_MESSAGES = ("ActionChunk", "ControlMargin")
 NS = 1_000_000_000
@@ -73,7 +75,8 @@ def registered_msgtype(msgtype: str) -> bool:
     """Whether ``pkg/msg/Name`` is one of the project's messages or listed by a registered interface
     package (ament index resource ``rosidl_interfaces``).  Reads index files only, imports nothing:
     a bag's type names are chosen by whoever wrote the file."""
-    from ament_index_python.constants import RESOURCE_INDEX_SUBFOLDER
+    with needs_ros(__name__):
+        from ament_index_python.constants import RESOURCE_INDEX_SUBFOLDER
     parts = msgtype.split("/")
     if len(parts) != 3 or parts[1] != "msg" or not all(_IDENTIFIER.match(p) for p in parts):
         return False

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from phyai_ros.replay.accounting import Accounting, Snapshot, account
-from phyai_ros import diagnostics
+from phyai_ros import diagnostics, needs_ros
 from phyai_ros.diagnostics import NODE_NAME
 from phyai_ros.replay.bagtypes import NS, UnknownMessageType, registered_msgtype, stamp_ns, typestore
 from phyai_ros.replay.nodeinfo import NodeInfo, query_node
@@ -182,8 +182,9 @@ class ReplayNode:
     ``play(session, out, options)`` replays and returns a ``ReplayResult``."""
 
     def __init__(self, name: str = "phyai_replay", node_name: str = NODE_NAME):
-        import rclpy
-        from rclpy.executors import SingleThreadedExecutor
+        with needs_ros(__name__):
+            import rclpy
+            from rclpy.executors import SingleThreadedExecutor
         self.node_name = node_name.lstrip("/")
         self.context = rclpy.Context()
         rclpy.init(context=self.context)

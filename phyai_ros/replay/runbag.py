@@ -8,7 +8,6 @@ JointTrajectory / Float64MultiArray topic).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple

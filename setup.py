@@ -1,0 +1,53 @@
+"""pip-installable core of phyai_ros: ``pip install .`` works without ROS.
+
+It installs the Python package: runtime, models, layers with the Triton kernels (the top-level ``kernels/``
+folder becomes ``phyai_ros.kernels``, as CMakeLists.txt installs it), control loop, ``predict`` and the replay
+tools, for offline evaluation, benchmarks and cloud rollouts.  The ROS node (``phyai_ros.node``) also needs
+ROS 2 Jazzy and the messages rosidl generates, which only the colcon build (package.xml, ament_cmake) makes:
+on the robot use README "On the robot"; without ROS, importing the node raises one clear
+``phyai_ros.RosUnavailableError``.
+
+Extras:
+  ros         nothing to pip-install: ROS 2 comes from apt (or the ros-jazzy-* wheels, scripts/setup_env.sh)
+              and the messages from colcon
+  bags        rosbags and friends: demo bags, replay scans, HTML reports (phyai-report)
+  gpu         triton for the fused kernels (without it the layers fall back to torch)
+  flashinfer  FlashInfer, for operator candidates beyond the project's own kernels
+  dev         pytest and the pinned ruff that scripts/test.sh runs
+"""
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).resolve().parent
+
+
+def package_version() -> str:
+    """The version of package.xml, the one place it is written."""
+    return ET.parse(HERE / "package.xml").getroot().findtext("version").strip()
+
+
+setup(
+    name="phyai_ros",
+    version=package_version(),
+    description="Onboard real-time execution of physical-AI robot policies (pi0.5, pi0): core without ROS",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["phyai_ros", "phyai_ros.*"]) + ["phyai_ros.kernels"],
+    package_dir={"phyai_ros.kernels": "kernels"},
+    install_requires=["numpy", "torch", "safetensors", "sentencepiece", "pyyaml", "jinja2"],
+    extras_require={
+        "ros": [],
+        "bags": ["rosbags", "matplotlib", "opencv-python-headless<5"],
+        "gpu": ["triton"],
+        "flashinfer": ["flashinfer-python"],
+        "dev": ["pytest", "ruff==0.17.5"],
+    },
+    entry_points={"console_scripts": [
+        "phyai-predict = phyai_ros.predict:main",
+        "phyai-replay = phyai_ros.replay.cli:main",
+        "phyai-report = phyai_ros.replay.report:main",
+        "phyai-demo-bag = phyai_ros.replay.demo_bag:main",
+    ]},
+)
