@@ -9,8 +9,10 @@ Conventions that differ from pi0 / pi0.5 (each a silent error if swapped):
 - embodiment layers pick their weights per batch item;
 - the VL self-attention is unmasked (left-pad rows take part); DiT cross-attention masks pads, and even
   blocks attend to text or image tokens by block index.
-What depends on the observation only (VL tokens, state token, every cross-attention K/V) and on the step
-only (timestep embeddings) is computed once per call, before the loop (`HeadContext`).
+What depends on the observation only (VL tokens, state token, every cross-attention K/V) is computed once
+per observation (`HeadContext`), what depends on the step only (timestep embedding, every block's AdaLayerNorm
+modulation, the action encoder's sinusoid) once per batch size (`step_tables`); the Euler loop (`euler`) then
+reads only fixed-shape tensors, so a runner can capture it in one CUDA graph with native RTC inside.
 """
 from __future__ import annotations
 
@@ -21,9 +23,11 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from phyai_ros.layers import dispatch, ops
+
 from .checkpoint import DIT, HEAD, VLSA
 from .config import HeadConfig
-from .qwen3vl import Trace, Weights, _record, layer_norm, linear
+from .qwen3vl import Trace, Weights, _record, additive_mask, attention, fuse, layer_norm, linear, unit_affine
 
 Tensor = torch.Tensor
 ATTN_EPS = 1e-5
@@ -42,7 +46,7 @@ def category_mlp(x: Tensor, w: Weights, name: str, ids: Tensor) -> Tensor:
 
 
 def feed_forward(x: Tensor, w: Weights, b: str) -> Tensor:
-    return linear(F.gelu(linear(x, w, b + "ff.net.0.proj"), approximate="tanh"), w, b + "ff.net.2")
+    return linear(ops.gelu_tanh(linear(x, w, b + "ff.net.0.proj")), w, b + "ff.net.2")
 
 
 def heads(x: Tensor, n: int) -> Tensor:
@@ -51,16 +55,25 @@ def heads(x: Tensor, n: int) -> Tensor:
     return x.view(b, t, n, -1).transpose(1, 2)
 
 
-def attend(x: Tensor, w: Weights, b: str, n_heads: int, kv: Tuple[Tensor, Tensor], mask: Optional[Tensor]) -> Tensor:
-    """attn1 with precomputed K/V [B, n, Tk, d]; mask [B, Tk] bool (True = attend) or None."""
-    q = heads(linear(x, w, b + "attn1.to_q"), n_heads)
-    a = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=None if mask is None else mask[:, None, None])
-    bsz, h, t, d = a.shape
-    return linear(a.transpose(1, 2).reshape(bsz, t, h * d), w, b + "attn1.to_out.0")
+def self_qkv(x: Tensor, w: Weights, b: str, n_heads: int) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+    """q and (k, v) [B, n, T, d] of a self-attention block from its one fused projection (to_qkv)."""
+    q, k, v = linear(x, w, b + "attn1.to_qkv").chunk(3, dim=-1)
+    return heads(q, n_heads), (heads(k, n_heads), heads(v, n_heads))
 
 
 def kv_of(src: Tensor, w: Weights, b: str, n_heads: int) -> Tuple[Tensor, Tensor]:
-    return heads(linear(src, w, b + "attn1.to_k"), n_heads), heads(linear(src, w, b + "attn1.to_v"), n_heads)
+    """Cross-attention K/V [B, n, Tk, d] of the VL tokens from the fused to_kv projection."""
+    k, v = linear(src, w, b + "attn1.to_kv").chunk(2, dim=-1)
+    return heads(k, n_heads), heads(v, n_heads)
+
+
+def fuse_projections(w: Weights, h: HeadConfig) -> None:
+    """In place: one GEMM per attention input: to_qkv for the VL self-attention and the DiT's self-attention
+    (odd) blocks, to_kv for the cross-attention (even) blocks; the original keys become views."""
+    blocks = [(f"{VLSA}{i}.", "qkv") for i in range(h.vlsa_layers)]
+    blocks += [(f"{DIT}transformer_blocks.{i}.", "kv" if i % 2 == 0 else "qkv") for i in range(h.dit_layers)]
+    for b, parts in blocks:
+        fuse(w, [f"{b}attn1.to_{n}" for n in parts], f"{b}attn1.to_{parts}")
 
 
 # ------------------------------------------------------------------ VL adapter and state
@@ -70,8 +83,8 @@ def vl_tokens(w: Weights, h: HeadConfig, features: Tensor, trace: Trace = None) 
     _record(trace, "vlln", x)
     for i in range(h.vlsa_layers):
         b = f"{VLSA}{i}."
-        y = layer_norm(x, w, b + "norm1", ATTN_EPS)
-        x = x + attend(y, w, b, h.vlsa_heads, kv_of(y, w, b, h.vlsa_heads), None)
+        q, kv = self_qkv(layer_norm(x, w, b + "norm1", ATTN_EPS), w, b, h.vlsa_heads)
+        x = x + linear(attention(q, kv[0], kv[1]), w, b + "attn1.to_out.0")
         x = x + feed_forward(layer_norm(x, w, b + "norm3", ATTN_EPS), w, b)
     _record(trace, "vl_self_attention", x)
     return x
@@ -106,13 +119,40 @@ def dit_time_embedding(w: Weights, t: Tensor) -> Tensor:
     return linear(F.silu(linear(emb.to(w[b + "linear_1.weight"].dtype), w, b + "linear_1")), w, b + "linear_2")
 
 
-def action_features(w: Weights, h: HeadConfig, x: Tensor, t: Tensor, ids: Tensor) -> Tensor:
-    """x [B, H, A] at bucket t [B] -> [B, H, E] (before the position embedding)."""
-    e = h.input_embedding_dim
+def action_features(w: Weights, x: Tensor, tau: Tensor, ids: Tensor) -> Tensor:
+    """x [B, H, A] with the step's sinusoid tau [B, H, E] -> [B, H, E] (before the position embedding)."""
     a = category_linear(x, w, HEAD + "action_encoder.W1", ids)
-    tau = action_time_embedding(t[:, None].expand(-1, x.shape[1]), e).to(a.dtype)
     y = F.silu(category_linear(torch.cat([a, tau], dim=-1), w, HEAD + "action_encoder.W2", ids))
     return category_linear(y, w, HEAD + "action_encoder.W3", ids)
+
+
+@dataclass
+class StepTable:
+    """What one Euler step needs that depends on the step (its timestep bucket) only."""
+    t: Tensor                            # [B] int64 bucket
+    temb: Tensor                         # [B, C] DiT timestep embedding
+    tau: Tensor                          # [B, H, E] action encoder sinusoid
+    mods: List[Tuple[Tensor, Tensor]]    # per DiT block (1 + scale, shift) [B, 1, C]
+    out: Tuple[Tensor, Tensor]           # output layer (1 + scale, shift) [B, 1, C]
+
+
+def step_tables(w: Weights, h: HeadConfig, batch: int, device) -> List[StepTable]:
+    """Per step: timestep embedding and every block's AdaLayerNorm modulation (a [2C, C] GEMM per block and
+    step in the loop otherwise: 32 x 4 of them at full size), computed once per batch size."""
+    dtype = w[HEAD + "position_embedding.weight"].dtype
+    tables = []
+    for bucket in timestep_buckets(h):
+        t = torch.full((batch,), bucket, dtype=torch.int64, device=device)
+        temb = dit_time_embedding(w, t)
+        cond = F.silu(temb)
+        mods = []
+        for i in range(h.dit_layers):
+            scale, shift = linear(cond, w, f"{DIT}transformer_blocks.{i}.norm1.linear").chunk(2, dim=-1)
+            mods.append(((1 + scale)[:, None], shift[:, None]))
+        shift, scale = linear(cond, w, DIT + "proj_out_1").chunk(2, dim=-1)
+        tau = action_time_embedding(t[:, None].expand(-1, h.action_horizon), h.input_embedding_dim).to(dtype)
+        tables.append(StepTable(t, temb, tau, mods, ((1 + scale)[:, None], shift[:, None])))
+    return tables
 
 
 # ------------------------------------------------------------------ DiT
@@ -121,14 +161,14 @@ class HeadContext:
     """Per-observation constants of the denoising loop."""
     state: Tensor                         # [B, 1, E] state token
     cross_kv: Dict[int, Tuple[Tensor, Tensor]]  # even block index -> K/V of the VL tokens
-    masks: Dict[int, Tensor]              # even block index -> [B, L] bool (text or image tokens, valid only)
+    masks: Dict[int, Tensor]              # even block index -> additive [B, 1, 1, L] (text or image tokens, valid)
     ids: Tensor                           # [B] embodiment ids
 
 
 def head_context(w: Weights, h: HeadConfig, vl: Tensor, attention_mask: Tensor, image_mask: Tensor,
                  state: Tensor, ids: Tensor) -> HeadContext:
     valid = attention_mask.bool()
-    text, image = valid & ~image_mask, valid & image_mask
+    text, image = (additive_mask(m[:, None], vl.dtype) for m in (valid & ~image_mask, valid & image_mask))
     kv, masks = {}, {}
     for i in range(0, h.dit_layers, 2):
         b = f"{DIT}transformer_blocks.{i}."
@@ -137,34 +177,52 @@ def head_context(w: Weights, h: HeadConfig, vl: Tensor, attention_mask: Tensor, 
     return HeadContext(state_token(w, state, ids), kv, masks, ids)
 
 
-def dit(w: Weights, h: HeadConfig, x: Tensor, temb: Tensor, ctx: HeadContext) -> Tensor:
+def observation_context(w: Weights, h: HeadConfig, features: Tensor, attention_mask: Tensor, image_mask: Tensor,
+                        state: Tensor, ids: Tensor, trace: Trace = None) -> HeadContext:
+    """Backbone features -> everything the denoising loop reuses for this observation."""
+    ctx = head_context(w, h, vl_tokens(w, h, features, trace), attention_mask, image_mask, state, ids)
+    _record(trace, "state_features", ctx.state)
+    return ctx
+
+
+def dit(w: Weights, h: HeadConfig, x: Tensor, table: StepTable, ctx: HeadContext) -> Tensor:
     """AlternateVLDiT: odd blocks self-attend over [state, actions], even blocks cross-attend to the VL tokens;
-    AdaLayerNorm (scale, shift) before attention, plain LayerNorm before the GELU MLP; output layer (shift,
-    scale) then proj_out_2."""
-    cond = F.silu(temb)
+    AdaLayerNorm (the step table's 1 + scale, shift) before attention, plain LayerNorm before the GELU MLP;
+    output layer then proj_out_2. Each residual add runs with the LayerNorm after it (and the output GEMM's
+    bias) as one selector op, linear_add_layer_norm."""
+    one, zero = unit_affine(x.shape[-1], x)
+    normed = layer_norm(x, None, None, ATTN_EPS)
     for i in range(h.dit_layers):
         b = f"{DIT}transformer_blocks.{i}."
-        scale, shift = linear(cond, w, b + "norm1.linear").chunk(2, dim=-1)
-        y = layer_norm(x, None, None, ATTN_EPS) * (1 + scale[:, None]) + shift[:, None]
-        kv = ctx.cross_kv[i] if i % 2 == 0 else kv_of(y, w, b, h.dit_heads)
-        x = x + attend(y, w, b, h.dit_heads, kv, ctx.masks.get(i))
-        x = x + feed_forward(layer_norm(x, None, None, ATTN_EPS), w, b)
-    shift, scale = linear(cond, w, DIT + "proj_out_1").chunk(2, dim=-1)
-    x = layer_norm(x, None, None, OUT_EPS) * (1 + scale[:, None]) + shift[:, None]
-    return linear(x, w, DIT + "proj_out_2")
+        scale, shift = table.mods[i]
+        y = torch.addcmul(shift, normed, scale)
+        if i % 2:
+            q, kv = self_qkv(y, w, b, h.dit_heads)
+        else:
+            q, kv = heads(linear(y, w, b + "attn1.to_q"), h.dit_heads), ctx.cross_kv[i]
+        a = attention(q, kv[0], kv[1], ctx.masks.get(i))
+        x, normed = dispatch.linear_add_layer_norm(x, a, w[b + "attn1.to_out.0.weight"], w[b + "attn1.to_out.0.bias"],
+                                                   one, zero, ATTN_EPS)
+        f = ops.gelu_tanh(linear(normed, w, b + "ff.net.0.proj"))
+        eps = ATTN_EPS if i + 1 < h.dit_layers else OUT_EPS
+        x, normed = dispatch.linear_add_layer_norm(x, f, w[b + "ff.net.2.weight"], w[b + "ff.net.2.bias"], one,
+                                                   zero, eps)
+    scale, shift = table.out
+    return linear(torch.addcmul(shift, normed, scale), w, DIT + "proj_out_2")
 
 
-def velocity(w: Weights, h: HeadConfig, x: Tensor, t: Tensor, temb: Tensor, ctx: HeadContext,
+def velocity(w: Weights, h: HeadConfig, x: Tensor, table: StepTable, ctx: HeadContext,
              trace: Optional[Dict[str, list]] = None) -> Tensor:
-    """One network evaluation: x [B, H, A] at bucket t -> velocity [B, H, A]."""
-    a = action_features(w, h, x, t, ctx.ids)
+    """One network evaluation: x [B, H, A] (float32) at the step's bucket -> velocity [B, H, A]."""
+    x = x.to(table.tau.dtype)
+    a = action_features(w, x, table.tau, ctx.ids)
     pos = w[HEAD + "position_embedding.weight"][:x.shape[1]] if h.add_pos_embed else 0
     sa = torch.cat([ctx.state, a + pos], dim=1)
-    out = dit(w, h, sa, temb, ctx)
+    out = dit(w, h, sa, table, ctx)
     v = category_mlp(out, w, HEAD + "action_decoder", ctx.ids)[:, -x.shape[1]:]
     if trace is not None:
-        for key, val in (("action_features", a), ("sa_embs", sa), ("dit_out", out), ("temb", temb), ("v", v),
-                         ("timestep", t)):
+        for key, val in (("action_features", a), ("sa_embs", sa), ("dit_out", out), ("temb", table.temb),
+                         ("v", v), ("timestep", table.t)):
             trace.setdefault(key, []).append(val.detach())
     return v
 
@@ -210,22 +268,38 @@ def rtc_weights(rtc: NativeRtc, h: HeadConfig, like: Tensor) -> Tensor:
     return w[None, :, None]
 
 
-def sample(w: Weights, h: HeadConfig, ctx: HeadContext, noise: Tensor, rtc: Optional[NativeRtc] = None,
-           trace: Optional[Dict[str, list]] = None) -> Tensor:
-    """Euler from noise (t = 0) to actions (t = 1) in num_steps steps -> [B, H, max_action_dim]."""
-    x = noise.to(w[HEAD + "position_embedding.weight"].dtype)
-    weight = None
+def rtc_tensors(rtc: Optional[NativeRtc], h: HeadConfig, batch: int, device) -> Tuple[Tensor, Tensor, Tensor]:
+    """Native RTC as fixed-shape float32 tensors, so one captured loop serves with and without it:
+    x0 = noise * keep + seed (seed = the previous chunk's last `overlap` rows in rows 0..overlap-1, keep 0
+    there) and the per-row velocity weight [1, H, 1]. RTC off: keep 1, seed 0, weight 1, i.e. x0 = noise and
+    v unchanged, exactly."""
+    seed = torch.zeros(batch, h.action_horizon, h.max_action_dim)
+    keep = torch.ones(1, h.action_horizon, 1)
+    weight = keep.clone()
     if rtc is not None and rtc.overlap > 0:
-        x = x.clone()
-        x[:, :rtc.overlap] = rtc.prefix[:, rtc.prefix.shape[1] - rtc.overlap:].to(x)
-        weight = rtc_weights(rtc, h, x)
-    dt = 1.0 / h.num_steps
-    buckets = timestep_buckets(h)
-    ts = [torch.full((x.shape[0],), b, dtype=torch.int64, device=x.device) for b in buckets]
-    tembs = [dit_time_embedding(w, t) for t in ts]
-    for k, (t, temb) in enumerate(zip(ts, tembs)):
+        seed[:, :rtc.overlap] = rtc.prefix[:, rtc.prefix.shape[1] - rtc.overlap:].float().cpu()
+        keep[:, :rtc.overlap] = 0
+        weight = rtc_weights(rtc, h, weight)
+    return seed.to(device), keep.to(device), weight.to(device)
+
+
+def euler(w: Weights, h: HeadConfig, ctx: HeadContext, tables: List[StepTable], noise: Tensor, seed: Tensor,
+          keep: Tensor, weight: Tensor, trace: Optional[Dict[str, list]] = None) -> Tensor:
+    """Euler from noise (t = 0) to actions (t = 1), one step per table, x kept in float32 ->
+    [B, H, max_action_dim]. Fixed shapes and no host reads: capture-safe (rtc_tensors' seed / keep / weight)."""
+    x = noise * keep + seed
+    dt = 1.0 / len(tables)
+    for table in tables:
         if trace is not None:
             trace.setdefault("x_t", []).append(x.detach())
-        v = velocity(w, h, x, t, temb, ctx, trace)
-        x = x + dt * (v if weight is None else v * weight)
+        v = velocity(w, h, x, table, ctx, trace)
+        x = x + dt * (v.float() * weight)
     return x
+
+
+def sample(w: Weights, h: HeadConfig, ctx: HeadContext, noise: Tensor, rtc: Optional[NativeRtc] = None,
+           trace: Optional[Dict[str, list]] = None) -> Tensor:
+    """Eager: step tables and RTC tensors for this batch, then euler."""
+    batch = noise.shape[0]
+    return euler(w, h, ctx, step_tables(w, h, batch, noise.device), noise.float(),
+                 *rtc_tensors(rtc, h, batch, noise.device), trace)

@@ -47,6 +47,8 @@ class GrootPolicy:
         self.ckpt = ckpt
         self.config = ckpt.config
         self.weights = ckpt.weights
+        qwen3vl.fuse_projections(self.weights, self.config.text)       # one GEMM where the math allows
+        action_head.fuse_projections(self.weights, self.config.head)
         self.device = torch.device(device)
         self.dtype = dtype
         self.resize_mode = resize_mode
@@ -111,14 +113,9 @@ class GrootPolicy:
 
     def context(self, inputs: GrootInputs, features: Tensor,
                 trace: Optional[Dict[str, Tensor]] = None) -> action_head.HeadContext:
-        h = self.config.head
-        vl = action_head.vl_tokens(self.weights, h, features, trace)
-        ctx = action_head.head_context(self.weights, h, vl, inputs.attention_mask,
-                                       inputs.input_ids == self.config.tokens.image, inputs.state.to(self.dtype),
-                                       inputs.embodiment_id)
-        if trace is not None:
-            trace["state_features"] = ctx.state
-        return ctx
+        return action_head.observation_context(self.weights, self.config.head, features, inputs.attention_mask,
+                                               inputs.input_ids == self.config.tokens.image,
+                                               inputs.state.to(self.dtype), inputs.embodiment_id, trace)
 
     def make_noise(self, batch: int, generator: Optional[torch.Generator] = None) -> Tensor:
         h = self.config.head
@@ -133,9 +130,10 @@ class GrootPolicy:
         if tuple(noise.shape) != (batch, h.action_horizon, h.max_action_dim):
             raise ValueError(f"noise: expected [{batch}, {h.action_horizon}, {h.max_action_dim}], "
                              f"got {tuple(noise.shape)}")
-        return noise.to(self.device, self.dtype)
+        return noise.to(self.device, torch.float32)      # x stays float32 through the loop
 
-    def _rtc(self, rtc: Optional[GrootRtc], batch: int) -> Optional[action_head.NativeRtc]:
+    def native_rtc(self, rtc: Optional[GrootRtc], batch: int) -> Optional[action_head.NativeRtc]:
+        """A checked RTC request (normalized model space) as the head's NativeRtc, or None."""
         if rtc is None:
             return None
         if self.relative:
@@ -147,7 +145,7 @@ class GrootPolicy:
         if rtc.inference_delay < 0 or (rtc.execution_horizon is not None and rtc.execution_horizon < 0):
             raise ValueError(f"RTC inference_delay {rtc.inference_delay} / execution_horizon "
                              f"{rtc.execution_horizon} must be >= 0")
-        return action_head.native_rtc(prev.to(self.device, self.dtype), rtc.inference_delay, rtc.execution_horizon,
+        return action_head.native_rtc(prev.to(self.device), rtc.inference_delay, rtc.execution_horizon,
                                       self.config.head, batch)
 
     @torch.no_grad()
@@ -157,7 +155,7 @@ class GrootPolicy:
         trace (optional dict) receives the backbone / head intermediates and per-step lists."""
         batch = inputs.input_ids.shape[0]
         x0 = self._noise(noise, batch)
-        native = self._rtc(rtc, batch)
+        native = self.native_rtc(rtc, batch)
         feats = self.backbone(inputs, trace)
         ctx = self.context(inputs, feats, trace)
         return action_head.sample(self.weights, self.config.head, ctx, x0, native, trace).float()

@@ -14,6 +14,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from phyai_ros.layers import dispatch, ops
+
 from .checkpoint import EMBED, LLM, VIS
 from .config import TextConfig, VisionConfig
 
@@ -27,10 +29,24 @@ def linear(x: Tensor, w: Weights, name: str) -> Tensor:
     return F.linear(x, w[name + ".weight"], w.get(name + ".bias"))
 
 
+_UNIT: Dict[tuple, Tuple[Tensor, Tensor]] = {}
+
+
+def unit_affine(width: int, like: Tensor) -> Tuple[Tensor, Tensor]:
+    """(ones, zeros) [width] on like's device / dtype, made once: a LayerNorm without affine as the selector's
+    affine LayerNorm ops (no tensor is created per call, so a CUDA graph capture allocates nothing here)."""
+    key = (width, like.device, like.dtype)
+    if key not in _UNIT:
+        _UNIT[key] = (torch.ones(width, device=like.device, dtype=like.dtype),
+                      torch.zeros(width, device=like.device, dtype=like.dtype))
+    return _UNIT[key]
+
+
 def layer_norm(x: Tensor, w: Optional[Weights], name: Optional[str], eps: float) -> Tensor:
-    """LayerNorm over the last dim; affine from w[name.weight / name.bias] when name is given."""
-    weight, bias = (w[name + ".weight"], w[name + ".bias"]) if name else (None, None)
-    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    """LayerNorm over the last dim (statistics in float32), through the operator selector; affine from
+    w[name.weight / name.bias] when name is given."""
+    weight, bias = (w[name + ".weight"], w[name + ".bias"]) if name else unit_affine(x.shape[-1], x)
+    return dispatch.layer_norm(x, weight, bias, eps)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -52,13 +68,16 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-    """[B, H, Tq, d] x [B, Hkv, Tk, d] -> [B, Tq, H*d]; grouped kv heads repeated; mask bool (True = attend)."""
-    if k.shape[1] != q.shape[1]:
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    """[B, H, Tq, d] x [B, Hkv, Tk, d] -> [B, Tq, H*d] through the selector's attention op (grouped kv heads;
+    mask additive, broadcastable to [B, 1, Tq, Tk]: see additive_mask)."""
+    a = dispatch.attention(q, k, v, mask)
     b, h, t, d = a.shape
     return a.transpose(1, 2).reshape(b, t, h * d)
+
+
+def additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """bool [B, Tq, Tk] (True = attend) -> additive [B, 1, Tq, Tk], made once per forward, not per layer."""
+    return ops.bool_to_additive_mask(allowed, dtype)
 
 
 # ------------------------------------------------------------------ vision
@@ -105,26 +124,20 @@ def vision_rope(v: VisionConfig, grid: Tensor, device) -> Tuple[Tensor, Tensor]:
 
 
 def vision_attention(x: Tensor, w: Weights, name: str, v: VisionConfig, cos: Tensor, sin: Tensor,
-                     seqlens: List[int]) -> Tensor:
-    """Self-attention within each image (images of one size run as one batch)."""
+                     n_images: int) -> Tensor:
+    """Self-attention within each image: all images have one size (the processor makes them so), so they run
+    as one batch of n_images."""
     n = x.shape[0]
     qkv = linear(x, w, name + ".qkv").view(n, 3, v.num_heads, v.head_dim)
     q, k = apply_rope(qkv[:, 0], cos[:, None], sin[:, None]), apply_rope(qkv[:, 1], cos[:, None], sin[:, None])
-    val = qkv[:, 2]
-    if len(set(seqlens)) == 1:
-        shape = (len(seqlens), seqlens[0], v.num_heads, v.head_dim)
-        split = [(q.view(shape), k.view(shape), val.view(shape))]
-    else:
-        split = [(a[None], b[None], c[None]) for a, b, c in zip(q.split(seqlens), k.split(seqlens), val.split(seqlens))]
-    outs = [attention(a.transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2)).reshape(-1, v.width)
-            for a, b, c in split]
-    return linear(torch.cat(outs), w, name + ".proj")
+    shape = (n_images, n // n_images, v.num_heads, v.head_dim)
+    out = attention(q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), qkv[:, 2].view(shape).transpose(1, 2))
+    return linear(out.reshape(n, v.width), w, name + ".proj")
 
 
-def vision_block(x: Tensor, w: Weights, i: int, v: VisionConfig, cos: Tensor, sin: Tensor,
-                 seqlens: List[int]) -> Tensor:
+def vision_block(x: Tensor, w: Weights, i: int, v: VisionConfig, cos: Tensor, sin: Tensor, n_images: int) -> Tensor:
     b = f"{VIS}blocks.{i}."
-    x = x + vision_attention(layer_norm(x, w, b + "norm1", v.ln_eps), w, b + "attn", v, cos, sin, seqlens)
+    x = x + vision_attention(layer_norm(x, w, b + "norm1", v.ln_eps), w, b + "attn", v, cos, sin, n_images)
     h = F.gelu(linear(layer_norm(x, w, b + "norm2", v.ln_eps), w, b + "mlp.linear_fc1"), approximate="tanh")
     return x + linear(h, w, b + "mlp.linear_fc2")
 
@@ -139,20 +152,18 @@ def patch_merger(x: Tensor, w: Weights, name: str, v: VisionConfig, norm_after_m
     return linear(F.gelu(linear(x, w, VIS + name + ".linear_fc1")), w, VIS + name + ".linear_fc2")
 
 
-def vision_tower(w: Weights, v: VisionConfig, pixels: Tensor, grid: Tensor, trace: Trace = None
-                 ) -> Tuple[Tensor, List[Tensor]]:
-    """Pixel rows [N, C*tp*p*p] -> merged image embeddings [N/4, out] and the DeepStack features."""
+def vision_tower(w: Weights, v: VisionConfig, pixels: Tensor, pos: Tensor, cos: Tensor, sin: Tensor,
+                 n_images: int, trace: Trace = None) -> Tuple[Tensor, List[Tensor]]:
+    """Pixel rows [N, C*tp*p*p] -> merged image embeddings [N/4, out] and the DeepStack features (pos, cos,
+    sin: backbone_plan's tables of the image grid)."""
     proj = w[VIS + "patch_embed.proj.weight"]
     x = F.linear(pixels.to(proj.dtype), proj.reshape(proj.shape[0], -1), w[VIS + "patch_embed.proj.bias"])
-    pos = position_embedding(w, v, grid)
     _record(trace, "visual_patch_embed", x)
     _record(trace, "visual_pos_embeds", pos)
     x = x + pos
-    cos, sin = vision_rope(v, grid, x.device)
-    seqlens = [int(t * h * wd) for t, h, wd in grid.tolist()]
     deepstack = []
     for i in range(v.depth):
-        x = vision_block(x, w, i, v, cos, sin, seqlens)
+        x = vision_block(x, w, i, v, cos, sin, n_images)
         _record(trace, f"visual_block_out.{i}", x)
         if i in v.deepstack_indexes:
             j = v.deepstack_indexes.index(i)
@@ -211,12 +222,13 @@ def mrope_cos_sin(t: TextConfig, positions: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 def text_attention(x: Tensor, w: Weights, b: str, t: TextConfig, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
+    """mask additive [B, 1, L, L]; q, k, v from one GEMM (fuse_projections' qkv_proj)."""
     bsz, length, _ = x.shape
-    q = rms_norm(linear(x, w, b + "q_proj").view(bsz, length, t.num_heads, t.head_dim), w[b + "q_norm.weight"],
-                 t.rms_eps).transpose(1, 2)
-    k = rms_norm(linear(x, w, b + "k_proj").view(bsz, length, t.num_kv_heads, t.head_dim), w[b + "k_norm.weight"],
-                 t.rms_eps).transpose(1, 2)
-    v = linear(x, w, b + "v_proj").view(bsz, length, t.num_kv_heads, t.head_dim).transpose(1, 2)
+    q, k, v = linear(x, w, b + "qkv_proj").split((t.num_heads * t.head_dim, t.num_kv_heads * t.head_dim,
+                                                  t.num_kv_heads * t.head_dim), dim=-1)
+    q = rms_norm(q.view(bsz, length, t.num_heads, t.head_dim), w[b + "q_norm.weight"], t.rms_eps).transpose(1, 2)
+    k = rms_norm(k.view(bsz, length, t.num_kv_heads, t.head_dim), w[b + "k_norm.weight"], t.rms_eps).transpose(1, 2)
+    v = v.view(bsz, length, t.num_kv_heads, t.head_dim).transpose(1, 2)
     q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
     return linear(attention(q, k, v, mask), w, b + "o_proj")
 
@@ -227,7 +239,7 @@ def decoder_layer(x: Tensor, w: Weights, i: int, t: TextConfig, cos: Tensor, sin
     a = text_attention(rms_norm(x, w[b + "input_layernorm.weight"], t.rms_eps), w, b + "self_attn.", t, cos, sin, mask)
     x = x + a * query_valid          # a pad row attends to nothing: its attention output is 0
     h = rms_norm(x, w[b + "post_attention_layernorm.weight"], t.rms_eps)
-    gate, up = linear(h, w, b + "mlp.gate_proj"), linear(h, w, b + "mlp.up_proj")
+    gate, up = linear(h, w, b + "mlp.gate_up_proj").chunk(2, dim=-1)
     return x + linear(F.silu(gate) * up, w, b + "mlp.down_proj")
 
 
@@ -242,40 +254,95 @@ def causal_padding_mask(attention_mask: Tensor) -> Tensor:
     return (mask | (eye & ~valid[:, :, None]))[:, None]
 
 
-def language_model(w: Weights, t: TextConfig, embeds: Tensor, positions: Tensor, attention_mask: Tensor,
-                   image_mask: Tensor, deepstack: List[Tensor], trace: Trace = None) -> Tensor:
-    """The kept decoder layers; DeepStack features added at image positions after the first layers (never
-    after the last kept one: the features are taken before it). Returns [B, L, W]."""
-    cos, sin = mrope_cos_sin(t, positions.to(embeds.device))
-    cos, sin = cos.to(embeds.dtype), sin.to(embeds.dtype)
-    mask = causal_padding_mask(attention_mask)
+def language_model(w: Weights, t: TextConfig, embeds: Tensor, cos: Tensor, sin: Tensor, attention_mask: Tensor,
+                   image_index: Tensor, deepstack: List[Tensor], trace: Trace = None) -> Tensor:
+    """The kept decoder layers; DeepStack features added at the image rows (flat indices into B*L) after the
+    first layers (never after the last kept one: the features are taken before it). Returns [B, L, W]."""
+    mask = additive_mask(causal_padding_mask(attention_mask)[:, 0], embeds.dtype)
     query_valid = attention_mask.bool()[..., None].to(embeds.dtype)
     x = embeds
     for i in range(t.depth):
         x = decoder_layer(x, w, i, t, cos, sin, mask, query_valid)
         _record(trace, f"layer_out.{i}", x)
         if i < len(deepstack) and i < t.depth - 1:
-            x = x.clone()
-            x[image_mask] = x[image_mask] + deepstack[i].to(x.dtype)
+            x = x.reshape(-1, x.shape[-1]).index_add(0, image_index, deepstack[i].to(x.dtype)).view_as(x)
     return x
+
+
+def backbone_plan(w: Weights, v: VisionConfig, t: TextConfig, image_token: int, input_ids: Tensor,
+                  attention_mask: Tensor, pixels: Tensor, grid: Tensor, trace: Trace = None,
+                  cache: Optional[dict] = None) -> Dict[str, Tensor]:
+    """The host part of the backbone: everything that depends on the token layout and the image grid (mRoPE
+    positions and tables, the vision position embedding and RoPE, where the image rows go), checked and
+    turned into device tensors whose shapes are fixed per (batch, token length, grid). backbone_compute then
+    runs on them without a host read (capture-safe). cache (optional dict) keeps the grid's vision tables."""
+    dev, dtype = input_ids.device, w[EMBED].dtype
+    ids, valid, grid_c = input_ids.cpu(), attention_mask.cpu(), grid.cpu()
+    patches = {int(a * b * c) for a, b, c in grid_c.tolist()}
+    if len(patches) != 1:
+        raise ValueError(f"images of different patch counts {sorted(patches)}: all cameras must share one size")
+    image_index = (ids == image_token).flatten().nonzero().flatten()
+    n_merged = int(grid_c.prod(-1).sum()) // v.merge_size ** 2
+    if image_index.numel() != n_merged:
+        raise ValueError(f"{image_index.numel()} image tokens but {n_merged} merged image embeddings")
+    key = ("vision", tuple(map(tuple, grid_c.tolist())), dev, dtype)
+    vis = None if cache is None else cache.get(key)
+    if vis is None:
+        cos, sin = vision_rope(v, grid_c, dev)
+        vis = (position_embedding(w, v, grid_c).to(dtype), cos, sin)
+        if cache is not None:
+            cache[key] = vis
+    positions = mrope_positions(ids, valid, grid_c, image_token, v.merge_size)
+    _record(trace, "position_ids", positions)
+    cos, sin = mrope_cos_sin(t, positions.to(dev))
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "pixels": pixels.to(dtype),
+            "image_grid": grid.to(dev), "vision_pos": vis[0], "vision_cos": vis[1], "vision_sin": vis[2],
+            "text_cos": cos.to(dtype), "text_sin": sin.to(dtype), "image_index": image_index.to(dev)}
+
+
+def backbone_compute(w: Weights, v: VisionConfig, t: TextConfig, p: Dict[str, Tensor], trace: Trace = None) -> Tensor:
+    """backbone_plan's tensors -> backbone features [B, L, W] (output of decoder layer select_layer - 1).
+    No host reads, no data-dependent shapes: a CUDA graph per (batch, token length, grid) can capture it."""
+    merged, deepstack = vision_tower(w, v, p["pixels"], p["vision_pos"], p["vision_cos"], p["vision_sin"],
+                                     p["image_grid"].shape[0], trace)
+    embeds = F.embedding(p["input_ids"], w[EMBED])
+    flat = embeds.reshape(-1, embeds.shape[-1]).index_copy(0, p["image_index"], merged.to(embeds.dtype))
+    embeds = flat.view_as(embeds)
+    _record(trace, "inputs_embeds", embeds)
+    feats = language_model(w, t, embeds, p["text_cos"], p["text_sin"], p["attention_mask"], p["image_index"],
+                           deepstack, trace)
+    _record(trace, "features", feats)
+    return feats
 
 
 def backbone_features(w: Weights, v: VisionConfig, t: TextConfig, image_token: int, input_ids: Tensor,
                       attention_mask: Tensor, pixels: Tensor, grid: Tensor, trace: Trace = None) -> Tensor:
-    """Tokens + images -> backbone features [B, L, W] (output of decoder layer select_layer - 1)."""
-    merged, deepstack = vision_tower(w, v, pixels, grid, trace)
-    table = w[EMBED]
-    embeds = table[input_ids]
-    image_mask = input_ids == image_token
-    if int(image_mask.sum()) != merged.shape[0]:
-        raise ValueError(f"{int(image_mask.sum())} image tokens but {merged.shape[0]} merged image embeddings")
-    embeds = embeds.masked_scatter(image_mask[..., None], merged.to(embeds.dtype))
-    _record(trace, "inputs_embeds", embeds)
-    positions = mrope_positions(input_ids.cpu(), attention_mask.cpu(), grid.cpu(), image_token, v.merge_size)
-    _record(trace, "position_ids", positions)
-    feats = language_model(w, t, embeds, positions, attention_mask, image_mask, deepstack, trace)
-    _record(trace, "features", feats)
-    return feats
+    """Tokens + images -> backbone features [B, L, W]: backbone_plan, then backbone_compute."""
+    plan = backbone_plan(w, v, t, image_token, input_ids, attention_mask, pixels, grid, trace)
+    return backbone_compute(w, v, t, plan, trace)
+
+
+def fuse_projections(w: Weights, t: TextConfig) -> None:
+    """In place: each LLM layer's q/k/v and gate/up weights as one matrix (one GEMM instead of three / two);
+    the original keys stay, as views into it, so the weights take no extra memory."""
+    for i in range(t.depth):
+        b = f"{LLM}layers.{i}."
+        fuse(w, [b + f"self_attn.{n}_proj" for n in "qkv"], b + "self_attn.qkv_proj")
+        fuse(w, [b + "mlp.gate_proj", b + "mlp.up_proj"], b + "mlp.gate_up_proj")
+
+
+def fuse(w: Weights, names: List[str], fused: str) -> None:
+    """w[fused.weight / .bias] = the row-wise concatenation of names'; names' entries become views of it."""
+    for suffix in (".weight", ".bias"):
+        if names[0] + suffix not in w:
+            continue
+        parts = [w[n + suffix] for n in names]
+        whole = torch.cat(parts)
+        w[fused + suffix] = whole
+        start = 0
+        for n, part in zip(names, parts):
+            w[n + suffix] = whole[start:start + part.shape[0]]
+            start += part.shape[0]
 
 
 def _record(trace: Trace, key: str, x: Tensor) -> None:
