@@ -11,7 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from node_harness import FakeRobot, NodeProcess, command_action, make_small_checkpoint, require_tokenizer
+from node_harness import (FakeRobot, NodeProcess, command_action, diagnostics_status, make_small_checkpoint,
+                          require_tokenizer)
 
 pytestmark = pytest.mark.ros
 
@@ -120,24 +121,32 @@ def test_out_of_order_and_future_stamps(live):
 
 
 def test_missing_required_camera_is_stale_and_the_timer_holds(live):
-    """No inference on stale data (counted); the chunk runs out, the deadline policy (hold_last)
-    repeats the last action and every missed slot is counted; chunks resume with the camera."""
+    """No inference on stale data (counted); the chunk runs out (one run-out), the deadline policy
+    (hold_last) repeats the last action on every following tick (deadline-policy ticks), the
+    watchdog says ERROR once no chunk came for a horizon; chunks resume with the camera."""
     robot, node = live
     before = robot.fresh_counters()
     robot.enabled_cameras.discard("base_0_rgb")
-    t_off, n_commands = time.monotonic(), len(robot.commands)
-    # After max_observation_age (0.5 s) the frame is stale: no inference starts; one started just
-    # before has finished well within the next 0.7 s.
-    robot.spin_for(1.2)
-    assert robot.wait_counter("deadline_misses", before["deadline_misses"] + 3, timeout=20), robot.counters()
-    seq, n_chunks = robot.last_seq(), len(robot.chunks)
-    robot.spin_for(0.5)
-    assert len(robot.chunks) == n_chunks, "inference ran on a stale observation"
-    assert robot.counters()["stale_snapshots"] > before["stale_snapshots"]
-    held = [command_action(r.msg) for r in robot.commands[n_commands:]][-10:]
-    assert len(held) == 10 and all(np.array_equal(held[0], a) for a in held), "hold_last did not hold"
-    assert any("stale_snapshots" in m for m in robot.input_warnings(since=t_off))
-    robot.enabled_cameras.add("base_0_rgb")
+    try:
+        t_off, n_commands = time.monotonic(), len(robot.commands)
+        # After max_observation_age (0.5 s) the frame is stale: no inference starts; one started just
+        # before has finished well within the next 0.7 s.
+        robot.spin_for(1.2)
+        assert robot.wait_counter("deadline_policy_ticks", before["deadline_policy_ticks"] + 3, timeout=20), \
+            robot.counters()
+        assert robot.counters()["run_outs"] == before["run_outs"] + 1
+        seq, n_chunks = robot.last_seq(), len(robot.chunks)
+        robot.spin_for(0.5)
+        assert len(robot.chunks) == n_chunks, "inference ran on a stale observation"
+        assert robot.counters()["stale_snapshots"] > before["stale_snapshots"]
+        held = [command_action(r.msg) for r in robot.commands[n_commands:]][-10:]
+        assert len(held) == 10 and all(np.array_equal(held[0], a) for a in held), "hold_last did not hold"
+        assert any("stale_snapshots" in m for m in robot.input_warnings(since=t_off))
+        # 20 actions x 20 ms = 0.4 s after the last chunk: the watchdog says why it is ERROR
+        margin = [st for r in robot.diagnostics[-3:] for st in [diagnostics_status(r.msg, "control margin")] if st]
+        assert margin and margin[-1].level == b"\x02" and "base_0_rgb" in margin[-1].message, margin
+    finally:
+        robot.enabled_cameras.add("base_0_rgb")
     still_alive(live, seq)
 
 
@@ -160,6 +169,112 @@ def test_missing_optional_camera_is_masked(live):
         assert after["inference_errors"] == before["inference_errors"]
     finally:
         robot.enabled_cameras.add(optional[0])
+
+
+def until_logged(live, publish, *texts, timeout=20.0) -> str:
+    """Publish bad input every 0.25 s until the node has logged a line holding all ``texts`` (it logs each
+    kind of event at most every 2 s); returns that line."""
+    robot, node = live
+    start = len(node.output())
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        publish()
+        robot.spin_for(0.25)
+        lines = [ln for ln in node.output()[start:].splitlines() if all(t in ln for t in texts)]
+        if lines:
+            return lines[0]
+    raise AssertionError(f"the node never logged {texts}\n{node.output()[start:]}")
+
+
+def optional_slot(robot):
+    return next(s for s, req in zip(robot.slots, robot.params["cameras.required"]) if not req)
+
+
+def test_elongated_image_on_optional_camera_is_refused_and_the_camera_masked(live):
+    """A valid 1x2000 rgb8 frame cannot be resized to the model's 224x224: refused at intake, naming the
+    camera; the optional camera is then masked and chunks keep coming, no inference fails."""
+    robot, node = live
+    slot = optional_slot(robot)
+    assert not robot.compressed[slot]
+    thin = image(robot, slot, height=1, width=2000, step=6000, data=bytes(6000))
+    robot.enabled_cameras.discard(slot)  # only the bad frames arrive on it
+    try:
+        before = inject(live, "bad_image", lambda: robot.publish_camera(slot, thin))
+        line = until_logged(live, lambda: robot.publish_camera(slot, thin), f"camera '{slot}'", "too elongated")
+        assert "224:1" in line, line
+        robot.spin_for(0.6)  # past max_observation_age: its last good frame is stale, the slot masked
+        still_alive(live, robot.last_seq())
+        assert robot.fresh_counters()["inference_errors"] == before["inference_errors"]
+    finally:
+        robot.enabled_cameras.add(slot)
+
+
+def test_elongated_image_on_required_camera_is_refused(live):
+    robot, _ = live
+    tall = image(robot, height=3000, width=2, step=6, data=bytes(18000))
+    before = inject(live, "bad_image", lambda: robot.publish_camera("base_0_rgb", tall))
+    until_logged(live, lambda: robot.publish_camera("base_0_rgb", tall), "camera 'base_0_rgb'", "too elongated")
+    assert robot.fresh_counters()["inference_errors"] == before["inference_errors"]
+
+
+def test_uppercase_encoding_is_refused_with_a_hint(live):
+    robot, _ = live
+    upper = image(robot, encoding="BGR8")
+    inject(live, "bad_image", lambda: robot.publish_camera("base_0_rgb", upper))
+    until_logged(live, lambda: robot.publish_camera("base_0_rgb", upper), "'BGR8'", "did you mean 'bgr8'")
+
+
+def test_corrupt_jpeg_is_refused_in_words(live):
+    robot, _ = live
+    slot = next(s for s, c in robot.compressed.items() if c)
+    good = robot.camera_msg(slot)
+    cut = image(robot, slot, data=bytes(good.data)[:len(good.data) // 2])  # a JPEG cut short in transit
+    inject(live, "bad_image", lambda: robot.publish_camera(slot, cut))
+    line = until_logged(live, lambda: robot.publish_camera(slot, cut), f"camera '{slot}'", "corrupt or truncated")
+    assert "Assertion" not in line and "cvtColor" not in line, line
+
+
+def test_state_with_duplicate_joint_names(live):
+    robot, _ = live
+    msg = robot.joint_state_msg()
+    msg.name, msg.position = list(msg.name) + [msg.name[0]], list(msg.position) + [0.0]
+    inject(live, "bad_state", lambda: robot.publish_state(msg))
+    until_logged(live, lambda: robot.publish_state(msg), "duplicate joint names", repr(msg.name[0]))
+
+
+@pytest.mark.parametrize("value", [1e30, 1e300])
+def test_state_with_absurd_magnitude(live, value):
+    """Finite but no physical pose: refused against the documented bound, and not called 'non-finite'."""
+    robot, _ = live
+    positions = [0.0] * len(robot.joint_names)
+    positions[1] = value
+    msg = robot.joint_state_msg(positions=positions)
+    inject(live, "bad_state", lambda: robot.publish_state(msg))
+    line = until_logged(live, lambda: robot.publish_state(msg), "MAX_ABS_STATE", f"{value:g}")
+    assert "non-finite" not in line and repr(robot.joint_names[1]) in line, line
+
+
+def test_blank_instruction_is_refused_and_the_task_kept(live):
+    robot, node = live
+    blank = robot._types["String"](data="  \n ")
+    inject(live, "bad_input", lambda: robot.instruction_pub.publish(blank))
+    until_logged(live, lambda: robot.instruction_pub.publish(blank), "instruction", "blank", "stack the blocks")
+    robot.set_instruction("stack the blocks")  # what a late subscriber gets again
+
+
+def test_long_instruction_is_cut_never_the_state(live):
+    """A 10,000-character instruction: accepted (the policy cuts the task, never the state), counted
+    once under truncated_instructions with a warning, and chunks keep coming."""
+    robot, node = live
+    start = len(node.output())
+    before = inject(live, "truncated_instructions",
+                    lambda: robot.set_instruction(("put the cup in the sink " * 420)[:10_000]))
+    out = node.output()[start:]
+    assert "10000 characters does not fit the 48-token prompt" in out and "state is kept" in out, out
+    after = robot.fresh_counters()
+    assert after["truncated_instructions"] == before["truncated_instructions"] + 1  # once, not per inference
+    assert after["inference_errors"] == before["inference_errors"]
+    robot.set_instruction("stack the blocks")
 
 
 def test_the_node_survived_everything(live):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cv_bridge import CvBridge
+from phyai_ros import needs_ros
 
 # Encodings whose conversion to rgb8 is well defined for a policy camera.
 _CHANNELS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1}
@@ -30,18 +30,35 @@ def _tight(msg, channels: int):
                  step=msg.width * channels, data=np.ascontiguousarray(rows).tobytes())
 
 
+def _compressed_failure(msg, exc: Exception) -> str:
+    """Why a compressed frame failed, in words: cv_bridge passes OpenCV's failed decode on as an
+    assertion from cvtColor (``!_src.empty()``), which says nothing about the data."""
+    import cv2
+    data = np.frombuffer(bytes(msg.data), dtype=np.uint8)
+    if cv2.imdecode(data, cv2.IMREAD_UNCHANGED) is None:
+        return (f"compressed image (format '{msg.format}', {len(data)} bytes starting {bytes(data[:4]).hex(' ')}) "
+                "is corrupt or truncated: OpenCV cannot decode it")
+    return f"could not convert compressed image (format '{msg.format}') to rgb8: {type(exc).__name__}: {exc}"
+
+
 class ImageConverter:
     """Converts sensor_msgs Image / CompressedImage to HxWx3 uint8 RGB."""
 
     def __init__(self) -> None:
+        with needs_ros(__name__):  # cv_bridge comes with ROS; the error types above need none
+            from cv_bridge import CvBridge
         self._bridge = CvBridge()
 
     def from_image(self, msg) -> np.ndarray:
-        encoding = msg.encoding.lower()
+        encoding = msg.encoding
         channels = _CHANNELS.get(encoding)
         if channels is None:
+            # ROS encodings are case-sensitive (sensor_msgs/image_encodings.hpp): 'BGR8' is no encoding
+            # cv_bridge or any other ROS tool knows, so it is refused with the spelling that is meant.
+            hint = f"did you mean '{encoding.lower()}'? encodings are case-sensitive; " \
+                if encoding.lower() in _CHANNELS else ""
             raise ImageDecodeError(
-                f"unsupported image encoding '{msg.encoding}' (supported: {', '.join(sorted(_CHANNELS))})")
+                f"unsupported image encoding '{encoding}' ({hint}supported: {', '.join(sorted(_CHANNELS))})")
         if msg.width == 0 or msg.height == 0:
             raise ImageDecodeError(f"empty image {msg.width}x{msg.height}")
         if msg.step < msg.width * channels:
@@ -63,7 +80,7 @@ class ImageConverter:
         try:
             rgb = self._bridge.compressed_imgmsg_to_cv2(msg, desired_encoding="rgb8")
         except Exception as exc:
-            raise ImageDecodeError(f"could not decode compressed image (format '{msg.format}'): {exc}") from exc
+            raise ImageDecodeError(_compressed_failure(msg, exc)) from exc
         if rgb is None or rgb.ndim != 3 or rgb.shape[2] != 3:
             raise ImageDecodeError(f"compressed image (format '{msg.format}') did not decode to RGB")
         return np.ascontiguousarray(rgb)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -24,7 +24,7 @@ ImageLike = Union[np.ndarray, Tensor, None]
 
 
 class PromptTruncatedWarning(UserWarning):
-    """The prompt did not fit the token budget and was cut (BOS + prompt truncated to the budget)."""
+    """The prompt did not fit the token budget: its task was cut (never the rest of the prompt)."""
 
 
 @dataclass
@@ -93,7 +93,7 @@ def check_dims(ckpt_state_dim, ckpt_action_dim, state_norm, action_norm, action_
 
 
 class FlowPolicy:
-    """Base adapter. Subclasses set nothing but `build_prompts` and `sample_actions`."""
+    """Base adapter. Subclasses set nothing but `prompt_parts` and `sample_actions`."""
 
     def __init__(self, model, tokenizer: PromptTokenizer, state_norm, action_norm, camera_names: Sequence[str],
                  device="cpu", dtype: torch.dtype = torch.float32):
@@ -114,8 +114,30 @@ class FlowPolicy:
             raise ValueError(f"action_dim {self.action_dim} > model max_action_dim {self.config.max_action_dim}")
 
     # ---------------------------------------------------------------- to override
-    def build_prompts(self, tasks: List[str], state_normalized: np.ndarray) -> List[str]:
+    def prompt_parts(self, tasks: List[str], state_normalized: np.ndarray) -> List[Tuple[str, str, str]]:
+        """(head, task, tail) per row: the prompt is their concatenation, and only the task may be cut."""
         raise NotImplementedError
+
+    def build_prompts(self, tasks: List[str], state_normalized: np.ndarray) -> List[str]:
+        """The prompts before any cut to the token budget."""
+        return ["".join(p) for p in self.prompt_parts(tasks, state_normalized)]
+
+    def fit_tasks(self, tasks: List[str], state_normalized: np.ndarray) -> Tuple[List[str], List[bool]]:
+        """Prompts that fit the token budget (a task too long is cut, see PromptTokenizer.fit), and which
+        rows were cut."""
+        prompts, cut = [], []
+        for head, task, tail in self.prompt_parts(tasks, state_normalized):
+            kept, truncated = self.tokenizer.fit(head, task, tail)
+            prompts.append(head + kept + tail)
+            cut.append(truncated)
+        return prompts, cut
+
+    def fit_task(self, task: str, state=None) -> Tuple[str, bool]:
+        """The prompt one task gives with a raw ``state`` (None: zeros) and whether its task had to be cut:
+        lets an intake report a too-long instruction once rather than at every inference."""
+        s = self._state_array(np.zeros(self.state_dim, np.float32) if state is None else state, 1)
+        prompts, cut = self.fit_tasks([task], self.state_norm.normalize(torch.from_numpy(s)).numpy())
+        return prompts[0], cut[0]
 
     def sample_actions(self, inputs: PolicyInputs, noise=None, rtc: Optional[RtcParams] = None,
                        trace: Optional[Dict[str, list]] = None) -> Tensor:
@@ -143,8 +165,9 @@ class FlowPolicy:
         if s.ndim == 1:
             s = s[None]
         if s.ndim != 2 or s.shape[1] != self.state_dim or (batch is not None and s.shape[0] != batch):
-            raise ValueError(f"state must have shape [{self.state_dim}] (or [B, {self.state_dim}]), got "
-                             f"{list(np.shape(state))}")
+            want = f"[{self.state_dim}] (or [B, {self.state_dim}])" if batch is None else \
+                f"[{batch}, {self.state_dim}]" + (f" or [{self.state_dim}]" if batch == 1 else " (B from the images)")
+            raise ValueError(f"state must have shape {want}, got {list(np.shape(state))}")
         if not np.isfinite(s).all():
             raise ValueError("state contains NaN or inf")
         return s
@@ -190,11 +213,11 @@ class FlowPolicy:
         masks = torch.tensor([[True] * len(present) + [False] * len(absent)] * batch, device=self.device)
 
         state_n = self.state_norm.normalize(torch.from_numpy(state_np))
-        prompts = self.build_prompts(tasks, state_n.numpy())
-        truncated = [self.tokenizer.encode(p)[1] for p in prompts]
+        prompts, truncated = self.fit_tasks(tasks, state_n.numpy())
         if any(truncated):
-            warnings.warn(f"prompt longer than the {self.config.token_budget}-token budget; truncated (BOS + "
-                          "prompt cut to the budget, as LeRobot)", PromptTruncatedWarning, stacklevel=2)
+            warnings.warn(f"prompt longer than the {self.config.token_budget}-token budget; the task was cut to "
+                          "fit (the rest of the prompt, pi0.5's state included, is kept)", PromptTruncatedWarning,
+                          stacklevel=2)
         tokens, tmasks = self.tokenizer.batch(prompts)
         return PolicyInputs(images_t, masks, torch.from_numpy(tokens).to(self.device),
                             torch.from_numpy(tmasks).to(self.device), state_n, prompts, present + absent, truncated)

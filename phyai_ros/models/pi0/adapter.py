@@ -1,10 +1,11 @@
 """pi0 policy adapter: same node-facing API as pi0.5 (see pi05/adapter.py), with pi0's semantics:
 mean/std normalization, prompt = task + '\n' (no other cleaning, no state in the prompt), 48-token budget,
-and the normalized state (zero-padded to 32 dims) fed as one suffix token.
+and the normalized state (zero-padded to 32 dims) fed as one suffix token. An over-long task cannot cut
+the state here; it is cut before its closing '\n' (which LeRobot's cut would drop), as pi0.5's is.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -42,8 +43,8 @@ class Pi0Policy(FlowPolicy):
         slots = resolve_cameras(ckpt.camera_keys, camera_names)
         return cls(ckpt.model, tok, state_norm, action_norm, slots, device=device, dtype=dtype)
 
-    def build_prompts(self, tasks: List[str], state_normalized: np.ndarray) -> List[str]:
-        return [pi0_prompt(t) for t in tasks]
+    def prompt_parts(self, tasks: List[str], state_normalized: np.ndarray) -> List[Tuple[str, str, str]]:
+        return [("", pi0_prompt(t)[:-1], "\n") for t in tasks]
 
     @torch.no_grad()
     def sample_actions(self, inputs: PolicyInputs, noise=None, rtc: Optional[RtcParams] = None,

@@ -22,8 +22,8 @@ API used by the onboard node (batch 1, numpy in / numpy out)::
   that camera has no frame (its slot is masked). At least one camera is required; unknown names are an
   error. Slot order follows the checkpoint's config (present cameras first, then absent, as LeRobot).
 - state: raw robot units, length state_dim, finite. task: non-empty text.
-- Prompts longer than the token budget are truncated like LeRobot (BOS + prompt, tail cut to the budget)
-  and a PromptTruncatedWarning is issued.
+- A prompt longer than the token budget has its task cut to fit (LeRobot cuts the prompt's tail, which
+  here is the state: the model would act blind to it); a PromptTruncatedWarning is issued.
 - RTC: `RtcRequest.prev_left_over` is the previous chunk's not-yet-executed actions in UNNORMALIZED robot
   units (what the node holds); the adapter normalizes them with the action statistics. The tensor-level
   path (`sample_actions` with `RtcParams`) takes them already normalized (as the LeRobot fixtures do).
@@ -38,7 +38,7 @@ normalized padded actions [B, H, 32]`, `predict_batch(...) -> unnormalized [B, H
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ from phyai_ros.models.common.policy import (FlowPolicy, PolicyInputs, PromptTrun
 from phyai_ros.models.common.tokenizer import PromptTokenizer
 
 from .checkpoint import load_pi05_checkpoint
-from .preprocess import build_prompts
+from .preprocess import prompt_parts
 
 Tensor = torch.Tensor
 Pi05Inputs = PolicyInputs
@@ -79,8 +79,8 @@ class Pi05Policy(FlowPolicy):
         slots = resolve_cameras(ckpt.camera_keys, camera_names)
         return cls(ckpt.model, tok, state_norm, action_norm, slots, device=device, dtype=dtype)
 
-    def build_prompts(self, tasks: List[str], state_normalized: np.ndarray) -> List[str]:
-        return build_prompts(tasks, state_normalized)
+    def prompt_parts(self, tasks: List[str], state_normalized: np.ndarray) -> List[Tuple[str, str, str]]:
+        return prompt_parts(tasks, state_normalized)
 
     @torch.no_grad()
     def sample_actions(self, inputs: PolicyInputs, noise=None, rtc: Optional[RtcParams] = None,
