@@ -26,10 +26,11 @@ def margin_values(report, delivery: Mapping[str, float], clock_rate: float) -> L
     delivery delay, the stamp clock's measured rate."""
     values = []
     if report is not None:
-        values = [("margin_s", report.margin), ("margin_p50_s", report.p50), ("margin_p99_s", report.p99),
-                  ("p_nonnegative", report.p_nonneg), ("p_nonnegative_lower", report.p_nonneg_lower),
-                  ("confidence", report.confidence), ("target", report.target), ("inference_s", report.L_inference),
-                  ("roofline_x", report.X), ("roofline_y", report.Y)]
+        values = [("margin_s", report.margin), ("margin_p50_s", report.margin_p50),
+                  ("margin_p99_s", report.margin_p99), ("p_nonnegative", report.p_nonnegative),
+                  ("p_nonnegative_lower", report.p_nonnegative_lower), ("confidence", report.confidence),
+                  ("target", report.target), ("inference_s", report.latency_inference),
+                  ("roofline_x", report.roofline_x), ("roofline_y", report.roofline_y)]
     return values + [("command_delay_p50_s", delivery["p50"]), ("command_delay_p99_s", delivery["p99"]),
                      ("command_delay_max_s", delivery["max"]), ("clock_rate", clock_rate)]
 

@@ -7,7 +7,7 @@
             result = replay("bags/pick_001", node)               # deterministic stepped mode
         assert result.complete and result.accounting.ok          # every message used/superseded/stale/rejected
         assert result.node_counters["deadline_misses"] == 0
-        chunks = result.chunk_data                               # [phyai_ros.messages.ChunkData]
+        chunks = result.chunk_data                               # [phyai_ros.control.ActionChunk]
         assert all(c.actions.shape == (50, 7) for c in chunks)
 
 ``PolicyNode`` starts ``phyai_ros.node.main`` in a subprocess (``use_sim_time`` on; in stepped mode
@@ -18,101 +18,22 @@ used + superseded + stale + rejected + not_played), ``node_counters`` (the node'
 increments), and, with ``out=``, an output bag for ``report``.  Stepped mode: with the node's
 ``model.noise_seed`` fixed, a fresh node gives identical chunks on every run.
 
-For trying it without your own model: ``make_small_checkpoint`` writes a small random-weight pi0.5
+For trying it without your own model (``phyai_ros.fixtures``, re-exported here): ``make_small_checkpoint`` writes a small random-weight pi0.5
 and ``require_tokenizer`` finds the fixture tokenizer (or skips the test); ``make_demo_bag`` (from
 ``phyai_ros.replay.demo_bag``) writes a synthetic session.  ``pytest_plugins =
 ["phyai_ros.testing"]`` adds the ``policy_node`` fixture factory.
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
-from phyai_ros.replay.nodeproc import PACKAGE_ROOT, PolicyNodeProcess, default_params_file
+from phyai_ros.fixtures import (fixtures_dir, make_small_checkpoint, require_tokenizer, small_model_config,
+                                tokenizer_path)
+from phyai_ros.replay.nodeproc import PolicyNode, PolicyNodeProcess
 from phyai_ros.replay.player import ReplayOptions, ReplayResult
 
-__all__ = ["PolicyNode", "replay", "make_small_checkpoint", "small_model_config", "tokenizer_path",
+__all__ = ["PolicyNode", "replay", "make_small_checkpoint", "small_model_config", "tokenizer_path", "fixtures_dir",
            "require_tokenizer", "ReplayResult", "ReplayOptions", "policy_node"]
-
-
-# ----------------------------------------------------------------------------- model files
-def fixtures_dir() -> Path:
-    env = os.environ.get("PHYAI_PARITY_FIXTURES")
-    return Path(env) if env else PACKAGE_ROOT.parent / "shared" / "fixtures" / "lerobot_parity"
-
-
-def tokenizer_path() -> Optional[Path]:
-    """The fixture SentencePiece model (``$PHYAI_PARITY_FIXTURES/tokenizer/tokenizer.model``), or None."""
-    p = fixtures_dir() / "tokenizer" / "tokenizer.model"
-    return p if p.is_file() else None
-
-
-def require_tokenizer() -> Path:
-    """The fixture tokenizer, or ``pytest.skip`` with the reason."""
-    p = tokenizer_path()
-    if p is None:
-        import pytest
-        pytest.skip(f"no tokenizer at {fixtures_dir() / 'tokenizer' / 'tokenizer.model'} "
-                    "(set PHYAI_PARITY_FIXTURES to the lerobot_parity fixture folder)")
-    return p
-
-
-def small_model_config(horizon: int = 50, image_size: int = 224, token_budget: int = 64, policy: str = "pi05"):
-    """A small pi0.5 or pi0 (parity-fixture sizes: VLM 128x2, expert 64x2, SigLIP 64x2 at 224 px, vocab 1024,
-    64-token prompt): one CPU inference takes ~50-100 ms on 2 cores."""
-    from phyai_ros.models.common.config import GemmaConfig, SiglipConfig
-    from phyai_ros.models.pi0 import Pi0Config
-    from phyai_ros.models.pi05 import Pi05Config
-    return {"pi05": Pi05Config, "pi0": Pi0Config}[policy](
-        vlm=GemmaConfig(width=128, depth=2, mlp_dim=256, num_heads=8, num_kv_heads=1, head_dim=16),
-        expert=GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=16),
-        siglip=SiglipConfig(width=64, depth=2, num_heads=4, mlp_dim=128, patch_size=14, image_size=image_size),
-        vocab_size=1024, chunk_size=horizon, num_steps=10, token_budget=token_budget)
-
-
-def make_small_checkpoint(directory, *, horizon: int = 50, state_dim: int = 8, action_dim: int = 7, seed: int = 0,
-                          cameras: Sequence[str] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"),
-                          image_size: int = 224, token_budget: int = 64, policy: str = "pi05") -> Path:
-    """Write a random-weight small pi0.5 (or, policy="pi0", pi0) checkpoint (LeRobot layout) into
-    ``directory``; its chunk size must equal the node's ``control.horizon``, state/action dims its
-    joint/action name counts."""
-    import torch
-    from phyai_ros.models import pi0, pi05
-    directory = Path(directory)
-    writer = {"pi05": pi05.make_random_checkpoint, "pi0": pi0.make_random_checkpoint}[policy]
-    writer(directory, small_model_config(horizon, image_size, token_budget, policy), seed=seed,
-                           dtype=torch.float32, std=0.1,
-                           camera_names=tuple(cameras), state_dim=state_dim, action_dim=action_dim)
-    return directory
-
-
-# ----------------------------------------------------------------------------- the node
-class PolicyNode(PolicyNodeProcess):
-    """The policy node in a subprocess, ready to be replayed into.
-
-    ``params_file``: default ``config/pi05_cpu_test.yaml``; ``checkpoint`` / ``tokenizer``: set
-    ``model.checkpoint`` / ``model.tokenizer``; ``overrides``: more ``-p`` parameters; ``stepped``
-    (default True): one /diagnostics report per control tick, which stepped replay needs (the
-    node then needs ``control.dt`` >= 0.05, the smallest ``diagnostics.period`` it accepts); with
-    ``stepped=False`` (real-time replay) it reports at 10 Hz."""
-
-    def __init__(self, params_file=None, *, checkpoint=None, tokenizer=None,
-                 overrides: Optional[Mapping[str, Any]] = None, remaps: Optional[Mapping[str, str]] = None,
-                 stepped: bool = True, log_path=None):
-        from phyai_ros.replay.nodeinfo import load_params_file
-        params_file = Path(params_file) if params_file else default_params_file()
-        ov: Dict[str, Any] = dict(overrides or {})
-        if checkpoint is not None:
-            ov["model.checkpoint"] = str(checkpoint)
-        if tokenizer is not None:
-            ov["model.tokenizer"] = str(tokenizer)
-        if "diagnostics.period" not in ov:
-            # stepped: one report per tick (needed); real time: 10 Hz, so the replay's session
-            # counters end within 0.1 s of the last message
-            ov["diagnostics.period"] = (ov.get("control.dt", load_params_file(params_file).get("control.dt", 0.05))
-                                        if stepped else 0.1)
-        super().__init__(params_file, overrides=ov, remaps=remaps, use_sim_time=True, log_path=log_path)
 
 
 def replay(bag, node: PolicyNodeProcess, *, mode: str = "stepped", out=None, remaps: Optional[Mapping[str, str]] = None,

@@ -200,8 +200,8 @@ def analyse(run: dict, dt: float) -> dict:
     jitter_ms = np.abs((phase - on_time + dt_ns / 4) % dt_ns - dt_ns / 4) / 1e6
     gaps = np.diff(t) / dt_ns
     steady = [r for r in run["reports"] if r.in_window]
-    noninf = [(r.L_observe + r.L_transfer + r.L_queue + r.L_actuate) * 1e3 for r in steady]
-    processing = [(r.L_observe + r.L_queue + r.L_actuate) * 1e3 for r in steady]
+    noninf = [(r.latency_observe + r.latency_transfer + r.latency_queue + r.latency_actuate) * 1e3 for r in steady]
+    processing = [(r.latency_observe + r.latency_queue + r.latency_actuate) * 1e3 for r in steady]
     seg = {name: [getattr(r, name) * 1e3 for r in steady]
            for name in ("L_observe", "L_transfer", "L_queue", "L_inference", "L_actuate")}
     # Chunk switches. t* = the first tick that executes an action the new chunk computed freely (its

@@ -42,6 +42,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import yaml
 
+from phyai_ros.control.clock import NS_PER_S, stamp_to_ns
 from phyai_ros.replay.nodeproc import DrainedProcess, param_arg  # shared with the replay tool
 from ros_helpers import REPO, python_env
 
@@ -50,10 +51,9 @@ FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
 TOKENIZER = FIXTURES / "tokenizer" / "tokenizer.model"
 CPU_CONFIG = REPO / "config" / "pi05_cpu_test.yaml"
 THOR_CONFIG = REPO / "config" / "pi05_thor.yaml"
-NODE_NAME = "phyai_policy"
+from phyai_ros.diagnostics import NODE_NAME  # noqa: E402
 HORIZON = 20  # actions per chunk in tests (the CPU config says 50; overridden with the checkpoint)
 DT = 0.02     # action period in tests (the CPU config says 0.05)
-NS = 1_000_000_000
 
 
 # ----------------------------------------------------------------------------- model files
@@ -183,8 +183,6 @@ class Received:
     msg: Any
 
 
-def stamp_ns(stamp) -> int:
-    return int(stamp.sec) * NS + int(stamp.nanosec)
 
 
 def diagnostics_status(msg, suffix: str):
@@ -232,11 +230,10 @@ class FakeRobot:
     """
 
     def __init__(self, params: Dict[str, Any], *, image_hw=(48, 64), rate_hz: float = 20.0,
-                 sim_time: bool = False, sim_start_ns: int = 1_000 * NS, clock_hz: float = 200.0,
+                 sim_time: bool = False, sim_start_ns: int = 1_000 * NS_PER_S, clock_hz: float = 200.0,
                  latched_instruction: bool = True, name: str = "fake_robot"):
         import rclpy
         from rclpy.executors import SingleThreadedExecutor
-        from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
         from diagnostic_msgs.msg import DiagnosticArray
         from rosgraph_msgs.msg import Clock
         from sensor_msgs.msg import CompressedImage, Image, JointState
@@ -244,6 +241,7 @@ class FakeRobot:
         from trajectory_msgs.msg import JointTrajectory
 
         from phyai_ros.msg import ActionChunk, ControlMargin
+        from phyai_ros.node.qos import LATCHED, RELIABLE, SENSOR, reliable_depth
 
         self.params = params
         self.context = rclpy.Context()
@@ -253,20 +251,17 @@ class FakeRobot:
         self.executor.add_node(self.node)
         self._types = dict(Image=Image, CompressedImage=CompressedImage, JointState=JointState, String=String,
                            Clock=Clock)
-        reliable = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
-        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
-                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
         self.slots = list(params["cameras.slots"])
         self.compressed = dict(zip(self.slots, params["cameras.compressed"]))
         self.camera_pubs = {
             slot: self.node.create_publisher(CompressedImage if self.compressed[slot] else Image, topic,
-                                             qos_profile_sensor_data)
+                                             SENSOR)
             for slot, topic in zip(self.slots, params["cameras.topics"])}
-        self.state_pub = self.node.create_publisher(JointState, params["state.topic"], qos_profile_sensor_data)
+        self.state_pub = self.node.create_publisher(JointState, params["state.topic"], SENSOR)
         self.latched_instruction = latched_instruction
         self.instruction_pub = self.node.create_publisher(String, params["instruction.topic"],
-                                                          latched if latched_instruction else reliable)
+                                                          LATCHED if latched_instruction else RELIABLE)
         self.instruction: Optional[str] = None
         self.joint_names = list(params["state.joint_names"])
         self.enabled_cameras = set(self.slots)
@@ -282,7 +277,7 @@ class FakeRobot:
         self._mono0 = time.monotonic_ns()
         self._sim_offset_ns = 0
         if sim_time:
-            self.clock_pub = self.node.create_publisher(Clock, "/clock", reliable)
+            self.clock_pub = self.node.create_publisher(Clock, "/clock", RELIABLE)
             self.node.create_timer(1.0 / clock_hz, self.publish_clock)
 
         # outputs
@@ -297,14 +292,14 @@ class FakeRobot:
 
         command_type = (JointTrajectory if params["output.command_type"] == "joint_trajectory"
                         else Float64MultiArray)
-        self.node.create_subscription(ActionChunk, params["output.chunk_topic"], recorder(self.chunks), reliable)
-        self.node.create_subscription(ControlMargin, params["output.margin_topic"], recorder(self.margins), reliable)
+        self.node.create_subscription(ActionChunk, params["output.chunk_topic"], recorder(self.chunks), RELIABLE)
+        self.node.create_subscription(ControlMargin, params["output.margin_topic"], recorder(self.margins), RELIABLE)
         self.node.create_subscription(command_type, params["output.command_topic"], recorder(self.commands),
-                                      QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+                                      reliable_depth(100))
         if params.get("output.chunk_trajectory_topic"):
             self.node.create_subscription(JointTrajectory, params["output.chunk_trajectory_topic"],
-                                          recorder(self.chunk_trajectories), reliable)
-        self.node.create_subscription(DiagnosticArray, "/diagnostics", recorder(self.diagnostics), reliable)
+                                          recorder(self.chunk_trajectories), RELIABLE)
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", recorder(self.diagnostics), RELIABLE)
         self.sensor_timer = self.node.create_timer(1.0 / rate_hz, self.publish_sensors)
 
     # -- time
@@ -316,7 +311,7 @@ class FakeRobot:
 
     def jump_clock(self, seconds: float) -> None:
         """Move the simulated clock by ``seconds`` (negative: back, as a bag loop does)."""
-        self._sim_offset_ns += int(seconds * NS)
+        self._sim_offset_ns += int(seconds * NS_PER_S)
         self.publish_clock()
 
     def publish_clock(self) -> None:
@@ -327,7 +322,7 @@ class FakeRobot:
     @staticmethod
     def time_msg(ns: int):
         from builtin_interfaces.msg import Time
-        sec, nanosec = divmod(int(ns), NS)
+        sec, nanosec = divmod(int(ns), NS_PER_S)
         return Time(sec=sec, nanosec=nanosec)
 
     # -- inputs
@@ -460,7 +455,7 @@ class FakeRobot:
 def command_stamp_ns(msg) -> Optional[int]:
     """Slot time of a per-tick command (JointTrajectory header; None for Float64MultiArray)."""
     header = getattr(msg, "header", None)
-    return None if header is None else stamp_ns(header.stamp)
+    return None if header is None else stamp_to_ns(header.stamp)
 
 
 def command_action(msg) -> np.ndarray:

@@ -8,36 +8,36 @@ from __future__ import annotations
 
 import numpy as np
 
-from phyai_ros.messages import ChunkData, chunk_to_msg, margin_to_msg
+from phyai_ros.control.chunk import ActionChunk
+from phyai_ros.control.margin import MarginReport
+from phyai_ros.messages import chunk_to_msg, margin_to_msg
 
 H, D = 50, 32
 
 
-def sample_chunk_data() -> ChunkData:
+def sample_chunk() -> ActionChunk:
     rng = np.random.default_rng(1234)
-    return ChunkData(
+    return ActionChunk(
         seq=2**40 + 7,
         t0_ns=1_764_000_123_456_789_012,
-        observation_ns=1_764_000_123_400_000_001,
-        dt=0.02,
+        dt_ns=20_000_000,
         actions=rng.standard_normal((H, D)).astype(np.float32) * 3.0,
-        frozen_prefix=5,
-        action_names=tuple(f"joint_{i}" for i in range(D)),
+        d=5,
+        observation_stamp_ns=1_764_000_123_400_000_001,
         model_id="pi05-test",
-        inference_latency=0.0123,
+        action_names=tuple(f"joint_{i}" for i in range(D)),
         frame_id="base_link",
+        inference_latency=0.0123,
     )
 
 
-def sample_margin_values() -> dict:
-    return dict(budget=0.48, latency_observe=0.011, latency_transfer=0.0021, latency_queue=0.0007,
-                latency_inference=0.083, latency_actuate=0.0004, margin=0.3828, margin_p50=0.39,
-                margin_p95=0.21, margin_p99=-0.05, window_size=123, p_nonnegative=0.987,
-                p_nonnegative_lower=0.961, confidence=0.9, target=0.99, level=1, message="margin below target",
-                roofline_x=12.5, roofline_y=0.93, chunk_seq=41, expired=True)
-
-
-MARGIN_STAMP_NS = 1_764_000_124_000_000_500
+def sample_margin() -> MarginReport:
+    return MarginReport(stamp_ns=1_764_000_124_000_000_500, chunk_seq=41, expired=True, budget=0.48,
+                        latency_observe=0.011, latency_transfer=0.0021, latency_queue=0.0007,
+                        latency_inference=0.083, latency_actuate=0.0004, margin=0.3828, margin_p50=0.39,
+                        margin_p95=0.21, margin_p99=-0.05, window_size=123, p_nonnegative=0.987,
+                        p_nonnegative_lower=0.961, confidence=0.9, target=0.99, level=1,
+                        message="margin below target", roofline_x=12.5, roofline_y=0.93)
 
 
 def main() -> None:
@@ -50,8 +50,8 @@ def main() -> None:
     node = rclpy.create_node("phyai_sample_publisher")
     chunk_pub = node.create_publisher(ActionChunk, "/phyai_test/chunk", 10)
     margin_pub = node.create_publisher(ControlMargin, "/phyai_test/margin", 10)
-    chunk_msg = chunk_to_msg(sample_chunk_data())
-    margin_msg = margin_to_msg(MARGIN_STAMP_NS, sample_margin_values())
+    chunk_msg = chunk_to_msg(sample_chunk())
+    margin_msg = margin_to_msg(sample_margin())
 
     def publish():
         chunk_pub.publish(chunk_msg)

@@ -17,7 +17,7 @@ def test_segments_and_margin_equal_injected_latencies():
     sim.driver.run(40)
     assert len(sim.reports) >= 5
     r0 = sim.reports[0]
-    assert not r0.in_window and math.isnan(r0.B_ctrl) and math.isnan(r0.margin)  # startup chunk
+    assert not r0.in_window and math.isnan(r0.budget) and math.isnan(r0.margin)  # startup chunk
     for c, r in zip(sim.chunks[1:], sim.reports[1:]):
         lat = c.latency
         # ns-exact instants
@@ -28,17 +28,19 @@ def test_segments_and_margin_equal_injected_latencies():
         # trigger after index 5 of the previous chunk: it covers 4 more slots + the current one
         assert lat.cover_end_ns - lat.snapshot_ns == 5 * DT
         assert r.chunk_seq == c.seq and r.in_window
-        assert (r.L_observe, r.L_transfer, r.L_queue, r.L_inference, r.L_actuate) == pytest.approx(
+        assert (r.latency_observe, r.latency_transfer, r.latency_queue, r.latency_inference,
+                r.latency_actuate) == pytest.approx(
             (0.003, 0.0, 0.001, 0.025, 0.002), abs=1e-12)
-        assert r.B_ctrl == pytest.approx(0.053, abs=1e-12)  # 50 ms cover + 3 ms observation age
+        assert r.budget == pytest.approx(0.053, abs=1e-12)  # 50 ms cover + 3 ms observation age
         assert r.margin == pytest.approx(0.022, abs=1e-12)
-        assert r.margin == pytest.approx(r.B_ctrl - (r.L_inference + r.L_observe + r.L_transfer + r.L_queue
-                                                     + r.L_actuate), abs=1e-12)
+        assert r.margin == pytest.approx(r.budget - (r.latency_inference + r.latency_observe + r.latency_transfer
+                                                     + r.latency_queue + r.latency_actuate), abs=1e-12)
         assert r.consumed == 2
     last = sim.reports[-1]
-    assert last.p50 == last.p95 == last.p99 == pytest.approx(0.022)
-    assert last.p_nonneg == 1.0
-    assert last.p_nonneg_lower == pytest.approx(last.n / (last.n + 1.2815515655446004 ** 2), abs=1e-9)
+    assert last.margin_p50 == last.margin_p95 == last.margin_p99 == pytest.approx(0.022)
+    assert last.p_nonnegative == 1.0
+    n = last.window_size
+    assert last.p_nonnegative_lower == pytest.approx(n / (n + 1.2815515655446004 ** 2), abs=1e-9)
 
 
 def test_transfer_segment_is_buffer_wait():
@@ -90,11 +92,11 @@ def test_window_quantiles_and_probability():
         rep = mon.add_chunk(rec, seq=i, consumed=1, now_ns=0)
         assert rep.margin == pytest.approx(m / 1e3)
     m = np.array(margins_ms) / 1e3
-    assert rep.n == 12
-    assert (rep.p50, rep.p95, rep.p99) == pytest.approx(tuple(np.percentile(m, [50, 5, 1])))
-    assert rep.p95 < 0 < rep.p50  # 'p95' = margin met by 95 % of chunks (low tail)
-    assert rep.p_nonneg == pytest.approx(10 / 12)
-    assert rep.p_nonneg_lower == pytest.approx(wilson_lower(10, 12, 0.9))
+    assert rep.window_size == 12
+    assert (rep.margin_p50, rep.margin_p95, rep.margin_p99) == pytest.approx(tuple(np.percentile(m, [50, 5, 1])))
+    assert rep.margin_p95 < 0 < rep.margin_p50  # 'p95' = margin met by 95 % of chunks (low tail)
+    assert rep.p_nonnegative == pytest.approx(10 / 12)
+    assert rep.p_nonnegative_lower == pytest.approx(wilson_lower(10, 12, 0.9))
 
 
 def test_wilson_bound_values():
@@ -123,9 +125,9 @@ def test_status_transitions_ok_warn_error():
     assert set(levels) == {WARN}  # fewer than min_samples
     for i in range(30):
         r = mon.add_chunk(_rec(5), seq=i, consumed=0, now_ns=0)
-    assert r.level == OK and r.n == 40 and r.p_nonneg_lower >= 0.95, r.message
+    assert r.level == OK and r.window_size == 40 and r.p_nonnegative_lower >= 0.95, r.message
     r = mon.add_chunk(_rec(-1), seq=41, consumed=0, now_ns=0)  # one miss: bound drops below target
-    assert r.level == WARN and r.p_nonneg_lower < 0.95 and r.p_nonneg > 0.95, r.message
+    assert r.level == WARN and r.p_nonnegative_lower < 0.95 and r.p_nonnegative > 0.95, r.message
     r = mon.add_chunk(_rec(-1), seq=42, consumed=0, now_ns=0)
     assert r.level == WARN
     r = mon.add_chunk(_rec(-1), seq=43, consumed=0, now_ns=0)  # 3 consecutive misses
@@ -138,7 +140,7 @@ def test_status_transitions_ok_warn_error():
         for m in (-1, -1, 5):
             r = mon.add_chunk(_rec(m), seq=seq, consumed=0, now_ns=0)
             seq += 1
-        if r.p_nonneg < 0.8:
+        if r.p_nonnegative < 0.8:
             break
         assert r.level == WARN
     assert r.level == ERROR and "error threshold" in r.message
@@ -159,9 +161,9 @@ def test_roofline_environment_bound_and_inference_bound():
     sim = make_sim(cfg(), latency_ns=25 * MS, queue_ns=1 * MS, actuate_ns=2 * MS)
     sim.driver.run(40)
     r = sim.reports[-1]
-    assert r.L_env == pytest.approx(0.060) and r.L_control == pytest.approx(0.060)
-    assert r.X == pytest.approx(60 / 25) and r.Y == pytest.approx(1.0)
-    assert r.Y_seq == pytest.approx(r.X / (1 + r.X)) and r.Y_roof == 1.0
+    assert r.cycle_env == pytest.approx(0.060) and r.cycle_control == pytest.approx(0.060)
+    assert r.roofline_x == pytest.approx(60 / 25) and r.roofline_y == pytest.approx(1.0)
+    assert r.roofline_y_seq == pytest.approx(r.roofline_x / (1 + r.roofline_x)) and r.roofline_y_roof == 1.0
     # inference-bound: 85 ms inference, a chunk is adopted with 1-2 actions left -> the
     # robot waits (hold_last) most of every cycle
     sim = make_sim(cfg(deadline_policy="hold_last", rtc_overlap=0), latency_ns=85 * MS)
@@ -177,7 +179,7 @@ def test_roofline_environment_bound_and_inference_bound():
         inf += by_seq[c.seq + 1].latency.inference_ns
     r = sim.reports[-1]
     assert sim.loop.counters()["expired_chunks"] == 0 and len(sim.chunks) >= 8
-    assert r.X == pytest.approx(env / inf) and r.Y == pytest.approx(env / ctl)
-    assert r.X < 1 and r.Y < 1
-    assert r.Y_roof == pytest.approx(r.X)
-    assert r.Y_seq <= r.Y <= r.Y_roof + 1e-9
+    assert r.roofline_x == pytest.approx(env / inf) and r.roofline_y == pytest.approx(env / ctl)
+    assert r.roofline_x < 1 and r.roofline_y < 1
+    assert r.roofline_y_roof == pytest.approx(r.roofline_x)
+    assert r.roofline_y_seq <= r.roofline_y <= r.roofline_y_roof + 1e-9

@@ -156,5 +156,5 @@ def test_negative_budget_when_the_observation_is_taken_after_the_run_out():
     lat = {0: 5 * MS}
     sim = make_sim(cfg(), latency_ns=lambda i: lat.get(i, 300 * MS))
     sim.driver.run(40)
-    late = [r for r in sim.reports[1:] if not math.isnan(r.B_ctrl)]
-    assert any(r.B_ctrl < 0 for r in late)  # observation newer than the executing chunk's end
+    late = [r for r in sim.reports[1:] if not math.isnan(r.budget)]
+    assert any(r.budget < 0 for r in late)  # observation newer than the executing chunk's end

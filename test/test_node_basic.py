@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from node_harness import (FakeRobot, NodeProcess, command_action, command_stamp_ns, diagnostics_status,
-                          diagnostics_values, make_small_checkpoint, require_tokenizer, stamp_ns)
+                          diagnostics_values, make_small_checkpoint, require_tokenizer)
 from phyai_ros.control import COUNTERS
+from phyai_ros.control.clock import stamp_to_ns
 from phyai_ros.messages import msg_to_chunk, msg_to_margin
 
 pytestmark = pytest.mark.ros
@@ -51,8 +52,8 @@ def test_chunks_arrive_in_sequence_with_action0_stamps_on_the_dt_grid(run):
     for c in cs:
         assert c.actions.shape == (p["control.horizon"], len(p["control.action_names"]))
         assert c.action_names == tuple(p["control.action_names"])
-        assert c.model_id == p["model.id"] and c.dt == pytest.approx(p["control.dt"])
-        assert c.observation_ns <= c.t0_ns < c.observation_ns + 2 * 10**9, "action 0 is after the observation"
+        assert c.model_id == p["model.id"] and c.dt_ns == round(p["control.dt"] * 1e9)
+        assert c.observation_stamp_ns <= c.t0_ns < c.observation_stamp_ns + 2 * 10**9, "action 0 is after the observation"
         assert c.inference_latency > 0
     for prev, cur in zip(cs, cs[1:]):
         # Every chunk after the first is placed on its predecessor's grid, later in time.
@@ -66,17 +67,17 @@ def test_chunk_is_also_published_as_a_joint_trajectory(run):
     assert len(run.chunk_trajectories) >= len(by_stamp) - 1
     for r in run.chunk_trajectories:
         traj = r.msg
-        c = by_stamp[stamp_ns(traj.header.stamp)]
+        c = by_stamp[stamp_to_ns(traj.header.stamp)]
         assert list(traj.joint_names) == list(c.action_names)
         assert len(traj.points) == c.horizon
         for i, point in enumerate(traj.points):
-            assert point.time_from_start.sec * 10**9 + point.time_from_start.nanosec == round(i * c.dt * 1e9)
+            assert point.time_from_start.sec * 10**9 + point.time_from_start.nanosec == i * c.dt_ns
             np.testing.assert_array_equal(np.asarray(point.positions), c.actions[i].astype(np.float64))
 
 
 def action_for(chunk, t_ns):
     """The action chunk `chunk` holds for time t (hold_last past its end), or None before its start."""
-    dt_ns = round(chunk.dt * 1e9)
+    dt_ns = chunk.dt_ns
     if t_ns < chunk.t0_ns or (t_ns - chunk.t0_ns) % dt_ns:
         return None
     return chunk.actions[min((t_ns - chunk.t0_ns) // dt_ns, chunk.horizon - 1)].astype(np.float64)
@@ -117,14 +118,14 @@ def test_rtc_frozen_prefix_equals_previous_chunk_for_the_same_times(run):
     dt_ns = round(run.params["control.dt"] * 1e9)
     frozen = 0
     for prev, cur in zip(cs, cs[1:]):
-        d = cur.frozen_prefix
+        d = cur.d
         offset = (cur.t0_ns - prev.t0_ns) // dt_ns
         assert offset + d <= prev.horizon, "frozen prefix reaches past the previous chunk"
         if d:
             frozen += 1
             np.testing.assert_allclose(cur.actions[:d], prev.actions[offset:offset + d], rtol=0, atol=1e-6)
     # Inference spans more than a tick here, so the measured delay (and so d) is non-zero.
-    assert frozen >= len(cs) // 2, [c.frozen_prefix for c in cs]
+    assert frozen >= len(cs) // 2, [c.d for c in cs]
 
 
 def test_margin_figures_are_finite_and_consistent(run):
@@ -133,25 +134,25 @@ def test_margin_figures_are_finite_and_consistent(run):
     inference = {c.inference_latency for c in chunks(run)}
     steady = 0
     for m in margins:
-        segments = [m["latency_observe"], m["latency_transfer"], m["latency_queue"], m["latency_inference"],
-                    m["latency_actuate"]]
+        segments = [m.latency_observe, m.latency_transfer, m.latency_queue, m.latency_inference,
+                    m.latency_actuate]
         assert all(math.isfinite(s) and s >= 0 for s in segments), m
-        assert m["latency_inference"] in inference, "margin report for a chunk that was not published"
-        assert m["target"] == pytest.approx(1 - p["margin.eps"])
-        assert m["level"] in (0, 1, 2) and m["message"]
-        if m["level"] == 0:
-            assert m["window_size"] >= p["margin.min_samples"] and m["p_nonnegative_lower"] >= m["target"]
-        if m["window_size"] < p["margin.min_samples"]:
-            assert m["level"] != 0
-        if math.isnan(m["budget"]):  # the startup chunk: nothing was executing, no budget
-            assert math.isnan(m["margin"])
+        assert m.latency_inference in inference, "margin report for a chunk that was not published"
+        assert m.target == pytest.approx(1 - p["margin.eps"])
+        assert m.level in (0, 1, 2) and m.message
+        if m.level == 0:
+            assert m.window_size >= p["margin.min_samples"] and m.p_nonnegative_lower >= m.target
+        if m.window_size < p["margin.min_samples"]:
+            assert m.level != 0
+        if math.isnan(m.budget):  # the startup chunk: nothing was executing, no budget
+            assert math.isnan(m.margin)
             continue
         steady += 1
-        assert m["budget"] > 0
-        assert m["margin"] == pytest.approx(m["budget"] - sum(segments), abs=1e-6)
-        assert 0 <= m["p_nonnegative_lower"] <= m["p_nonnegative"] <= 1
-        assert m["margin_p99"] <= m["margin_p95"] <= m["margin_p50"]
-        assert 1 <= m["window_size"] <= p["margin.window"]
+        assert m.budget > 0
+        assert m.margin == pytest.approx(m.budget - sum(segments), abs=1e-6)
+        assert 0 <= m.p_nonnegative_lower <= m.p_nonnegative <= 1
+        assert m.margin_p99 <= m.margin_p95 <= m.margin_p50
+        assert 1 <= m.window_size <= p["margin.window"]
     assert steady >= len(margins) - 2
 
 
@@ -164,9 +165,9 @@ def test_diagnostics_margin_level_matches_the_margin_topic(run):
         if "margin_s" not in values:
             assert status.message == "no chunk yet"
             continue
-        same = [m for m in margins if f"{m['margin']:.6g}" == values["margin_s"] and m["message"] == status.message]
+        same = [m for m in margins if f"{m.margin:.6g}" == values["margin_s"] and m.message == status.message]
         assert same, f"/diagnostics reports margin {values['margin_s']} that never appeared on the margin topic"
-        assert status.level[0] == same[-1]["level"], (status.message, same[-1])
+        assert status.level[0] == same[-1].level, (status.message, same[-1])
         compared += 1
     assert compared >= 2
 

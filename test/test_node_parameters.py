@@ -20,6 +20,26 @@ def make_node(context, *cli):
     return rclpy.create_node("phyai_policy", context=context, cli_args=["--ros-args", *cli])
 
 
+# ControlConfig fields the node sets from something other than a loop default: the policy's shape and
+# cameras, the state's own age parameter (None in the loop means "the cameras' age"), start-up choices.
+NOT_LOOP_DEFAULTS = {"action_dim", "cameras", "optional_cameras", "state_dim", "state_joint_names", "max_state_age",
+                     "image_input_size", "require_instruction", "cold_start_inferences", "model_id"}
+
+
+def test_parameter_defaults_are_the_control_loops_defaults():
+    """A node started with the declared defaults runs the loop's defaults: one source, no drift
+    (margin.window was 500 here and 200 in ControlConfig)."""
+    import dataclasses
+
+    from phyai_ros.control import ControlConfig
+    from phyai_ros.node.main import control_config
+    cfg = control_config({name: spec.default for name, spec in SPECS.items()})
+    differ = {f.name: (getattr(cfg, f.name), f.default) for f in dataclasses.fields(ControlConfig)
+              if f.default is not dataclasses.MISSING and f.name not in NOT_LOOP_DEFAULTS
+              and getattr(cfg, f.name) != f.default}
+    assert not differ, f"parameter defaults (left) differ from ControlConfig's (right): {differ}"
+
+
 def test_every_parameter_is_declared_typed_ranged_documented_and_read_only(ros_context):
     from rcl_interfaces.msg import ParameterType
     node = make_node(ros_context)

@@ -64,9 +64,9 @@ def test_realtime_round_trip_accounts_for_every_message(model, bags, tmp_path):
     run = load_run(tmp_path / "out")
     assert len(run.chunks) == n and len(run.margins) == len(result.margins) and len(run.commands) > 50
     assert run.summary["accounting"]["per_topic"] == acc.per_topic and run.summary["mode"] == "realtime"
-    obs = [ch.observation_ns for _, ch in run.chunks]
+    obs = [ch.observation_stamp_ns for _, ch in run.chunks]
     assert obs == sorted(obs) and all(ch.actions.shape == (HORIZON, 7) for _, ch in run.chunks)
-    margins = [m["margin"] for m in result.margin_values[1:]]
+    margins = [m.margin for m in result.margin_values[1:]]
     assert margins and all(np.isfinite(margins))  # (their sign depends on this machine's load: not checked)
 
 
@@ -80,10 +80,10 @@ def test_stepped_replay_is_deterministic(model, bags):
     assert a.complete and b.complete and a.accounting.ok and b.accounting.ok
     assert len(a.chunks) == len(b.chunks) >= 4
     for x, y in zip(a.chunk_data, b.chunk_data):
-        assert (x.seq, x.t0_ns, x.observation_ns, x.frozen_prefix) == (y.seq, y.t0_ns, y.observation_ns, y.frozen_prefix)
+        assert (x.seq, x.t0_ns, x.observation_stamp_ns, x.d) == (y.seq, y.t0_ns, y.observation_stamp_ns, y.d)
         assert np.array_equal(x.actions, y.actions)
     assert a.accounting.per_topic == b.accounting.per_topic
-    assert [m["stamp_ns"] for m in a.margin_values] == [m["stamp_ns"] for m in b.margin_values]
+    assert [m.stamp_ns for m in a.margin_values] == [m.stamp_ns for m in b.margin_values]
     assert not [e for e in a.events if e.kind in ("step_timeout", "inference_timeout", "tick_mismatch")]
 
 
@@ -118,7 +118,7 @@ def test_faulty_bag_replays_to_the_end_with_every_event_reported(model, bags, tm
     # the node kept producing chunks after the jump back
     run = load_run(out)
     jump = bag.truth["clock_jumps"][0]["bag_time_ns"]
-    assert any(t > jump - 2 * 10**9 and ch.observation_ns < jump - 2 * 10**9 + 3 * 10**9 for t, ch in run.chunks[-3:])
+    assert any(t > jump - 2 * 10**9 and ch.observation_stamp_ns < jump - 2 * 10**9 + 3 * 10**9 for t, ch in run.chunks[-3:])
     rep = make_report(out)
     assert rep.index.is_file() and len(rep.figures) == 7
     head = rep.index.read_text().split("<h2>")[0]
@@ -153,8 +153,8 @@ def test_overload_replay_is_error_with_misses_and_silence_counted(model, tmp_pat
         result = replay(bag.path, node, mode="realtime", rate=8.0, out=tmp_path / "out")
     c = result.node_counters
     assert c["deadline_misses"] >= 1 and c["expired_chunks"] >= 1, c
-    expired = [m for m in result.margin_values if m["expired"]]
-    assert expired and all(m["margin"] < 0 and m["window_size"] >= 1 for m in expired)
+    expired = [m for m in result.margin_values if m.expired]
+    assert expired and all(m.margin < 0 and m.window_size >= 1 for m in expired)
     diags = [r.msg for r in result.diagnostics if "margin_level" in r.msg]
     assert any(d["margin_level"] == 2 and "no chunk adopted" in d["margin_message"] for d in diags)
     num = make_report(tmp_path / "out").numbers

@@ -15,14 +15,15 @@ import numpy as np
 import pytest
 
 from phyai_ros.replay.accounting import CATEGORIES, Snapshot, account
-from phyai_ros.replay.bagtypes import NS, parse_remaps, typestore
+from phyai_ros.control.clock import NS_PER_S
+from phyai_ros.replay.bagtypes import parse_remaps, typestore
 from phyai_ros.replay.demo_bag import DemoBagConfig, faulty_config, make_demo_bag
 from phyai_ros.replay.nodeinfo import NodeInfo
 from phyai_ros.replay.scan import Item, Session, TimeMap, scan_bag
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_CONFIG = REPO / "config" / "pi05_cpu_test.yaml"
-START = 1_795_000_000 * NS
+START = 1_795_000_000 * NS_PER_S
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +57,8 @@ def test_demo_bag_is_a_plausible_session(tmp_path, storage):
             m = r.deserialize(raw, c.msgtype)
             seen[c.topic] = seen.get(c.topic, 0) + 1
             if hasattr(m, "header"):
-                stamp = m.header.stamp.sec * NS + m.header.stamp.nanosec
-                assert 0 < t - stamp < 0.05 * NS  # recorded after capture, a few ms later
+                stamp = m.header.stamp.sec * NS_PER_S + m.header.stamp.nanosec
+                assert 0 < t - stamp < 0.05 * NS_PER_S  # recorded after capture, a few ms later
             if c.topic == "/cameras/base/image":
                 frames.setdefault(c.topic, []).append(np.asarray(m.data, dtype=np.float32))
             if c.topic == "/joint_states":
@@ -98,8 +99,8 @@ def test_scan_reports_every_injected_fault(faulty_bag, node_info):
     assert [e.topic for e in s.events if e.kind == "future_stamp"] == ["/cameras/base/image"]
     # time map: after the jump the replay clock is 2 s behind the bag timestamps, in a new epoch
     jump_log = faulty_bag.truth["clock_jumps"][0]["bag_time_ns"]
-    after = [i for i in s.items if i.log_ns > jump_log + NS // 10]
-    assert after and all(i.epoch == 1 and abs(i.sim_ns - (i.log_ns - 2 * NS)) < NS // 50 for i in after)
+    after = [i for i in s.items if i.log_ns > jump_log + NS_PER_S // 10]
+    assert after and all(i.epoch == 1 and abs(i.sim_ns - (i.log_ns - 2 * NS_PER_S)) < NS_PER_S // 50 for i in after)
     assert not [i for i in s.items if i.role == "clock" and i.publish]
 
 
@@ -108,12 +109,12 @@ def test_time_map_follows_the_recorded_clock():
     ms = 1_000_000
     # a clock sampled every 10 ms that jumps back 2 s at 100 ms and forward 5 s at 200 ms
     samples = [(k * 10 * ms, START + k * 10 * ms) for k in range(10)]
-    samples += [(k * 10 * ms, START - 2 * NS + k * 10 * ms) for k in range(10, 20)]
-    samples += [(k * 10 * ms, START + 3 * NS + k * 10 * ms) for k in range(20, 25)]
+    samples += [(k * 10 * ms, START - 2 * NS_PER_S + k * 10 * ms) for k in range(10, 20)]
+    samples += [(k * 10 * ms, START + 3 * NS_PER_S + k * 10 * ms) for k in range(20, 25)]
     tm = TimeMap(samples, forward_jump=1.0)
     assert [(j[0], j[2] < j[1]) for j in tm.jumps] == [(100 * ms, True), (200 * ms, False)]
     assert tm(55 * ms) == START + 55 * ms                       # between samples: at the bag's rate
-    assert tm(105 * ms) == START - 2 * NS + 105 * ms
+    assert tm(105 * ms) == START - 2 * NS_PER_S + 105 * ms
     assert tm.epoch(99 * ms) == 0 and tm.epoch(100 * ms) == 1 and tm.epoch(250 * ms) == 1
     # a clock running slower than the bag is never extrapolated past its next sample
     slow = TimeMap([(0, START), (10 * ms, START + 5 * ms)])
@@ -182,20 +183,20 @@ def test_accounting_resolves_a_delivery_race(node_info):
     items = _items(node_info)
     s = _session(items, node_info)
     snap = Snapshot(START + 232 * 1_000_000, START + 125 * 1_000_000, 0)
-    acc = account(s, [snap], played=len(items), end_sim_ns=START + NS, race_window_ns=5_000_000,
+    acc = account(s, [snap], played=len(items), end_sim_ns=START + NS_PER_S, race_window_ns=5_000_000,
                   node_counters={"bad_image": 1})
     assert acc.ok and acc.verified == 1 and acc.races == 1
     left = [i for i in items if i.topic == "/cameras/left_wrist/image"]
     assert [acc.verdicts[i.index].category for i in left] == ["superseded", "used", "superseded", "stale"]
     # without the race window the same snapshot is unexplained
-    assert not account(s, [snap], played=len(items), end_sim_ns=START + NS, node_counters={"bad_image": 1}).ok
+    assert not account(s, [snap], played=len(items), end_sim_ns=START + NS_PER_S, node_counters={"bad_image": 1}).ok
 
 
 def test_accounting_flags_what_the_replay_cannot_explain(node_info):
     items = _items(node_info)
     s = _session(items, node_info)
     wrong = [Snapshot(START + 250 * 1_000_000, START + 1, 0)]
-    acc = account(s, wrong, played=len(items), end_sim_ns=START + NS, node_counters={"bad_image": 0})
+    acc = account(s, wrong, played=len(items), end_sim_ns=START + NS_PER_S, node_counters={"bad_image": 0})
     assert not acc.ok
     assert any("observation stamp" in p for p in acc.problems)
     assert any("node counted 0 bad_image" in p for p in acc.problems)
@@ -211,9 +212,9 @@ def _write_output_bag(path: Path, n_chunks: int = 30, inference_s: float = 0.06,
     Time = T["builtin_interfaces/msg/Time"]
 
     def tm(ns):
-        return Time(sec=ns // NS, nanosec=ns % NS)
+        return Time(sec=ns // NS_PER_S, nanosec=ns % NS_PER_S)
 
-    dt_ns = int(dt * NS)
+    dt_ns = int(dt * NS_PER_S)
     rng = np.random.default_rng(0)
     with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as w:
         conn = {t: w.add_connection(t, typ, typestore=ts) for t, typ in (
@@ -226,7 +227,7 @@ def _write_output_bag(path: Path, n_chunks: int = 30, inference_s: float = 0.06,
         for k in range(n_chunks):
             trig = START + k * period
             t0 = trig + dt_ns
-            ready = trig + int(inference_s * NS)
+            ready = trig + int(inference_s * NS_PER_S)
             actions = np.cumsum(rng.normal(0, 0.01, (horizon, 7)), 0).astype(np.float32)
             chunk = T["phyai_ros/msg/ActionChunk"](
                 header=T["std_msgs/msg/Header"](stamp=tm(t0), frame_id=""), observation_stamp=tm(trig - 30_000_000),
@@ -234,12 +235,12 @@ def _write_output_bag(path: Path, n_chunks: int = 30, inference_s: float = 0.06,
                 actions=actions.reshape(-1), frozen_prefix=2, model_id="synthetic", inference_latency=inference_s)
             msgs.append((ready, "/action_chunk", chunk))
             cover_end = trig + 8 * dt_ns
-            margin = (cover_end - ready) / NS
+            margin = (cover_end - ready) / NS_PER_S
             if miss_every and k % miss_every == miss_every - 1:
                 margin = -0.01
                 misses += 1
             adopt = ready + dt_ns
-            vals = dict(stamp=tm(adopt), budget=(cover_end - trig + 30_000_000) / NS, latency_observe=0.01,
+            vals = dict(stamp=tm(adopt), budget=(cover_end - trig + 30_000_000) / NS_PER_S, latency_observe=0.01,
                         latency_transfer=0.02, latency_queue=0.0, latency_inference=inference_s, latency_actuate=0.0,
                         margin=margin if k else math.nan, margin_p50=0.3, margin_p95=0.3, margin_p99=0.3,
                         window_size=k, p_nonnegative=1.0, p_nonnegative_lower=0.9, target=0.95, level=0,
@@ -269,9 +270,9 @@ def _write_output_bag(path: Path, n_chunks: int = 30, inference_s: float = 0.06,
                                   "reasons": {}, "snapshots": 4, "verified": 4, "races": 0, "ok": True,
                                   "problems": []},
                    "events": [{"kind": "time_gap", "detail": "no message for 1.2 s", "topic": "/cameras/base/image",
-                               "sim_ns": START + NS, "source": "bag"}]}
+                               "sim_ns": START + NS_PER_S, "source": "bag"}]}
         if with_summary:
-            msgs.append((START + n_chunks * period + NS, "/replay/summary",
+            msgs.append((START + n_chunks * period + NS_PER_S, "/replay/summary",
                          T["std_msgs/msg/String"](data=json.dumps(summary))))
         for t, topic, m in sorted(msgs, key=lambda x: x[0]):
             typ = {"/action_chunk": "phyai_ros/msg/ActionChunk", "/control_margin": "phyai_ros/msg/ControlMargin",
@@ -415,7 +416,7 @@ def _write_bag(path: Path, messages, extra_types: str = "", storage: str = "mcap
 def _joint_state(t_ns: int):
     T = typestore().types
     return T["sensor_msgs/msg/JointState"](
-        header=T["std_msgs/msg/Header"](stamp=T["builtin_interfaces/msg/Time"](sec=t_ns // NS, nanosec=t_ns % NS),
+        header=T["std_msgs/msg/Header"](stamp=T["builtin_interfaces/msg/Time"](sec=t_ns // NS_PER_S, nanosec=t_ns % NS_PER_S),
                                         frame_id=""),
         name=list(NodeInfo.from_params_file(CPU_CONFIG).joint_names), position=np.zeros(8), velocity=np.zeros(0),
         effort=np.zeros(0))
@@ -535,3 +536,38 @@ def test_a_bad_bag_fails_at_once_without_starting_a_node(tmp_path, capsys):
         assert rc == 1 and time.monotonic() - t < 10, (path, out, err)
         assert "starting the policy node" not in out, (path, out)
         assert all(w in err for w in words), (path, err)
+
+
+def test_report_judges_the_session_by_the_nodes_margin_rules(tmp_path):
+    """The report's OK/WARN/ERROR is the node's rule applied to the session's samples: the last three
+    chunks missing their deadline is ERROR for the node (MarginMonitor), so for the report too."""
+    import dataclasses
+
+    from phyai_ros.control.margin import ERROR, MarginReport
+    from phyai_ros.replay.report import analyze
+    from phyai_ros.replay.runbag import Run
+    margins = [0.05] * 27 + [-0.01] * 3
+    base = MarginReport(stamp_ns=0, chunk_seq=0, expired=False, budget=0.5, latency_observe=0.01,
+                        latency_transfer=0.0, latency_queue=0.0, latency_inference=0.1, latency_actuate=0.0,
+                        margin=0.0, margin_p50=0.0, margin_p95=0.0, margin_p99=0.0, window_size=1,
+                        p_nonnegative=1.0, p_nonnegative_lower=0.5, confidence=0.9, target=0.95, level=1,
+                        message="", roofline_x=math.nan, roofline_y=math.nan)
+    run = Run(path=tmp_path, margins=[(START + i * NS_PER_S, dataclasses.replace(base, chunk_seq=i, margin=m,
+                                                                                 stamp_ns=START + i * NS_PER_S))
+                                      for i, m in enumerate(margins)])
+    num = analyze(run)["margin"]
+    assert (num["n"], num["k"]) == (30, 27)
+    assert num["level"] == ERROR, num["why"]  # before: WARN (P-hat 0.9 above 0.8, bound below target)
+    assert "last 3 chunks missed their deadline" in num["why"]
+
+
+def test_replay_tools_do_not_import_the_users_test_helpers():
+    """phyai_ros.testing wraps the replay tools for users' tests; the tools never import it back."""
+    import ast
+    replay_dir = Path(__file__).resolve().parents[1] / "phyai_ros" / "replay"
+    users = []
+    for path in sorted(replay_dir.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "phyai_ros.testing":
+                users.append(path.name)
+    assert not users, f"replay modules importing phyai_ros.testing: {users}"

@@ -120,6 +120,7 @@ class FakeClock:
             return self._now
 
 
-def stamp_to_ns(sec: int, nanosec: int) -> int:
-    """builtin_interfaces/Time fields -> int ns."""
-    return int(sec) * NS_PER_S + int(nanosec)
+def stamp_to_ns(stamp) -> int:
+    """A builtin_interfaces/Time (an rclpy message, a bag's rosbags message: anything with ``sec`` and
+    ``nanosec``) -> int ns; the one stamp conversion of the package."""
+    return int(stamp.sec) * NS_PER_S + int(stamp.nanosec)

@@ -14,28 +14,33 @@ on the thread calling ``tick``; input-related events on the thread calling ``on_
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .chunk import ActionChunk
-from .clock import Clock, MonotonicClock, s_to_ns
-from .margin import LatencyRecord, MarginMonitor, MarginReport, required_samples
+from .clock import Clock, ClockRate, MonotonicClock, s_to_ns
+from .margin import ERROR, WARN, LatencyRecord, MarginMonitor, MarginReport, required_samples
 from .observation import (JointStateMapper, ObservationBuffer, ObservationError, ObservationSnapshot,
                           StaleObservation)
 from .rtc import RTC_MODES, SCHEDULES, DelayEstimator, RtcRequest, make_request, should_trigger
-from .timer import DEADLINE_POLICIES, ActionTimer, Emission
+from .timer import DEADLINE_POLICIES, ActionTimer, DeliveryStats, Emission
 from .worker import Executor, InferenceWorker
 
 Policy = Callable[[ObservationSnapshot, Optional[RtcRequest]], np.ndarray]
 
+# The words are defined once, in docs/design.md ("Vocabulary"); counters, /diagnostics,
+# ControlMargin and the replay report use them with exactly that meaning.
 COUNTERS = (
-    "ticks", "ticks_without_chunk", "duplicate_ticks", "deadline_misses", "inferences_started", "chunks",
+    "ticks", "ticks_without_chunk", "duplicate_ticks", "missed_slots", "deadline_misses", "run_outs",
+    "deadline_policy_ticks", "inferences_started", "chunks",
     "stale_snapshots", "inference_errors", "bad_chunks", "late_chunks", "expired_chunks",
     "discarded_after_reset", "clock_jumps", "out_of_order", "future_stamp", "bad_image", "bad_state",
     "missing_joint", "unknown_camera", "bad_input", "callback_errors", "worker_busy", "worker_crashes",
+    "truncated_instructions",
 )
 
 
@@ -51,13 +56,14 @@ class ControlConfig:
     state_dim: Optional[int] = None        # None: no state (or len(state_joint_names))
     state_joint_names: Optional[Sequence[str]] = None  # policy state order for on_joint_state
     image_hw: Optional[Sequence[int]] = None  # expected (H, W) of decoded frames; None: any
+    image_input_size: Optional[int] = None  # the policy's square image input: frames too elongated for it are bad
     max_observation_age: float = 0.2       # camera (and, by default, state) older than this -> stale
     max_state_age: Optional[float] = None  # None: max_observation_age
     default_instruction: str = ""
     require_instruction: bool = False      # True: no inference until a non-empty instruction is set
-    rtc_mode: str = "guided"               # guided | trained | off
-    rtc_schedule: str = "exp"              # exp | linear (soft mask, computed by the adapter)
-    rtc_overlap: int = 5                   # DESIGN's s: trigger when remaining <= d_est + rtc_overlap
+    rtc_mode: str = "guided"               # one of rtc.RTC_MODES (the model must support it)
+    rtc_schedule: str = "exp"              # exp | linear (guidance ramp, computed by the adapter)
+    rtc_overlap: int = 5                   # trigger when remaining <= d_est + rtc_overlap (design.md §3)
     delay_quantile: float = 0.95
     delay_window: int = 50
     initial_delay_ticks: int = 3           # d_est until a warm delay sample exists
@@ -123,19 +129,17 @@ class _InferenceJob:
         self.loop, self.snapshot, self.rtc, self.t0_ns = loop, snapshot, rtc, t0_ns
         self.cover_end_ns, self.remaining, self.epoch, self.cold = cover_end_ns, remaining, epoch, cold
         self.result = self.error = None
-        self.start_ns = self.end_ns = None
-        self.wall_ns = 0
+        self.snapshot_mono_ns = loop.clock.monotonic()
+        self.start_mono_ns = self.end_mono_ns = 0
 
     def infer(self) -> None:
         clk = self.loop.clock
-        self.start_ns = clk.now()
-        m0 = clk.monotonic()
+        self.start_mono_ns = clk.monotonic()
         try:
             self.result = self.loop.policy(self.snapshot, self.rtc)
         except Exception as e:  # noqa: BLE001 - a policy failure must not kill the loop
             self.error = e
-        self.end_ns = clk.now()
-        self.wall_ns = clk.monotonic() - m0
+        self.end_mono_ns = clk.monotonic()
 
     def deliver(self) -> None:
         try:
@@ -166,7 +170,7 @@ class ControlLoop:
             image_hw=tuple(cfg.image_hw) if cfg.image_hw is not None else None,
             future_tolerance_ns=s_to_ns(cfg.future_stamp_tolerance), default_instruction=cfg.default_instruction,
             max_state_age_ns=None if cfg.max_state_age is None else s_to_ns(cfg.max_state_age),
-            require_instruction=cfg.require_instruction)
+            require_instruction=cfg.require_instruction, image_input_size=cfg.image_input_size)
         self.joint_mapper = JointStateMapper(cfg.state_joint_names) if cfg.state_joint_names else None
         self.timer = ActionTimer(self.dt_ns, cfg.deadline_policy, cfg.extrapolate_max_ticks, cfg.history_size)
         self.delay = DelayEstimator(cfg.delay_quantile, cfg.delay_window, cfg.initial_delay_ticks,
@@ -181,6 +185,11 @@ class ControlLoop:
         self._next_seq = 0
         self._last_now: Optional[int] = None
         self.last_report: Optional[MarginReport] = None
+        self.clock_rate = ClockRate()
+        self.delivery = DeliveryStats(cfg.margin_window * cfg.horizon)  # command delivery delay, recent slots
+        self._started_ns: Optional[int] = None  # first tick: control starts when the action timer runs
+        self._last_adopted_ns: Optional[int] = None  # stamp time of the last chunk adoption
+        self._last_plan_ns: Optional[int] = None     # stamp time of the last command taken from a chunk
 
     # ----------------------------------------------------------------- public API
     def counters(self) -> Dict[str, int]:
@@ -238,19 +247,32 @@ class ControlLoop:
         with self._lock:
             self._counters["ticks"] += 1
             self._check_clock(now, cbs)
+            self.clock_rate.add(now, self.clock.monotonic())
+            if self._started_ns is None:
+                self._started_ns = now
             if self._pending is not None:
                 chunk, self._pending = self._pending, None
                 self._adopt(chunk, now, cbs)
-            was_miss = self.timer.in_miss
+            was_run_out = self.timer.in_miss
             em = self.timer.emit(now)
             if em is None:
                 self._counters["ticks_without_chunk"] += 1
             elif em.kind == "duplicate":
                 self._counters["duplicate_ticks"] += 1
-            elif em.is_miss:
-                self._counters["deadline_misses"] += 1
-                if not was_miss:
-                    cbs.append((self.on_event, ("deadline_miss", f"chunk {em.chunk_seq} ran out; policy {em.kind}")))
+            else:
+                self.delivery.add(em.t_ns - em.slot_ns)
+                if em.kind == "chunk":
+                    self._last_plan_ns = now
+                if em.skipped:
+                    self._counters["missed_slots"] += em.skipped
+                    cbs.append((self.on_event, ("missed_slot", f"{em.skipped} command slot(s) skipped: the action "
+                                                               f"timer ran {(em.t_ns - em.slot_ns) / 1e6:.1f} ms "
+                                                               f"after slot {em.index}")))
+                if em.is_miss:
+                    self._counters["deadline_policy_ticks"] += 1
+                    if not was_run_out:
+                        self._count("run_outs", cbs, "run_out", f"chunk {em.chunk_seq} ran out of actions; "
+                                                                f"deadline policy {em.kind}")
             if em is None or em.kind != "duplicate":
                 self._maybe_trigger(now, cbs)
         self._fire(cbs)
@@ -299,6 +321,8 @@ class ControlLoop:
             self.timer.reset()
             self._pending = None
             self._epoch += 1  # an inference in flight is discarded on delivery
+            self._started_ns, self._last_adopted_ns, self._last_plan_ns = now, None, None
+            self.clock_rate.reset()
             self._count("clock_jumps", cbs, "clock_jump", f"stamp clock jumped back {(last - now) / 1e9:.3f} s; "
                         "observations and chunk timeline reset")
             self._last_now = now
@@ -373,11 +397,11 @@ class ControlLoop:
                             "chunk computed before a clock jump was dropped")
             else:
                 snap = job.snapshot
-                rec = LatencyRecord(
+                rec = LatencyRecord.measured(
                     stamp_ns=snap.stamp_ns, recv_ns=snap.anchor_recv_ns, snapshot_ns=snap.taken_ns,
-                    start_ns=job.start_ns, end_ns=job.end_ns, ready_ns=self.clock.now(),
-                    cover_end_ns=job.cover_end_ns, remaining_at_trigger=job.remaining,
-                    inference_wall_ns=job.wall_ns, cold=job.cold)
+                    ready_ns=self.clock.now(), cover_end_ns=job.cover_end_ns,
+                    mono_ns=(job.snapshot_mono_ns, job.start_mono_ns, job.end_mono_ns, self.clock.monotonic()),
+                    rate=self.clock_rate.rate(), remaining_at_trigger=job.remaining, cold=job.cold)
                 chunk = ActionChunk(
                     seq=self._next_seq, t0_ns=job.t0_ns, dt_ns=self.dt_ns, actions=actions, d=d,
                     n_prefix=rtc.n if rtc is not None else 0, rtc_mode=rtc.mode if rtc is not None else "off",
@@ -403,18 +427,56 @@ class ControlLoop:
     def _adopt(self, chunk: ActionChunk, now: int, cbs: list) -> None:
         ad = self.timer.adopt(chunk, now)
         consumed = min(ad.first_index, chunk.horizon)
-        self.delay.add(consumed, cold=chunk.latency.cold)
-        if chunk.n_prefix > 0 and consumed > chunk.d:
-            self._count("late_chunks", cbs, "late_chunk",
-                        f"chunk {chunk.seq}: {consumed} actions consumed > frozen prefix {chunk.d}")
-        if not ad.accepted:
-            self._count("expired_chunks", cbs, "expired_chunk", f"chunk {chunk.seq} arrived after its last action")
+        rec = chunk.latency
+        if ad.accepted:
+            self._last_adopted_ns = now
+            self.delay.add(consumed, cold=rec.cold)
+            if chunk.n_prefix > 0 and consumed > chunk.d:
+                self._count("late_chunks", cbs, "late_chunk",
+                            f"chunk {chunk.seq}: {consumed} actions consumed > frozen prefix {chunk.d}")
+        else:
+            # Never executed: its deadline was at the latest its own last action.
+            last_action_ns = chunk.time_of(chunk.horizon - 1)
+            if rec.startup or rec.cover_end_ns > last_action_ns:
+                rec = dataclasses.replace(rec, cover_end_ns=last_action_ns)
+            self._count("expired_chunks", cbs, "expired_chunk",
+                        f"chunk {chunk.seq} arrived {(rec.ready_ns - rec.cover_end_ns) / 1e9:.3f} s after its "
+                        f"deadline, every action already in the past; not executed")
         if ad.cycle_control_ns is not None:
-            self.margin.add_cycle(ad.cycle_env_ns, ad.cycle_control_ns,
-                                  chunk.latency.end_ns - chunk.latency.start_ns)
-        report = self.margin.add_chunk(chunk.latency, seq=chunk.seq, consumed=consumed, now_ns=now)
+            self.margin.add_cycle(ad.cycle_env_ns, ad.cycle_control_ns, rec.inference_ns)
+        report = self.margin.add_chunk(rec, seq=chunk.seq, consumed=consumed, now_ns=now, expired=not ad.accepted)
+        if report.in_window and report.margin < 0:
+            self._count("deadline_misses", cbs, "deadline_miss" if ad.accepted else None,
+                        f"chunk {chunk.seq}: M_ctrl = {report.margin * 1e3:.1f} ms")
         self.last_report = report
         cbs.append((self.on_margin, (report,)))
+
+    def health(self) -> Tuple[int, str]:
+        """(level, message) of the control margin as a watchdog sees it now: the last
+        report's status, overridden by ERROR when no chunk has been adopted for longer than
+        the horizon H*dt (from the first tick of the action timer on), whatever the reason,
+        which the message gives.  Never 'no data yet': silence is the worst case."""
+        now = self.clock.now()
+        with self._lock:
+            report = self.last_report
+            horizon_ns = self.config.horizon * self.dt_ns
+            if self._started_ns is None:
+                return WARN, "the action timer has not run yet (no clock?)"
+            since = self._last_adopted_ns if self._last_adopted_ns is not None else self._started_ns
+            silent_ns = now - since
+            if silent_ns > horizon_ns:
+                what = ("no chunk adopted" if self._last_adopted_ns is not None else "no chunk adopted since start")
+                plan = ("never" if self._last_plan_ns is None else f"{(now - self._last_plan_ns) / 1e9:.2f} s ago")
+                snap = self.buffer.snapshot(now)
+                why = (f"inputs not usable ({snap})" if isinstance(snap, StaleObservation)
+                       else "inputs fresh: inference is not delivering in time")
+                return ERROR, (f"{what} for {silent_ns / 1e9:.2f} s (> horizon {horizon_ns / 1e9:.2f} s); "
+                               f"last command from a chunk {plan}; {why}; "
+                               f"deadline misses {self._counters['deadline_misses']}, "
+                               f"expired chunks {self._counters['expired_chunks']}")
+            if report is None:
+                return WARN, f"waiting for the first chunk ({silent_ns / 1e9:.2f} s of {horizon_ns / 1e9:.2f} s)"
+            return report.level, report.message
 
 
 __all__ = ["ControlConfig", "ControlLoop", "Policy", "COUNTERS"]

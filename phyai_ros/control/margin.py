@@ -140,44 +140,54 @@ class LatencyRecord:
 
 @dataclass(frozen=True)
 class MarginReport:
-    """One report per chunk offered to the timer (made on the tick that adopts it, or finds
-    it expired); what the node turns into the ControlMargin message.  Times in seconds
-    (float), ``stamp_ns`` int ns (tick time).  NaN where undefined (startup chunk, empty
-    window).  ``B_ctrl..margin`` are this chunk's; ``p*``, ``p_nonneg*``, ``n``, ``level``
-    are over the window; ``X, Y, Y_seq, Y_roof`` are window ratios of sums; ``L_env`` and
-    ``L_control`` are the cycle this chunk just ended; ``confidence`` is the level of the
-    one-sided Wilson bound ``p_nonneg_lower``; ``expired``: the chunk was never executed;
-    ``consumed`` = actions of the chunk already in the past when adopted; ``in_window``
-    False for startup/cold chunks that did not expire."""
+    """One report per chunk offered to the timer (made on the tick that adopts it, or finds it
+    expired): the one Python type for the node's ``phyai_ros/ControlMargin`` and what the replay
+    tools read back; the fields up to ``roofline_y`` are the message's, by the same names
+    (``messages.margin_to_msg`` / ``msg_to_margin`` copy them by name).
+
+    Names of docs/design.md §3: ``budget`` = B_ctrl, ``latency_observe .. latency_actuate`` =
+    L_observe .. L_actuate, ``margin`` = M_ctrl, ``margin_p50/p95/p99`` = the margins met by 50/95/99 %
+    of the window (its 50th/5th/1st percentiles), ``window_size`` = n, ``p_nonnegative`` = P(M_ctrl >= 0)
+    = k/n, ``p_nonnegative_lower`` = its one-sided Wilson lower bound at ``confidence``, ``target`` =
+    1 - eps, ``roofline_x`` / ``roofline_y`` / ``roofline_y_seq`` / ``roofline_y_roof`` = X, Y, Y_seq,
+    Y_roof (window ratios of sums), ``cycle_env`` / ``cycle_control`` = L_env, L_control of the cycle this
+    chunk just ended.
+
+    Times in seconds (float), ``stamp_ns`` int ns (tick time).  NaN where undefined (startup chunk,
+    empty window).  ``budget .. margin`` are this chunk's; ``margin_p*``, ``p_nonnegative*``,
+    ``window_size``, ``level`` are over the window.  ``expired``: the chunk was never executed.
+    Not on the wire (defaults on a received report): ``roofline_y_seq``, ``roofline_y_roof``,
+    ``cycle_env``, ``cycle_control``, ``consumed`` (actions of the chunk already in the past when
+    adopted) and ``in_window`` (False for startup/cold chunks that did not expire; None if unknown)."""
 
     stamp_ns: int
     chunk_seq: int
-    B_ctrl: float
-    L_observe: float
-    L_transfer: float
-    L_queue: float
-    L_inference: float
-    L_actuate: float
-    margin: float
-    p50: float
-    p95: float
-    p99: float
-    p_nonneg: float
-    p_nonneg_lower: float
-    target: float
-    confidence: float
     expired: bool
-    n: int
+    budget: float
+    latency_observe: float
+    latency_transfer: float
+    latency_queue: float
+    latency_inference: float
+    latency_actuate: float
+    margin: float
+    margin_p50: float
+    margin_p95: float
+    margin_p99: float
+    window_size: int
+    p_nonnegative: float
+    p_nonnegative_lower: float
+    confidence: float
+    target: float
     level: int
     message: str
-    X: float
-    Y: float
-    Y_seq: float
-    Y_roof: float
-    L_env: float
-    L_control: float
-    consumed: int
-    in_window: bool
+    roofline_x: float
+    roofline_y: float
+    roofline_y_seq: float = math.nan
+    roofline_y_roof: float = math.nan
+    cycle_env: float = math.nan
+    cycle_control: float = math.nan
+    consumed: int = 0
+    in_window: Optional[bool] = None
 
 
 def z_value(confidence: float) -> float:
@@ -200,6 +210,37 @@ def required_samples(eps: float, confidence: float) -> int:
     """Smallest n for which n hits out of n reach a Wilson lower bound >= 1 - eps."""
     z2 = z_value(confidence) ** 2
     return int(math.ceil(z2 * (1 - eps) / eps - 1e-9))
+
+
+def bound_label(confidence: float) -> str:
+    """How the lower bound is computed, for every text that shows it."""
+    return f"{confidence:.0%} one-sided Wilson lower bound"
+
+
+def margin_status(margins, *, eps: float, confidence: float, min_samples: int, error_p_threshold: float,
+                  error_consecutive_misses: int) -> tuple:
+    """(p_hat, lower, level, message) of a sequence of margin samples (oldest first), by the rules of the
+    module doc: the node's status of its window, and the replay report's of a whole session, so the two
+    cannot disagree."""
+    m = np.asarray(margins, dtype=np.float64)
+    n = len(m)
+    k_miss = error_consecutive_misses
+    if n == 0:
+        return math.nan, math.nan, WARN, "no margin samples yet (only startup / cold-start chunks so far)"
+    k = int(np.count_nonzero(m >= 0))
+    p = k / n
+    lo = wilson_lower(k, n, confidence)
+    tgt = 1.0 - eps
+    bound = f"P(M>=0) = {p:.3f}, lower {lo:.3f} ({bound_label(confidence)}) vs target {tgt:.3f}, n={n}"
+    if k_miss > 0 and n >= k_miss and bool(np.all(m[-k_miss:] < 0)):
+        return p, lo, ERROR, f"last {k_miss} chunks missed their deadline; {bound}"
+    if n >= min_samples and p < error_p_threshold:
+        return p, lo, ERROR, f"P(M>=0) below the error threshold {error_p_threshold:.3f}; {bound}"
+    if n >= min_samples and lo >= tgt:
+        return p, lo, OK, f"target demonstrated: {bound}"
+    if n < min_samples:
+        return p, lo, WARN, f"insufficient samples (n={n} < {min_samples}); {bound}"
+    return p, lo, WARN, f"target not demonstrated: {bound}"
 
 
 class MarginMonitor:
@@ -228,29 +269,13 @@ class MarginMonitor:
 
     def bound_label(self) -> str:
         """How the lower bound is computed, for every text that shows it."""
-        return f"{self.confidence:.0%} one-sided Wilson lower bound"
+        return bound_label(self.confidence)
 
     def status(self) -> tuple:
         """(p_hat, lower, level, message) for the current window."""
-        m = self.margins()
-        n = len(m)
-        k_miss = self.error_consecutive_misses
-        if n == 0:
-            return math.nan, math.nan, WARN, "no margin samples yet (only startup / cold-start chunks so far)"
-        k = int(np.count_nonzero(m >= 0))
-        p = k / n
-        lo = wilson_lower(k, n, self.confidence)
-        tgt = self.target
-        bound = f"P(M>=0) = {p:.3f}, lower {lo:.3f} ({self.bound_label()}) vs target {tgt:.3f}, n={n}"
-        if k_miss > 0 and n >= k_miss and bool(np.all(m[-k_miss:] < 0)):
-            return p, lo, ERROR, f"last {k_miss} chunks missed their deadline; {bound}"
-        if n >= self.min_samples and p < self.error_p_threshold:
-            return p, lo, ERROR, f"P(M>=0) below the error threshold {self.error_p_threshold:.3f}; {bound}"
-        if n >= self.min_samples and lo >= tgt:
-            return p, lo, OK, f"target demonstrated: {bound}"
-        if n < self.min_samples:
-            return p, lo, WARN, f"insufficient samples (n={n} < {self.min_samples}); {bound}"
-        return p, lo, WARN, f"target not demonstrated: {bound}"
+        return margin_status(self.margins(), eps=self.eps, confidence=self.confidence, min_samples=self.min_samples,
+                             error_p_threshold=self.error_p_threshold,
+                             error_consecutive_misses=self.error_consecutive_misses)
 
     def add_chunk(self, rec: LatencyRecord, *, seq: int, consumed: int, now_ns: int,
                   expired: bool = False) -> MarginReport:
@@ -274,14 +299,17 @@ class MarginMonitor:
         else:
             X = Y = math.nan
         return MarginReport(
-            stamp_ns=int(now_ns), chunk_seq=int(seq), B_ctrl=rec.B_ctrl, L_observe=rec.observe,
-            L_transfer=rec.transfer, L_queue=rec.queue, L_inference=rec.inference, L_actuate=rec.actuate,
-            margin=rec.margin, p50=p50, p95=p95, p99=p99, p_nonneg=p, p_nonneg_lower=lo, target=self.target,
-            confidence=self.confidence, expired=bool(expired), n=len(m), level=level, message=msg, X=X, Y=Y,
-            Y_seq=(X / (1 + X) if math.isfinite(X) else (1.0 if X == math.inf else math.nan)),
-            Y_roof=(min(X, 1.0) if not math.isnan(X) else math.nan),
-            L_env=self._last_cycle[0], L_control=self._last_cycle[1], consumed=int(consumed), in_window=in_window)
+            stamp_ns=int(now_ns), chunk_seq=int(seq), expired=bool(expired), budget=rec.B_ctrl,
+            latency_observe=rec.observe, latency_transfer=rec.transfer, latency_queue=rec.queue,
+            latency_inference=rec.inference, latency_actuate=rec.actuate, margin=rec.margin,
+            margin_p50=p50, margin_p95=p95, margin_p99=p99, window_size=len(m), p_nonnegative=p,
+            p_nonnegative_lower=lo, confidence=self.confidence, target=self.target, level=level, message=msg,
+            roofline_x=X, roofline_y=Y,
+            roofline_y_seq=(X / (1 + X) if math.isfinite(X) else (1.0 if X == math.inf else math.nan)),
+            roofline_y_roof=(min(X, 1.0) if not math.isnan(X) else math.nan),
+            cycle_env=self._last_cycle[0], cycle_control=self._last_cycle[1], consumed=int(consumed),
+            in_window=in_window)
 
 
-__all__ = ["OK", "WARN", "ERROR", "LatencyRecord", "MarginReport", "MarginMonitor", "wilson_lower",
-           "required_samples", "z_value"]
+__all__ = ["OK", "WARN", "ERROR", "LatencyRecord", "MarginReport", "MarginMonitor", "margin_status", "bound_label",
+           "wilson_lower", "required_samples", "z_value"]

@@ -52,8 +52,17 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return v
 
 
-def validate_image(image, expected_hw: Optional[tuple] = None) -> np.ndarray:
-    """Decoded RGB frame: ndarray uint8 [H, W, 3], non-empty, optional expected (H, W)."""
+def max_aspect(input_size: int) -> int:
+    """Longest-to-shortest side ratio a frame may have for a policy whose images are resized with pad to
+    ``input_size`` squared (models/common/image.py): the long side is scaled to ``input_size`` and the
+    short one to ``int(short * input_size / long)``, which is 0 px (the resize fails, every inference
+    with it too) unless ``short * input_size >= long``."""
+    return int(input_size)
+
+
+def validate_image(image, expected_hw: Optional[tuple] = None, input_size: Optional[int] = None) -> np.ndarray:
+    """Decoded RGB frame: ndarray uint8 [H, W, 3], non-empty, optional expected (H, W); with the policy's
+    square ``input_size``, an aspect ratio its resize-with-pad can handle (see ``max_aspect``)."""
     if not isinstance(image, np.ndarray):
         raise BadImageError(f"image must be a numpy array, got {type(image).__name__}")
     if image.dtype != np.uint8:
@@ -62,25 +71,64 @@ def validate_image(image, expected_hw: Optional[tuple] = None) -> np.ndarray:
         raise BadImageError(f"image shape must be [H, W, 3], got {list(image.shape)}")
     if expected_hw is not None and tuple(image.shape[:2]) != tuple(expected_hw):
         raise BadImageError(f"image size {list(image.shape[:2])} != expected {list(expected_hw)}")
+    if input_size is not None:
+        h, w = image.shape[:2]
+        if min(h, w) * max_aspect(input_size) < max(h, w):
+            raise BadImageError(
+                f"image {w}x{h} (WxH) is too elongated: aspect {max(h, w) / min(h, w):.0f}:1 exceeds "
+                f"{max_aspect(input_size)}:1, the most the policy's resize-with-pad to {input_size}x{input_size} "
+                f"keeps at least 1 px of")
     return image
 
 
+def validate_instruction(text) -> str:
+    """A task the policy can be given: a string with some non-blank text (a blank one would fail every
+    inference, as the policies refuse an empty task)."""
+    if not isinstance(text, str):
+        raise ObservationError(f"instruction must be str, got {type(text).__name__}")
+    if not text.strip():
+        raise ObservationError(f"instruction {text!r} is empty or blank (no task to give the policy)")
+    return text
+
+
+# Largest joint position magnitude accepted, in whatever unit the robot reports (rad, m, mm, encoder
+# ticks up to 2**20): anything larger is a corrupt or uninitialised reading, not a pose, and float32 (what
+# the policy computes in) no longer resolves a unit above ~1.7e7 either.
+MAX_ABS_STATE = 1e6
+
+
+def _checked_float32(values: np.ndarray, names: Sequence[str]) -> np.ndarray:
+    """float64 values -> float32 copy, after rejecting NaN/inf and magnitudes above ``MAX_ABS_STATE``
+    (checked before the cast, so 1e300 is called what it is rather than the inf float32 makes of it)."""
+    bad = ~np.isfinite(values)
+    if bad.any():
+        raise BadStateError(f"non-finite joint positions: {_named(values, bad, names)}")
+    huge = np.abs(values) > MAX_ABS_STATE
+    if huge.any():
+        raise BadStateError(f"joint positions beyond +-{MAX_ABS_STATE:g} (MAX_ABS_STATE, not a physical pose): "
+                            f"{_named(values, huge, names)}")
+    return values.astype(np.float32)
+
+
+def _named(values: np.ndarray, mask: np.ndarray, names: Sequence[str]) -> dict:
+    return {names[i]: float(values[i]) for i in np.flatnonzero(mask)}
+
+
 def validate_state(state, dim: int) -> np.ndarray:
-    """State vector in policy order: 1-D, length ``dim``, finite -> float32 copy."""
+    """State vector in policy order: 1-D, length ``dim``, finite, within ``MAX_ABS_STATE`` -> float32 copy."""
     try:
-        v = np.asarray(state, dtype=np.float32)
+        v = np.asarray(state, dtype=np.float64)
     except (TypeError, ValueError) as e:
         raise BadStateError(f"state not numeric: {e}") from None
     if v.ndim != 1 or v.shape[0] != dim:
         raise BadStateError(f"state length must be {dim}, got shape {list(v.shape)}")
-    if not np.all(np.isfinite(v)):
-        raise BadStateError(f"state has non-finite values at {np.flatnonzero(~np.isfinite(v)).tolist()}")
-    return v.copy()
+    return _checked_float32(v, [f"state[{i}]" for i in range(dim)])
 
 
 class JointStateMapper:
     """Maps (names, positions) as in sensor_msgs/JointState to the policy's state order.
-    Missing joints are an error (the policy would read garbage); extra joints are ignored."""
+    Missing joints are an error (the policy would read garbage), so is a name given twice (which of
+    its positions is meant?); extra joints are ignored."""
 
     def __init__(self, policy_order: Sequence[str]):
         if len(set(policy_order)) != len(policy_order):
@@ -91,17 +139,17 @@ class JointStateMapper:
         if len(names) != len(positions):
             raise BadStateError(f"{len(names)} joint names but {len(positions)} positions")
         index = {n: i for i, n in enumerate(names)}
+        if len(index) != len(names):
+            dup = sorted({n for i, n in enumerate(names) if index[n] != i})  # index holds the last
+            raise BadStateError(f"duplicate joint names in JointState: {dup}")
         missing = [n for n in self.order if n not in index]
         if missing:
             raise MissingJointError(f"joints missing from state: {missing}")
         try:
-            out = np.array([float(positions[index[n]]) for n in self.order], dtype=np.float32)
+            out = np.array([float(positions[index[n]]) for n in self.order], dtype=np.float64)
         except (TypeError, ValueError) as e:
             raise BadStateError(f"joint position not numeric: {e}") from None
-        if not np.all(np.isfinite(out)):
-            bad = [self.order[i] for i in np.flatnonzero(~np.isfinite(out))]
-            raise BadStateError(f"non-finite joint positions: {bad}")
-        return out
+        return _checked_float32(out, self.order)
 
 
 @dataclass(frozen=True)
@@ -145,13 +193,25 @@ class _Item:
     recv_ns: int
 
 
+def check_stamp(stamp_ns: int, now_ns: int, held_stamp_ns: Optional[int], future_tolerance_ns: int,
+                what: str) -> None:
+    """The buffer's rule for a new sensor stamp (the replay's scan predicts the node's verdicts with it):
+    FutureStampError beyond ``future_tolerance_ns`` ahead of now, OutOfOrderStampError if older than the
+    stamp held for the same input; neither is stored."""
+    if stamp_ns > now_ns + future_tolerance_ns:
+        raise FutureStampError(f"{what}: stamp {(stamp_ns - now_ns) / 1e9:.3f} s in the future")
+    if held_stamp_ns is not None and stamp_ns < held_stamp_ns:
+        raise OutOfOrderStampError(f"{what}: stamp {(held_stamp_ns - stamp_ns) / 1e9:.3f} s older than held")
+
+
 class ObservationBuffer:
     """Newest message per source.  Thread-safe (callbacks may run on several threads)."""
 
     def __init__(self, cameras: Sequence[str], optional_cameras: Sequence[str] = (), *,
                  state_dim: Optional[int], max_age_ns: int, image_hw: Optional[tuple] = None,
                  future_tolerance_ns: int = 500_000_000, default_instruction: str = "",
-                 max_state_age_ns: Optional[int] = None, require_instruction: bool = False):
+                 max_state_age_ns: Optional[int] = None, require_instruction: bool = False,
+                 image_input_size: Optional[int] = None):
         names = list(cameras) + list(optional_cameras)
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate camera slots: {names}")
@@ -161,6 +221,7 @@ class ObservationBuffer:
         self.max_age_ns = int(max_age_ns)
         self.max_state_age_ns = int(max_age_ns if max_state_age_ns is None else max_state_age_ns)
         self.image_hw = tuple(image_hw) if image_hw is not None else None
+        self.image_input_size = image_input_size  # the policy's square image size (aspect check); None: any
         self.future_tolerance_ns = int(future_tolerance_ns)
         self.default_instruction = default_instruction
         self.require_instruction = bool(require_instruction)
@@ -175,15 +236,15 @@ class ObservationBuffer:
             self._state: Optional[_Item] = None
 
     def _check_stamp(self, held: Optional[_Item], stamp_ns: int, now_ns: int, what: str) -> None:
-        if stamp_ns > now_ns + self.future_tolerance_ns:
-            raise FutureStampError(f"{what}: stamp {(stamp_ns - now_ns) / 1e9:.3f} s in the future")
-        if held is not None and stamp_ns < held.stamp_ns:
-            raise OutOfOrderStampError(f"{what}: stamp {(held.stamp_ns - stamp_ns) / 1e9:.3f} s older than held")
+        check_stamp(stamp_ns, now_ns, None if held is None else held.stamp_ns, self.future_tolerance_ns, what)
 
     def put_image(self, slot: str, image, stamp_ns: int, now_ns: int) -> None:
         if slot not in self.required and slot not in self.optional:
             raise UnknownCameraError(f"unknown camera slot {slot!r}")
-        img = validate_image(image, self.image_hw)
+        try:
+            img = validate_image(image, self.image_hw, self.image_input_size)
+        except BadImageError as e:
+            raise BadImageError(f"camera {slot!r}: {e}") from None
         with self._lock:
             self._check_stamp(self._images.get(slot), int(stamp_ns), now_ns, slot)
             self._images[slot] = _Item(_readonly(img), int(stamp_ns), int(now_ns))
@@ -197,14 +258,22 @@ class ObservationBuffer:
             self._state = _Item(_readonly(v), int(stamp_ns), int(now_ns))
 
     def set_instruction(self, text: str) -> None:
-        if not isinstance(text, str):
-            raise ObservationError(f"instruction must be str, got {type(text).__name__}")
+        try:
+            validate_instruction(text)
+        except ObservationError as e:
+            raise ObservationError(f"{e}; keeping {self._instruction!r}") from None
         with self._lock:
             self._instruction = text
 
     @property
     def instruction(self) -> str:
         return self._instruction
+
+    @property
+    def latest_state(self) -> Optional[np.ndarray]:
+        """The newest accepted state (policy order, read-only) or None."""
+        st = self._state
+        return None if st is None else st.value
 
     def snapshot(self, now_ns: int) -> Union[ObservationSnapshot, StaleObservation]:
         with self._lock:
@@ -251,5 +320,6 @@ class ObservationBuffer:
 __all__ = [
     "ObservationError", "BadImageError", "BadStateError", "MissingJointError", "UnknownCameraError",
     "OutOfOrderStampError", "FutureStampError", "validate_image", "validate_state", "JointStateMapper",
+    "MAX_ABS_STATE", "max_aspect", "validate_instruction", "check_stamp",
     "ObservationSnapshot", "StaleObservation", "ObservationBuffer",
 ]

@@ -17,43 +17,44 @@ why and exits with status 1.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import Callable, Optional
 
 import numpy as np
-import rclpy
-from builtin_interfaces.msg import Duration
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-from rclpy.event_handler import SubscriptionEventCallbacks
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
-from rclpy.node import Node
-from rclpy.qos import (DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy,
-                       qos_profile_sensor_data)
-from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import Float64MultiArray, MultiArrayDimension, String
-from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
+from phyai_ros import needs_ros
+
+with needs_ros(__name__):  # the one module that needs ROS to import: a missing ROS is one clear error
+    import rclpy
+    from builtin_interfaces.msg import Duration
+    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+    from rclpy.event_handler import SubscriptionEventCallbacks
+    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+    from rclpy.node import Node
+    from sensor_msgs.msg import CompressedImage, Image, JointState
+    from std_msgs.msg import Float64MultiArray, MultiArrayDimension, String
+    from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+    from phyai_ros.msg import ActionChunk, ControlMargin
+
+from phyai_ros import diagnostics
 from phyai_ros.control import CallableClock, ControlConfig, ControlLoop, stamp_to_ns
-from phyai_ros.messages import ChunkData, chunk_to_msg, margin_to_msg, ns_to_time
-from phyai_ros.msg import ActionChunk, ControlMargin
+from phyai_ros.messages import chunk_to_msg, margin_to_msg, ns_to_time
 from phyai_ros.node.images import ImageConverter, ImageDecodeError
 from phyai_ros.node.parameters import declare_and_read
+from phyai_ros.node.qos import LATCHED, RELIABLE, SENSOR
 from phyai_ros.policies import build_policy
 
-NODE_NAME = "phyai_policy"
-RELIABLE = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
-LATCHED = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST,
-                     durability=DurabilityPolicy.TRANSIENT_LOCAL)
 _LEVEL_BYTES = {0: DiagnosticStatus.OK, 1: DiagnosticStatus.WARN, 2: DiagnosticStatus.ERROR}
 # Counters whose growth during a diagnostics period turns the input status to WARN.
 _INPUT_PROBLEMS = ("stale_snapshots", "bad_image", "bad_state", "missing_joint", "unknown_camera", "bad_input",
                    "out_of_order", "future_stamp", "clock_jumps", "inference_errors", "bad_chunks",
-                   "deadline_misses", "callback_errors")
+                   "deadline_misses", "callback_errors", "truncated_instructions")
 
 
-def control_config(p: dict) -> ControlConfig:
-    """Node parameters -> the control loop's configuration."""
+def control_config(p: dict, image_input_size: Optional[int] = None) -> ControlConfig:
+    """Node parameters (and the policy's square image input size) -> the control loop's configuration."""
     slots, required = p["cameras.slots"], p["cameras.required"]
     return ControlConfig(
         dt=p["control.dt"], horizon=p["control.horizon"], action_dim=len(p["control.action_names"]),
@@ -69,12 +70,13 @@ def control_config(p: dict) -> ControlConfig:
         margin_window=p["margin.window"], eps=p["margin.eps"], confidence=p["margin.confidence"],
         min_samples=p["margin.min_samples"], error_p_threshold=p["margin.error_probability"],
         error_consecutive_misses=p["margin.error_consecutive_misses"], model_id=p["model.id"],
+        image_input_size=image_input_size,
     )
 
 
 class PolicyNode(Node):
     def __init__(self, **kwargs):
-        super().__init__(NODE_NAME, **kwargs)
+        super().__init__(diagnostics.NODE_NAME, **kwargs)
         self.p = declare_and_read(self)
         self._names = list(self.p["control.action_names"])
         self._images = ImageConverter()
@@ -82,12 +84,13 @@ class PolicyNode(Node):
         self._last_counters: dict[str, int] = {}
 
         t = time.monotonic()
-        self.policy = build_policy(self.p, logger=self.get_logger())
+        self.policy = build_policy(self.p)
         self.get_logger().info(f"policy {self.p['model.id']} ready in {time.monotonic() - t:.1f} s "
                                f"({self.p['model.device']}, {self.p['model.dtype']})")
 
         self._make_publishers()
-        self.loop = ControlLoop(control_config(self.p), self.policy,
+        image_size = self.policy.adapter.config.siglip.image_size
+        self.loop = ControlLoop(control_config(self.p, image_size), self.policy,
                                 clock=CallableClock(lambda: self.get_clock().now().nanoseconds),
                                 on_chunk=self._publish_chunk, on_margin=self._publish_margin,
                                 on_event=self._on_event)
@@ -123,9 +126,9 @@ class PolicyNode(Node):
             msg_type = CompressedImage if compressed else Image
             self.create_subscription(msg_type, topic, self._guarded(f"camera {slot}",
                                                                     self._camera_callback(slot, compressed)),
-                                     qos_profile_sensor_data)
+                                     SENSOR)
         self.create_subscription(JointState, p["state.topic"], self._guarded("joint state", self._on_joint_state),
-                                 qos_profile_sensor_data)
+                                 SENSOR)
         # The instruction is latched: a transient-local subscription gets the last instruction of a
         # publisher that started earlier. A volatile publisher (a plain `ros2 topic pub`, a bag replay)
         # cannot match it, so a second, volatile subscription takes those; a latched publisher matches
@@ -138,14 +141,15 @@ class PolicyNode(Node):
     # -- inputs ---------------------------------------------------------------------------------
     def _camera_callback(self, slot: str, compressed: bool):
         decode = self._images.from_compressed if compressed else self._images.from_image
+        topic = dict(zip(self.p["cameras.slots"], self.p["cameras.topics"]))[slot]
 
         def callback(msg) -> None:
             try:
                 rgb = decode(msg)
             except ImageDecodeError as exc:
-                self.loop.report_bad_input("bad_image", f"{slot}: {exc}")
+                self.loop.report_bad_input("bad_image", f"camera {slot!r} on {topic}: {exc}")
                 return
-            self.loop.on_image(slot, rgb, stamp_to_ns(msg.header.stamp.sec, msg.header.stamp.nanosec))
+            self.loop.on_image(slot, rgb, stamp_to_ns(msg.header.stamp))
 
         return callback
 
@@ -155,10 +159,21 @@ class PolicyNode(Node):
                                                     f"{len(msg.position)} positions")
             return
         self.loop.on_joint_state(list(msg.name), np.asarray(msg.position, dtype=np.float64),
-                                 stamp_to_ns(msg.header.stamp.sec, msg.header.stamp.nanosec))
+                                 stamp_to_ns(msg.header.stamp))
 
     def _on_instruction(self, msg: String) -> None:
-        self.loop.on_instruction(msg.data)
+        """A new task (a blank one is refused by the loop). One too long for the prompt's token budget is
+        accepted, since the policy cuts the task and never the state, and counted once, here."""
+        text = msg.data
+        if text == self.loop.buffer.instruction or not self.loop.on_instruction(text):
+            return  # the same text again (latched and volatile subscriptions both take it), or refused
+        prompt, cut = self.policy.adapter.fit_task(text, self.loop.buffer.latest_state)
+        if cut:
+            budget = self.policy.adapter.config.token_budget
+            self.loop.report_bad_input("truncated_instructions",
+                                       f"instruction of {len(text)} characters does not fit the {budget}-token "
+                                       f"prompt; the policy gets its start only (prompt {prompt[:120]!r}...), the "
+                                       "state is kept")
 
     # -- outputs --------------------------------------------------------------------------------
     def _tick(self) -> None:
@@ -183,11 +198,7 @@ class PolicyNode(Node):
         """Runs on the inference worker thread, right after the chunk is handed to the timer. Takes no
         lock the executor thread could wait on (rcl publishers are thread-safe, and only this thread
         publishes chunks)."""
-        data = ChunkData(seq=chunk.seq, t0_ns=chunk.t0_ns, observation_ns=chunk.observation_stamp_ns,
-                         dt=chunk.dt_ns * 1e-9, actions=chunk.actions, frozen_prefix=chunk.d,
-                         action_names=tuple(self._names), model_id=chunk.model_id,
-                         inference_latency=chunk.latency.inference)
-        self.chunk_pub.publish(chunk_to_msg(data))
+        self.chunk_pub.publish(chunk_to_msg(dataclasses.replace(chunk, action_names=tuple(self._names))))
         if self.chunk_traj_pub is not None:
             self.chunk_traj_pub.publish(self._chunk_trajectory(chunk))
 
@@ -201,13 +212,8 @@ class PolicyNode(Node):
                                                    time_from_start=Duration(sec=sec, nanosec=nanosec)))
         return msg
 
-    def _publish_margin(self, r) -> None:
-        values = dict(budget=r.B_ctrl, latency_observe=r.L_observe, latency_transfer=r.L_transfer,
-                      latency_queue=r.L_queue, latency_inference=r.L_inference, latency_actuate=r.L_actuate,
-                      margin=r.margin, margin_p50=r.p50, margin_p95=r.p95, margin_p99=r.p99,
-                      window_size=r.n, p_nonnegative=r.p_nonneg, p_nonnegative_lower=r.p_nonneg_lower,
-                      target=r.target, level=r.level, message=r.message, roofline_x=r.X, roofline_y=r.Y)
-        self.margin_pub.publish(margin_to_msg(max(0, r.stamp_ns), values))
+    def _publish_margin(self, report) -> None:
+        self.margin_pub.publish(margin_to_msg(report))
 
     def _on_event(self, kind: str, detail: str) -> None:
         """Log each kind of event at most every 2 s (counters keep the exact numbers)."""
@@ -222,22 +228,19 @@ class PolicyNode(Node):
         grown = [k for k in _INPUT_PROBLEMS if counters.get(k, 0) > self._last_counters.get(k, 0)]
         self._last_counters = counters
 
-        margin = DiagnosticStatus(name=f"{NODE_NAME}: control margin", hardware_id=self.p["model.id"])
-        if report is None:
-            margin.level, margin.message = DiagnosticStatus.WARN, "no chunk yet"
-        else:
-            margin.level, margin.message = _LEVEL_BYTES[report.level], report.message
-            margin.values = [KeyValue(key=k, value=f"{v:.6g}") for k, v in (
-                ("margin_s", report.margin), ("margin_p50_s", report.p50), ("margin_p99_s", report.p99),
-                ("p_nonnegative", report.p_nonneg), ("p_nonnegative_lower", report.p_nonneg_lower),
-                ("target", report.target), ("inference_s", report.L_inference), ("roofline_x", report.X),
-                ("roofline_y", report.Y))]
-        inputs = DiagnosticStatus(name=f"{NODE_NAME}: inputs and loop", hardware_id=self.p["model.id"])
+        name = self.get_name()
+        margin = DiagnosticStatus(name=diagnostics.status_name(name, diagnostics.MARGIN_STATUS),
+                                  hardware_id=self.p["model.id"])
+        level, margin.message = self.loop.health()
+        margin.level = _LEVEL_BYTES[level]
+        margin.values = [KeyValue(key=k, value=f"{v:.6g}") for k, v in diagnostics.margin_values(
+            report, self.loop.delivery.summary(), self.loop.clock_rate.rate())]
+        inputs = DiagnosticStatus(name=diagnostics.status_name(name, diagnostics.LOOP_STATUS),
+                                  hardware_id=self.p["model.id"])
         inputs.level = DiagnosticStatus.WARN if grown else DiagnosticStatus.OK
         inputs.message = ("problems this period: " + ", ".join(grown)) if grown else "ok"
-        inputs.values = [KeyValue(key=k, value=str(v)) for k, v in counters.items()]
-        inputs.values += [KeyValue(key="delay_estimate_ticks", value=str(self.loop.delay_estimate())),
-                          KeyValue(key="inference_in_flight", value=str(self.loop.inference_in_flight).lower())]
+        inputs.values = [KeyValue(key=k, value=v) for k, v in diagnostics.loop_values(
+            counters, self.loop.delay_estimate(), self.loop.inference_in_flight)]
         array = DiagnosticArray(status=[margin, inputs])
         array.header.stamp = self.get_clock().now().to_msg()
         self.diag_pub.publish(array)
@@ -258,7 +261,7 @@ def main(args: Optional[list] = None) -> int:
         except (KeyboardInterrupt, ExternalShutdownException):
             raise
         except Exception as exc:  # noqa: BLE001 - any start-up failure ends here, explained
-            rclpy.logging.get_logger(NODE_NAME).fatal(f"cannot start: {type(exc).__name__}: {exc}")
+            rclpy.logging.get_logger(diagnostics.NODE_NAME).fatal(f"cannot start: {type(exc).__name__}: {exc}")
             return 1
         executor = SingleThreadedExecutor()
         executor.add_node(node)

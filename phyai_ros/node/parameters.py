@@ -6,11 +6,13 @@ change under a running node (all are read at start, so all are read-only).
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from phyai_ros import needs_ros
+from phyai_ros.control.loop import ControlConfig
 
 if TYPE_CHECKING:
     from rcl_interfaces.msg import ParameterDescriptor
@@ -22,6 +24,11 @@ class Spec:
     description: str
     range: Optional[tuple[float, float]] = None
     choices: tuple[str, ...] = ()
+
+
+def _loop(field: str) -> Any:
+    """The control loop's default for a parameter that configures it: ControlConfig is its one source."""
+    return next(f.default for f in dataclasses.fields(ControlConfig) if f.name == field)
 
 
 # name -> spec; dotted names become nested YAML keys under ros__parameters.
@@ -54,7 +61,7 @@ SPECS: dict[str, Spec] = {
     "cameras.required": Spec([True, True, False],
                              "per slot: a required camera that is missing or old makes the observation stale; "
                              "an optional one is masked out instead"),
-    "max_observation_age": Spec(0.25, "a required camera older than this (s) makes the observation stale",
+    "max_observation_age": Spec(_loop("max_observation_age"), "a required camera older than this (s) makes the observation stale",
                                 range=(0.001, 10.0)),
     # State and instruction
     "state.topic": Spec("joint_states", "sensor_msgs/JointState topic"),
@@ -62,20 +69,20 @@ SPECS: dict[str, Spec] = {
                               "joint names in the policy's state order"),
     "state.max_age": Spec(0.25, "state older than this (s) makes the observation stale", range=(0.001, 10.0)),
     "instruction.topic": Spec("instruction", "std_msgs/String topic (transient local)"),
-    "instruction.default": Spec("", "instruction used until one arrives; empty waits for one"),
+    "instruction.default": Spec(_loop("default_instruction"), "instruction used until one arrives; empty waits for one"),
     # Control
     "control.dt": Spec(0.02, "action period (s); the action timer runs at 1/dt", range=(0.001, 1.0)),
     "control.horizon": Spec(50, "actions per chunk (H)", range=(1, 1000)),
     "control.action_names": Spec(["joint_0", "joint_1", "joint_2", "joint_3", "joint_4", "joint_5", "gripper"],
                                  "names of the D action values, in the policy's action order"),
-    "control.deadline_policy": Spec("hold_last", "what the timer does when the chunk runs out",
+    "control.deadline_policy": Spec(_loop("deadline_policy"), "what the timer does when the chunk runs out",
                                     choices=("hold_last", "stop", "extrapolate_tail")),
     # Real-time chunking
-    "rtc.mode": Spec("guided", "real-time chunking mode", choices=("guided", "trained", "off")),
-    "rtc.schedule": Spec("exp", "soft-mask schedule over the overlap", choices=("exp", "linear")),
-    "rtc.overlap": Spec(5, "s: the next inference starts when this many actions of the current chunk remain "
+    "rtc.mode": Spec(_loop("rtc_mode"), "real-time chunking mode", choices=("guided", "trained", "off")),
+    "rtc.schedule": Spec(_loop("rtc_schedule"), "soft-mask schedule over the overlap", choices=("exp", "linear")),
+    "rtc.overlap": Spec(_loop("rtc_overlap"), "s: the next inference starts when this many actions of the current chunk remain "
                            "beyond the expected delay d", range=(0, 1000)),
-    "rtc.delay_quantile": Spec(0.95, "quantile of measured latency used as the expected delay d",
+    "rtc.delay_quantile": Spec(_loop("delay_quantile"), "quantile of measured latency used as the expected delay d",
                                range=(0.5, 1.0)),
     "rtc.jacobian": Spec("identity", "guided RTC correction: 'identity' (LeRobot's form, captured in the CUDA "
                                      "graph) or 'vjp' (the paper's vector-Jacobian product: one backward pass "
@@ -90,13 +97,13 @@ SPECS: dict[str, Spec] = {
                                               "(for ros2_control's joint_trajectory_controller)"),
     "output.margin_topic": Spec("control_margin", "phyai_ros/ControlMargin topic"),
     # Margin monitor
-    "margin.window": Spec(500, "chunks in the sliding statistics window", range=(1, 100000)),
-    "margin.eps": Spec(0.01, "budget: P(M_ctrl >= 0) >= 1 - eps", range=(0.0, 1.0)),
-    "margin.confidence": Spec(0.95, "confidence of the lower bound on P(M_ctrl >= 0)", range=(0.5, 0.9999)),
-    "margin.min_samples": Spec(20, "chunks needed in the window before the status can be OK", range=(1, 100000)),
-    "margin.error_probability": Spec(0.8, "ERROR when the estimated P(M_ctrl >= 0) falls below this; between "
+    "margin.window": Spec(_loop("margin_window"), "chunks in the sliding statistics window", range=(1, 100000)),
+    "margin.eps": Spec(_loop("eps"), "budget: P(M_ctrl >= 0) >= 1 - eps", range=(0.0, 1.0)),
+    "margin.confidence": Spec(_loop("confidence"), "confidence of the lower bound on P(M_ctrl >= 0)", range=(0.5, 0.9999)),
+    "margin.min_samples": Spec(_loop("min_samples"), "chunks needed in the window before the status can be OK", range=(1, 100000)),
+    "margin.error_probability": Spec(_loop("error_p_threshold"), "ERROR when the estimated P(M_ctrl >= 0) falls below this; between "
                                           "this and an OK lower bound the status is WARN", range=(0.0, 1.0)),
-    "margin.error_consecutive_misses": Spec(3, "ERROR when this many chunks in a row had M_ctrl < 0",
+    "margin.error_consecutive_misses": Spec(_loop("error_consecutive_misses"), "ERROR when this many chunks in a row had M_ctrl < 0",
                                             range=(1, 1000)),
     "diagnostics.period": Spec(1.0, "seconds between /diagnostics reports", range=(0.001, 60.0)),
 }

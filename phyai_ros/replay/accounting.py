@@ -39,7 +39,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from phyai_ros.replay.bagtypes import NS
+from phyai_ros.control.clock import NS_PER_S
 from phyai_ros.replay.scan import Item, Session
 
 CATEGORIES = ("used", "superseded", "stale", "rejected", "not_played")
@@ -139,7 +139,7 @@ def account(session: Session, snapshots: Sequence[Snapshot], *, played: int, end
         if it is None:
             return False
         age = node.max_age(it.out_topic)
-        return age is None or it.stamp_ns is None or t - it.stamp_ns <= age * NS
+        return age is None or it.stamp_ns is None or t - it.stamp_ns <= age * NS_PER_S
 
     for snap in snapshots:
         t, e = snap.taken_ns, snap.epoch
@@ -188,7 +188,7 @@ def account(session: Session, snapshots: Sequence[Snapshot], *, played: int, end
                 verdicts[it.index] = Verdict("used", f"chunk {used[it.index]}")
                 continue
             nxt = lst[k + 1] if k + 1 < len(lst) else None
-            limit = None if age is None or it.stamp_ns is None else it.stamp_ns + int(age * NS)
+            limit = None if age is None or it.stamp_ns is None else it.stamp_ns + int(age * NS_PER_S)
             if nxt is not None and (limit is None or nxt.sim_ns <= limit):
                 verdicts[it.index] = Verdict("superseded")
             elif nxt is not None:

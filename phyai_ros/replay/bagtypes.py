@@ -25,7 +25,6 @@ from phyai_ros import needs_ros
 
 PACKAGE = "phyai_ros"
 CUSTOM_MESSAGES = ("ActionChunk", "ControlMargin")
-NS = 1_000_000_000
 
 
 def _candidate_msg_dirs() -> Iterable[Path]:
@@ -195,9 +194,5 @@ def parse_remaps(items: Optional[Iterable[str]]) -> dict:
     return out
 
 
-def stamp_ns(stamp) -> int:
-    return int(stamp.sec) * NS + int(stamp.nanosec)
-
-
 __all__ = ["typestore", "msg_dir", "registered_msgtype", "UnknownMessageType", "open_bag", "recovered_files",
-           "absolute_topic", "parse_remaps", "stamp_ns", "NS"]
+           "absolute_topic", "parse_remaps"]

@@ -24,7 +24,8 @@ from typing import Optional, Sequence
 
 from phyai_ros.diagnostics import NODE_NAME
 from phyai_ros.replay.accounting import CATEGORIES
-from phyai_ros.replay.bagtypes import NS, parse_remaps
+from phyai_ros.control.clock import NS_PER_S
+from phyai_ros.replay.bagtypes import parse_remaps
 from phyai_ros.replay.player import MODES, ReplayOptions, ReplayResult, _json_default
 
 
@@ -112,7 +113,7 @@ def format_summary(r: ReplayResult) -> str:
         lines.append(f"  events ({len(r.events)}):")
         t0 = min((i.log_ns for i in s.items), default=0)
         for e in r.events[:40]:
-            at = f"t={(e.log_ns - t0) / NS:8.3f}s " if e.log_ns is not None else " " * 13
+            at = f"t={(e.log_ns - t0) / NS_PER_S:8.3f}s " if e.log_ns is not None else " " * 13
             lines.append(f"    {at}{e.kind:<22} {e.topic + ': ' if e.topic else ''}{e.detail}")
         if len(r.events) > 40:
             lines.append(f"    ... {len(r.events) - 40} more (see /replay/events in the output bag)")

@@ -100,7 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help=f"also replay the bag at {STRESS_RATE:g}x real time, an overload: the monitor must say ERROR")
     a = ap.parse_args(argv)
 
-    from phyai_ros.testing import make_small_checkpoint, tokenizer_path, fixtures_dir
+    from phyai_ros.fixtures import fixtures_dir, make_small_checkpoint, tokenizer_path
     t_start = time.monotonic()
 
     def say(msg: str) -> None:
@@ -144,7 +144,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from phyai_ros.replay.cli import format_summary, run_replay
     from phyai_ros.replay.player import ReplayOptions
-    from phyai_ros.testing import PolicyNode
+    from phyai_ros.replay.nodeproc import PolicyNode
     overrides = {"control.dt": dt, "control.horizon": horizon}
 
     def replay_once(name: str, rate: float):

@@ -32,11 +32,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import cv2
 import numpy as np
 
-from phyai_ros.replay.bagtypes import NS, typestore
+from phyai_ros.control.clock import NS_PER_S
+from phyai_ros.replay.bagtypes import typestore
 
 DEFAULT_JOINTS = ("joint_0", "joint_1", "joint_2", "joint_3", "joint_4", "joint_5", "joint_6", "gripper")
 DEFAULT_INSTRUCTION = "pick up the red cube and put it in the blue bowl"
-DEFAULT_START_NS = 1_795_000_000 * NS  # 2026-11-16, an arbitrary session start
+DEFAULT_START_NS = 1_795_000_000 * NS_PER_S  # 2026-11-16, an arbitrary session start
 
 
 @dataclass(frozen=True)
@@ -253,11 +254,11 @@ def make_demo_bag(path, config: Optional[DemoBagConfig] = None, **overrides) -> 
     record_clock = cfg.record_clock or bool(f.clock_jumps)
 
     def tmsg(ns: int):
-        sec, nsec = divmod(int(ns), NS)
+        sec, nsec = divmod(int(ns), NS_PER_S)
         return Time(sec=sec, nanosec=nsec)
 
     def to_ns(t: float) -> int:
-        return cfg.start_ns + int(round(t * NS))
+        return cfg.start_ns + int(round(t * NS_PER_S))
 
     # Events: (log time s, order, topic, kind, capture time s)
     events: List[tuple] = []

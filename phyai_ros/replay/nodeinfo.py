@@ -24,8 +24,9 @@ PARAMETER_NAMES = (
     "state.topic", "state.joint_names", "state.max_age", "instruction.topic", "control.dt", "control.horizon",
     "output.command_topic", "output.command_type", "output.chunk_topic", "output.chunk_trajectory_topic",
     "output.margin_topic", "diagnostics.period", "margin.eps", "margin.confidence", "margin.min_samples",
-    "margin.error_probability", "model.id",
+    "margin.error_probability", "margin.error_consecutive_misses", "model.id",
 )
+_LOOP = ControlConfig.__dataclass_fields__  # the margin rules' defaults: the loop's, not copies
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,11 @@ class NodeInfo:
     command_topic: str
     command_type: str
     chunk_trajectory_topic: str
-    eps: float = 0.05
-    confidence: float = 0.9
-    min_samples: int = 20
-    error_probability: float = 0.8
+    eps: float = _LOOP["eps"].default
+    confidence: float = _LOOP["confidence"].default
+    min_samples: int = _LOOP["min_samples"].default
+    error_probability: float = _LOOP["error_p_threshold"].default
+    error_consecutive_misses: int = _LOOP["error_consecutive_misses"].default
     model_id: str = ""
     name: str = NODE_NAME
     use_sim_time: Optional[bool] = None
@@ -87,6 +89,7 @@ class NodeInfo:
             chunk_trajectory_topic=absolute_topic(traj) if traj else "",
             eps=float(v["margin.eps"]), confidence=float(v["margin.confidence"]),
             min_samples=int(v["margin.min_samples"]), error_probability=float(v["margin.error_probability"]),
+            error_consecutive_misses=int(v["margin.error_consecutive_misses"]),
             model_id=str(v["model.id"]),
             name=name, use_sim_time=p.get("use_sim_time"), source=source, params=dict(v))
 
@@ -140,7 +143,7 @@ class NodeInfo:
                 "chunk_topic": self.chunk_topic, "margin_topic": self.margin_topic,
                 "chunk_trajectory_topic": self.chunk_trajectory_topic, "eps": self.eps, "confidence": self.confidence,
                 "min_samples": self.min_samples, "error_probability": self.error_probability,
-                "model_id": self.model_id}
+                "error_consecutive_misses": self.error_consecutive_misses, "model_id": self.model_id}
 
 
 def load_params_file(path, name: str = NODE_NAME) -> Dict[str, Any]:

@@ -158,5 +158,31 @@ class PolicyNodeProcess(DrainedProcess):
         return NODE_NAME
 
 
-__all__ = ["DrainedProcess", "PolicyNodeProcess", "node_info_for", "default_params_file", "param_arg", "parse_param_args",
+class PolicyNode(PolicyNodeProcess):
+    """The policy node in a subprocess, ready to be replayed into.
+
+    ``params_file``: default ``config/pi05_cpu_test.yaml``; ``checkpoint`` / ``tokenizer``: set
+    ``model.checkpoint`` / ``model.tokenizer``; ``overrides``: more ``-p`` parameters; ``stepped``
+    (default True): one /diagnostics report per control tick, which stepped replay needs (the
+    node then needs ``control.dt`` >= 0.05, the smallest ``diagnostics.period`` it accepts); with
+    ``stepped=False`` (real-time replay) it reports at 10 Hz."""
+
+    def __init__(self, params_file=None, *, checkpoint=None, tokenizer=None,
+                 overrides: Optional[Mapping[str, Any]] = None, remaps: Optional[Mapping[str, str]] = None,
+                 stepped: bool = True, log_path=None):
+        params_file = Path(params_file) if params_file else default_params_file()
+        ov: Dict[str, Any] = dict(overrides or {})
+        if checkpoint is not None:
+            ov["model.checkpoint"] = str(checkpoint)
+        if tokenizer is not None:
+            ov["model.tokenizer"] = str(tokenizer)
+        if "diagnostics.period" not in ov:
+            # stepped: one report per tick (needed); real time: 10 Hz, so the replay's session
+            # counters end within 0.1 s of the last message
+            ov["diagnostics.period"] = (ov.get("control.dt", load_params_file(params_file).get("control.dt", 0.05))
+                                        if stepped else 0.1)
+        super().__init__(params_file, overrides=ov, remaps=remaps, use_sim_time=True, log_path=log_path)
+
+
+__all__ = ["DrainedProcess", "PolicyNodeProcess", "PolicyNode", "node_info_for", "default_params_file", "param_arg", "parse_param_args",
            "PACKAGE_ROOT"]

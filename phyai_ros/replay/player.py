@@ -39,7 +39,8 @@ import numpy as np
 from phyai_ros.replay.accounting import Accounting, Snapshot, account
 from phyai_ros import diagnostics, needs_ros
 from phyai_ros.diagnostics import NODE_NAME
-from phyai_ros.replay.bagtypes import NS, UnknownMessageType, registered_msgtype, stamp_ns, typestore
+from phyai_ros.control.clock import NS_PER_S, stamp_to_ns
+from phyai_ros.replay.bagtypes import UnknownMessageType, registered_msgtype, typestore
 from phyai_ros.replay.nodeinfo import NodeInfo, query_node
 from phyai_ros.replay.scan import CLOCK_TOPIC, Event, Session, iter_bag
 
@@ -82,6 +83,24 @@ class Received:
     bag_ns: int = 0   # input-bag time at receipt (the output bag's timestamp)
 
 
+@dataclass(frozen=True)
+class SessionBounds:
+    """Where the recorded session lies in a replay: the replay clock at its first and last played
+    message and at the node's first report after the last one, and the input-bag times of those
+    messages (the output bag's timeline).  None where no message was played."""
+
+    start_ns: Optional[int] = None
+    end_ns: Optional[int] = None
+    report_ns: Optional[int] = None
+    start_bag_ns: Optional[int] = None
+    end_bag_ns: Optional[int] = None
+
+    def to_dict(self) -> dict:
+        """The replay summary's keys (what ``report`` reads back)."""
+        return {"session_start_ns": self.start_ns, "session_end_ns": self.end_ns, "session_report_ns": self.report_ns,
+                "session_start_bag_ns": self.start_bag_ns, "session_end_bag_ns": self.end_bag_ns}
+
+
 @dataclass
 class ReplayResult:
     """Everything a replay produced, as Python objects (also written to the output bag)."""
@@ -89,8 +108,8 @@ class ReplayResult:
     session: Session
     options: ReplayOptions
     out_path: Optional[Path]
-    chunks: List[Received]            # msg: phyai_ros.messages.ChunkData
-    margins: List[Received]           # msg: dict (phyai_ros.messages.msg_to_margin)
+    chunks: List[Received]            # msg: phyai_ros.control.ActionChunk
+    margins: List[Received]           # msg: phyai_ros.control.MarginReport
     commands: List[Received]          # msg: (slot stamp ns or None, np.ndarray action)
     diagnostics: List[Received]       # msg: dict(stamp_ns, counters, margin_level, margin_message, inputs_level)
     events: List[Event]
@@ -101,7 +120,7 @@ class ReplayResult:
     wall_s: float
     lag_ms: Dict[str, float] = field(default_factory=dict)
     snapshots: List[Snapshot] = field(default_factory=list)
-    session_ns: tuple = (None,) * 5   # replay clock at the first / last message, of the session's last
+    session_bounds: SessionBounds = field(default_factory=SessionBounds)
     tail_counters: Dict[str, int] = field(default_factory=dict)  # last node report; counters after the bag ended
 
     @property
@@ -122,9 +141,7 @@ class ReplayResult:
             "topics": s.topics, "chunks": len(self.chunks), "margins": len(self.margins),
             "commands": len(self.commands), "diagnostics": len(self.diagnostics),
             "node_counters": self.node_counters, "tail_counters": self.tail_counters,
-            "session_start_ns": self.session_ns[0], "session_end_ns": self.session_ns[1],
-            "session_report_ns": self.session_ns[2], "session_start_bag_ns": self.session_ns[3],
-            "session_end_bag_ns": self.session_ns[4], "accounting": self.accounting.to_dict(s.items),
+            **self.session_bounds.to_dict(), "accounting": self.accounting.to_dict(s.items),
             "events": [e.to_dict() for e in self.events], "out": str(self.out_path) if self.out_path else None,
         }
 
@@ -142,7 +159,7 @@ def ros_type(msgtype: str):
 
 def parse_diagnostics(msg) -> Optional[dict]:
     """The policy node's /diagnostics report as a dict (``phyai_ros.diagnostics.parse``), or None."""
-    return diagnostics.parse(msg, stamp_ns(msg.header.stamp))
+    return diagnostics.parse(msg, stamp_to_ns(msg.header.stamp))
 
 
 class _Output:
@@ -246,13 +263,14 @@ class ReplayNode:
 class _Replay:
     def __init__(self, rn: ReplayNode, session: Session, out_path, options: ReplayOptions,
                  alive: Optional[Callable[[], bool]], log: Callable[[str], None]):
-        from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
         from rosgraph_msgs.msg import Clock
+
+        from phyai_ros.node.qos import LATCHED, RELIABLE, reliable_depth
         self.rn, self.s, self.o, self.log = rn, session, options, log
         self.alive = alive or (lambda: True)
         node = rn.node
         self.info = session.node
-        self.dt_ns = int(round(self.info.dt * NS))
+        self.dt_ns = int(round(self.info.dt * NS_PER_S))
         self.events: List[Event] = list(session.events)
         self._cond = threading.Condition()
         self._seq = 0
@@ -270,11 +288,7 @@ class _Replay:
         self.out = _Output(Path(out_path), options.out_storage) if out_path is not None else None
         self.ClockMsg = Clock
 
-        reliable = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
-        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST,
-                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
-        self.clock_pub = node.create_publisher(Clock, CLOCK_TOPIC, QoSProfile(
-            depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST))
+        self.clock_pub = node.create_publisher(Clock, CLOCK_TOPIC, reliable_depth(1))
         self.pubs: Dict[str, Any] = {}
         unavailable = set()
         for topic, meta in session.topics.items():
@@ -286,8 +300,8 @@ class _Replay:
             except (ImportError, AttributeError, ValueError, UnknownMessageType):
                 unavailable.add(topic)
                 continue
-            qos = latched if (out_topic == self.info.instruction_topic or _recorded_latched(session, topic)) \
-                else reliable
+            qos = LATCHED if (out_topic == self.info.instruction_topic or _recorded_latched(session, topic)) \
+                else RELIABLE
             self.pubs[out_topic] = node.create_publisher(cls, out_topic, qos)
         for it in session.items:
             if it.topic in unavailable and it.publish:
@@ -299,7 +313,7 @@ class _Replay:
 
         # outputs
         self._subs = []
-        record_qos = QoSProfile(depth=200, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+        record_qos = reliable_depth(200)
         for topic, msgtype in self.info.output_types().items():
             cls = ros_type(msgtype)
             if self.out is not None:
@@ -327,7 +341,7 @@ class _Replay:
                 return parse_diagnostics(msg)
             if topic == info.command_topic:
                 if hasattr(msg, "points"):
-                    return (stamp_ns(msg.header.stamp), np.asarray(msg.points[0].positions if msg.points else [],
+                    return (stamp_to_ns(msg.header.stamp), np.asarray(msg.points[0].positions if msg.points else [],
                                                                    dtype=np.float64))
                 return (None, np.asarray(msg.data, dtype=np.float64))
             return None
@@ -376,7 +390,7 @@ class _Replay:
         self.bag_ns = max(self.bag_ns, int(t_ns) + self._offset)
         self.clock_ns = int(t_ns)
         msg = self.ClockMsg()
-        msg.clock.sec, msg.clock.nanosec = divmod(int(t_ns), NS)
+        msg.clock.sec, msg.clock.nanosec = divmod(int(t_ns), NS_PER_S)
         self.clock_pub.publish(msg)
 
     def _publish(self, item, raw: bytes) -> None:
@@ -426,7 +440,7 @@ class _Replay:
             if self._wait(lambda: t in self._diag_by_stamp, 2.0, republish=t):
                 return self._diag_by_stamp[t]
             with self._cond:
-                foreign = [d.msg["stamp_ns"] for d in self.diags if abs(d.msg["stamp_ns"] - t) > 60 * NS]
+                foreign = [d.msg["stamp_ns"] for d in self.diags if abs(d.msg["stamp_ns"] - t) > 60 * NS_PER_S]
             if len(foreign) >= 2:
                 raise RuntimeError("the policy node does not follow /clock (its reports carry another time): "
                                    "start it with -p use_sim_time:=true")
@@ -444,7 +458,7 @@ class _Replay:
             raise ValueError(f"{s.path}: nothing to play")
         self.rn.wait_for_node(o.startup_timeout, self.alive)
         start_sim = s.start_sim
-        t0 = ((start_sim - int(o.preroll * NS)) // self.dt_ns) * self.dt_ns
+        t0 = ((start_sim - int(o.preroll * NS_PER_S)) // self.dt_ns) * self.dt_ns
         w_start = time.monotonic()
         baseline = self._sync_start(t0)
         self.log(f"replay: node follows /clock; playing {len(s.items)} messages ({o.mode}"
@@ -522,7 +536,7 @@ class _Replay:
             while jumps and jumps[0][0] <= item.log_ns:
                 _, before, after = jumps.pop(0)
                 target = (after // dt) * dt
-                self._add_event(Event("clock_jump_played", f"replay clock jumped {(target - cur) / NS:+.3f} s",
+                self._add_event(Event("clock_jump_played", f"replay clock jumped {(target - cur) / NS_PER_S:+.3f} s",
                                          sim_ns=target, log_ns=item.log_ns, source="replay"))
                 if after < before:
                     # The node resets its timers on a jump back to (new time + period).  Land the jump on
@@ -551,7 +565,7 @@ class _Replay:
                 self._publish(item, raw)
                 pending = True
             stats["played"] += 1
-        end = s.end_sim + int(self.o.tail * NS)
+        end = s.end_sim + int(self.o.tail * NS_PER_S)
         while cur + dt <= end:
             cur += dt
             self._tick(cur, pending, stats)
@@ -566,7 +580,7 @@ class _Replay:
         """Bag times (ns) at which /clock is published besides the messages: every 1/clock_hz and
         where the replay clock crosses a control-grid instant."""
         tm, dt = self.s.time_map, self.dt_ns
-        step = int(NS / self.o.clock_hz)
+        step = int(NS_PER_S / self.o.clock_hz)
         uniform = np.arange(log_start, log_end + 1, step, dtype=np.int64)
         if tm.identity:
             grid = np.arange(((log_start // dt) + 1) * dt, log_end + 1, dt, dtype=np.int64)
@@ -589,12 +603,12 @@ class _Replay:
         first_log = min(it.log_ns for it in s.items)
         # the bag time whose replay clock is t0 (identity map: t0 itself)
         log0 = first_log - (tm(first_log) - t0)
-        log_end = max(it.log_ns for it in s.items) + int(o.tail * NS)
+        log_end = max(it.log_ns for it in s.items) + int(o.tail * NS_PER_S)
         plan = self._clock_plan(log0, log_end)
         wall0 = time.monotonic()
 
         def wait_until(log_ns: int) -> float:
-            target = wall0 + (log_ns - log0) / NS / o.rate
+            target = wall0 + (log_ns - log0) / NS_PER_S / o.rate
             delay = target - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
@@ -610,7 +624,7 @@ class _Replay:
         def pass_jumps(log_ns: int) -> None:
             while jumps and jumps[0][0] <= log_ns:
                 jl, before, after = jumps.pop(0)
-                self._add_event(Event("clock_jump_played", f"replay clock jumped {(after - before) / NS:+.3f} s",
+                self._add_event(Event("clock_jump_played", f"replay clock jumped {(after - before) / NS_PER_S:+.3f} s",
                                          sim_ns=after, log_ns=jl, source="replay"))
                 if after < before:
                     with self._cond:
@@ -644,7 +658,7 @@ class _Replay:
             k += 1
         # run the clock on until the node reports once more, so the counters cover the whole replay
         end_clock = self.clock_ns
-        step = int(NS / o.clock_hz)
+        step = int(NS_PER_S / o.clock_hz)
         deadline = time.monotonic() + 2.0 + 2 * self.info.diagnostics_period / o.rate
         log_now = log_end
         while time.monotonic() < deadline:
@@ -675,16 +689,15 @@ class _Replay:
 
         counters = delta(start, end)
         tail = {k: v for k, v in delta(end, last).items() if v > 0 and k not in ("ticks", "ticks_without_chunk")}
-        self.session_bounds = (self._first_pub[1] if self._first_pub else None,
-                               self._last_pub[1] if self._last_pub else None, end["stamp_ns"],
-                               self._first_pub[2] if self._first_pub else None,
-                               self._last_pub[2] if self._last_pub else None)
+        first, last_pub = self._first_pub or (None, None, None), self._last_pub or (None, None, None)
+        bounds = SessionBounds(start_ns=first[1], end_ns=last_pub[1], report_ns=end["stamp_ns"],
+                               start_bag_ns=first[2], end_bag_ns=last_pub[2])
         snapshots = reconstruct_snapshots(chunks, margins, self.dt_ns)
         race = o.race_window if o.race_window is not None else (0.0 if o.mode == "stepped" else 0.02 * o.rate)
         end_epoch = max((it.epoch for it in s.items[:played]), default=0)
         acc = account(s, snapshots, played=played, end_sim_ns=self._last_pub[1] if self._last_pub else self.clock_ns,
                       end_epoch=end_epoch,
-                      node_counters=counters, race_window_ns=int(race * NS))
+                      node_counters=counters, race_window_ns=int(race * NS_PER_S))
         events = list(self.events)
         for kind in ("stale_snapshots", "deadline_misses", "clock_jumps", "inference_errors", "bad_chunks",
                      "expired_chunks", "late_chunks", "discarded_after_reset", "callback_errors", "worker_crashes"):
@@ -710,7 +723,7 @@ class _Replay:
         result = ReplayResult(session=s, options=o, out_path=self.out.path if self.out else None, chunks=chunks,
                               margins=margins, commands=commands, diagnostics=diags, events=events, accounting=acc,
                               node_counters=counters, played=played, complete=complete, wall_s=wall, lag_ms=lag_ms,
-                              snapshots=snapshots, session_ns=self.session_bounds, tail_counters=tail)
+                              snapshots=snapshots, session_bounds=bounds, tail_counters=tail)
         if self.out is not None:
             ts = typestore()
             String = ts.types["std_msgs/msg/String"]
@@ -762,13 +775,13 @@ def reconstruct_snapshots(chunks: List[Received], margins: List[Received], dt_ns
     for i, r in enumerate(chunks):
         c = r.msg
         m = margins[pairs[i]].msg if i in pairs else None
-        if m is not None and math.isfinite(m["latency_observe"]) and math.isfinite(m["latency_transfer"]):
-            taken = c.observation_ns + int(round((m["latency_observe"] + m["latency_transfer"]) * NS))
-            out.append(Snapshot(taken, c.observation_ns, c.seq, r.epoch, True))
+        if m is not None and math.isfinite(m.latency_observe) and math.isfinite(m.latency_transfer):
+            taken = c.observation_stamp_ns + int(round((m.latency_observe + m.latency_transfer) * NS_PER_S))
+            out.append(Snapshot(taken, c.observation_stamp_ns, c.seq, r.epoch, True))
         else:
-            out.append(Snapshot(c.t0_ns - dt_ns, c.observation_ns, c.seq, r.epoch, False))
+            out.append(Snapshot(c.t0_ns - dt_ns, c.observation_stamp_ns, c.seq, r.epoch, False))
     return out
 
 
-__all__ = ["ReplayNode", "ReplayOptions", "ReplayResult", "Received", "reconstruct_snapshots", "parse_diagnostics",
+__all__ = ["ReplayNode", "ReplayOptions", "ReplayResult", "Received", "SessionBounds", "reconstruct_snapshots", "parse_diagnostics",
            "SUMMARY_TOPIC", "EVENTS_TOPIC", "MODES", "ros_type"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import html
 import json
 import math
@@ -28,7 +29,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from phyai_ros.replay.bagtypes import NS
+from phyai_ros.control.clock import NS_PER_S, ns_to_s
+from phyai_ros.control.loop import ControlConfig
+from phyai_ros.control.margin import bound_label as margin_bound_label, margin_status
 from phyai_ros.replay.runbag import NotAnOutputBag, Run, load_run, match_chunks_and_margins, require_node_outputs
 
 SEGMENTS = (("latency_observe", "observe"), ("latency_transfer", "transfer"), ("latency_queue", "queue"),
@@ -54,9 +57,16 @@ class ReportResult:
 
 
 # ============================================================================ analysis
-def _wilson_lower(k: int, n: int, confidence: float) -> float:
-    from phyai_ros.control.margin import wilson_lower
-    return wilson_lower(k, n, confidence)
+def margin_rules(node: dict, target: float = math.nan) -> dict:
+    """The node's margin-status parameters (``margin_status`` keywords) from the replay summary's node
+    info; what it lacks (a bag recorded on a robot) takes the loop's defaults, eps the margins' target."""
+    default = {f.name: f.default for f in dataclasses.fields(ControlConfig)}
+    eps = node.get("eps", 1.0 - target if math.isfinite(target) else default["eps"])
+    return {"eps": float(eps), "confidence": float(node.get("confidence", default["confidence"])),
+            "min_samples": int(node.get("min_samples", default["min_samples"])),
+            "error_p_threshold": float(node.get("error_probability", default["error_p_threshold"])),
+            "error_consecutive_misses": int(node.get("error_consecutive_misses",
+                                                     default["error_consecutive_misses"]))}
 
 
 def _pct(a: np.ndarray, q) -> float:
@@ -72,35 +82,26 @@ def analyze(run: Run) -> dict:
     in_session = session_mask(run, pairs)
     all_margins = [m for _, m in run.margins]
     margins = [m for m, keep in zip(all_margins, in_session) if keep]
-    mt = np.array([(t - t0) / NS for t, _ in run.margins])
-    M = np.array([m["margin"] for m in margins], dtype=float)
+    mt = np.array([(t - t0) / NS_PER_S for t, _ in run.margins])
+    M = np.array([m.margin for m in margins], dtype=float)
     finite = np.isfinite(M)
     n, k = int(finite.sum()), int((M[finite] >= 0).sum())
-    confidence = float(node.get("confidence", 0.9))
-    eps = float(node.get("eps", margins[-1]["target"] and 1 - margins[-1]["target"] if margins else 0.05))
-    target = float(margins[-1]["target"]) if margins and math.isfinite(margins[-1]["target"]) else 1 - eps
-    min_samples = int(node.get("min_samples", 20))
-    error_p = float(node.get("error_probability", 0.8))
-    p_hat = k / n if n else math.nan
-    p_low = _wilson_lower(k, n, confidence) if n else math.nan
-    bound_label = f"{confidence:.0%} one-sided Wilson lower bound"
-    if n == 0:
+    target = float(margins[-1].target) if margins and math.isfinite(margins[-1].target) else math.nan
+    rules = margin_rules(node, target)
+    confidence, target = rules["confidence"], 1.0 - rules["eps"]
+    bound_label = margin_bound_label(confidence)
+    if n == 0:  # a whole session without one sample: the node's watchdog says ERROR too (design.md §3)
+        p_hat = p_low = math.nan
         level, why = 2, "no margin samples: no chunk was adopted while another was executing, and none expired"
-    elif n >= min_samples and p_hat < error_p:
-        level, why = 2, f"P(M_ctrl >= 0) = {p_hat:.3f} is below the error threshold {error_p:.2f}"
-    elif n >= min_samples and p_low >= target:
-        level, why = 0, f"lower bound {p_low:.3f} ({bound_label}) >= target {target:.3f}"
-    elif n < min_samples:
-        level, why = 1, f"only {n} margin samples (< {min_samples}): the target cannot be demonstrated yet"
-    else:
-        level, why = 1, f"lower bound {p_low:.3f} ({bound_label}) < target {target:.3f} (P-hat {p_hat:.3f}, n = {n})"
+    else:  # the session's samples, judged by the node's own rules
+        p_hat, p_low, level, why = margin_status(M[finite], **rules)
 
     seg = {}
     for key, name in SEGMENTS:
-        v = np.array([m[key] for m in margins], dtype=float) * 1e3
+        v = np.array([getattr(m, key) for m in margins], dtype=float) * 1e3
         v = v[np.isfinite(v)]
         seg[name] = {"p50": _pct(v, 50), "p95": _pct(v, 95), "p99": _pct(v, 99), "max": float(v.max()) if v.size else math.nan}
-    crit = np.array([sum(m[key] for key, _ in SEGMENTS) for m in margins], dtype=float) * 1e3
+    crit = np.array([sum(getattr(m, key) for key, _ in SEGMENTS) for m in margins], dtype=float) * 1e3
     crit = crit[np.isfinite(crit)]
     seg["critical"] = {"p50": _pct(crit, 50), "p95": _pct(crit, 95), "p99": _pct(crit, 99),
                        "max": float(crit.max()) if crit.size else math.nan}
@@ -111,19 +112,19 @@ def analyze(run: Run) -> dict:
     cycles = 0
     for (ta, ia, ja), (tb, ib, jb) in zip(adopted, adopted[1:]):
         prev = run.chunks[ia][1]
-        a_prev = run.margins[ja][1]["stamp_ns"]
-        a_next = run.margins[jb][1]["stamp_ns"]
+        a_prev = run.margins[ja][1].stamp_ns
+        a_next = run.margins[jb][1].stamp_ns
         if a_next <= a_prev:
             continue  # a clock reset lies between them
-        end_prev = prev.t0_ns + prev.horizon * int(round(prev.dt * NS))
-        env += max(0, min(a_next, end_prev) - a_prev) / NS
-        ctl += (a_next - a_prev) / NS
+        end_prev = prev.end_ns
+        env += max(0, min(a_next, end_prev) - a_prev) / NS_PER_S
+        ctl += (a_next - a_prev) / NS_PER_S
         inf += max(0.0, run.chunks[ib][1].inference_latency)
         cycles += 1
     X = env / inf if inf > 0 else (math.inf if env > 0 else math.nan)
     Y = env / ctl if ctl > 0 else math.nan
-    last_window = next(((m["roofline_x"], m["roofline_y"], m["window_size"]) for m in reversed(margins)
-                        if not math.isnan(m["roofline_x"])), (math.nan, math.nan, 0))
+    last_window = next(((m.roofline_x, m.roofline_y, m.window_size) for m in reversed(margins)
+                        if not math.isnan(m.roofline_x)), (math.nan, math.nan, 0))
     if math.isnan(X):
         bound = "undetermined"
     elif X > 1.1:
@@ -141,13 +142,13 @@ def analyze(run: Run) -> dict:
     if s.get("node_counters"):
         counters = dict(s["node_counters"])
     misses = counters.get("deadline_misses", int((M[finite] < 0).sum()))
-    expired = counters.get("expired_chunks", int(sum(bool(m.get("expired")) for m in margins)))
-    budgets = np.array([m["budget"] for m in margins], float)
+    expired = counters.get("expired_chunks", int(sum(m.expired for m in margins)))
+    budgets = np.array([m.budget for m in margins], float)
     commands = command_delivery(run)
     health = node_health(run)
 
     disc = discontinuity(run, pairs)
-    node_level = (margins[-1]["level"], margins[-1]["message"]) if margins else (None, "")
+    node_level = (margins[-1].level, margins[-1].message) if margins else (None, "")
     acc = s.get("accounting")
     mode = s.get("mode", "recorded")
     return {
@@ -156,7 +157,7 @@ def analyze(run: Run) -> dict:
         "chunks": len(run.chunks), "margins": len(margins), "commands": len(run.commands),
         "margins_after_bag_end": int(len(all_margins) - len(margins)),
         "model_id": run.chunks[-1][1].model_id if run.chunks else node.get("model_id", ""),
-        "dt": run.chunks[-1][1].dt if run.chunks else node.get("dt"),
+        "dt": ns_to_s(run.chunks[-1][1].dt_ns) if run.chunks else node.get("dt"),
         "horizon": run.chunks[-1][1].horizon if run.chunks else node.get("horizon"),
         "margin": {"n": n, "k": k, "p_hat": p_hat, "p_lower": p_low, "target": target, "confidence": confidence,
                    "bound_label": bound_label, "negative_budgets": int(np.count_nonzero(budgets < 0)),
@@ -164,10 +165,10 @@ def analyze(run: Run) -> dict:
                    "level": level, "level_name": LEVEL_NAMES[level], "why": why,
                    "p50_ms": _pct(M[finite] * 1e3, 50), "p05_ms": _pct(M[finite] * 1e3, 5),
                    "p01_ms": _pct(M[finite] * 1e3, 1), "min_ms": float(M[finite].min() * 1e3) if n else math.nan,
-                   "budget_p50_ms": _pct(np.array([m["budget"] for m in margins], float)[finite] * 1e3, 50),
+                   "budget_p50_ms": _pct(np.array([m.budget for m in margins], float)[finite] * 1e3, 50),
                    "node_level": node_level[0], "node_message": node_level[1],
-                   "node_errors": sum(m["level"] == 2 for m in margins),
-                   "node_error_example": next((m["message"] for m in margins if m["level"] == 2), "")},
+                   "node_errors": sum(m.level == 2 for m in margins),
+                   "node_error_example": next((m.message for m in margins if m.level == 2), "")},
         "latency_ms": seg,
         "roofline": {"X": X, "Y": Y, "Y_seq": X / (1 + X) if math.isfinite(X) else (1.0 if X == math.inf else math.nan),
                      "Y_roof": min(X, 1.0) if not math.isnan(X) else math.nan, "cycles": cycles, "bound": bound,
@@ -188,15 +189,15 @@ def command_delivery(run: Run) -> dict:
     cmds = [(t, slot) for t, slot, _ in run.commands if slot is not None]
     out = {"n": len(cmds), "delay_p50_ms": math.nan, "delay_p99_ms": math.nan, "delay_max_ms": math.nan,
            "gap_slots": 0, "longest_silence_s": math.nan}
-    dt = run.chunks[-1][1].dt if run.chunks else None
+    dt_ns = run.chunks[-1][1].dt_ns if run.chunks else None
     values = next((d["margin_values"] for _, d in reversed(run.diagnostics) if "command_delay_p50_s" in
                    d.get("margin_values", {})), None)
     if values:
         out.update({f"delay_{q}_ms": float(values[f"command_delay_{q}_s"]) * 1e3 for q in ("p50", "p99", "max")})
     if cmds:
         slots = np.array(sorted(slot for _, slot in cmds), np.int64)
-        if dt and len(slots) > 1:
-            steps = np.round(np.diff(slots) / (dt * NS)).astype(int)
+        if dt_ns and len(slots) > 1:
+            steps = np.round(np.diff(slots) / dt_ns).astype(int)
             out["gap_slots"] = int(np.clip(steps - 1, 0, None).sum())
     start = (run.summary or {}).get("session_start_bag_ns")
     times = ([start] if start is not None else []) + [t for t, _ in cmds]
@@ -204,7 +205,7 @@ def command_delivery(run: Run) -> dict:
     if end is not None and times and end > times[-1]:
         times.append(end)
     if len(times) > 1:
-        out["longest_silence_s"] = float(np.diff(np.array(sorted(times), float)).max() / NS)
+        out["longest_silence_s"] = float(np.diff(np.array(sorted(times), float)).max() / NS_PER_S)
     return out
 
 
@@ -231,8 +232,8 @@ def session_mask(run: Run, pairs: Dict[int, int]) -> List[bool]:
         t_chunk, m = run.chunks[i][0], run.margins[j][1]
         # the chunk was recorded (bag timeline) when it arrived; its snapshot came queue + inference +
         # actuate earlier
-        back = m["latency_queue"] + m["latency_inference"] + m["latency_actuate"]
-        taken = t_chunk - (back * NS if math.isfinite(back) else 0)
+        back = m.latency_queue + m.latency_inference + m.latency_actuate
+        taken = t_chunk - (back * NS_PER_S if math.isfinite(back) else 0)
         if taken > end:
             keep[j] = False
     return keep
@@ -245,7 +246,7 @@ def discontinuity(run: Run, pairs: Dict[int, int]) -> dict:
     if not cmds or len(run.chunks) < 2:
         return {"boundaries": [], "median_step": math.nan, "p99_step": math.nan}
     slots = sorted(cmds)
-    dt_ns = int(round(run.chunks[0][1].dt * NS))
+    dt_ns = run.chunks[0][1].dt_ns
     steps = {b: float(np.max(np.abs(cmds[b] - cmds[a]))) for a, b in zip(slots, slots[1:])
              if b - a == dt_ns and cmds[a].shape == cmds[b].shape}
     out = []
@@ -253,8 +254,8 @@ def discontinuity(run: Run, pairs: Dict[int, int]) -> dict:
     switch_slots = set()
     for (_, ia, ja), (_, ib, jb) in zip(adopted, adopted[1:]):
         old, new = run.chunks[ia][1], run.chunks[ib][1]
-        a = run.margins[jb][1]["stamp_ns"]
-        dt = int(round(new.dt * NS))
+        a = run.margins[jb][1].stamp_ns
+        dt = new.dt_ns
         i = int(round((a - new.t0_ns) / dt))
         if i < 0 or i >= new.horizon:
             continue
@@ -263,7 +264,7 @@ def discontinuity(run: Run, pairs: Dict[int, int]) -> dict:
         seam = float(np.max(np.abs(new.actions[i] - old.actions[j]))) if j >= 0 else math.nan
         jump = steps.get(slot, math.nan)
         switch_slots.add(slot)
-        out.append({"t": (a - run.t0) / NS, "seq": new.seq, "index": i, "frozen_prefix": new.frozen_prefix,
+        out.append({"t": (a - run.t0) / NS_PER_S, "seq": new.seq, "index": i, "frozen_prefix": new.d,
                     "jump": jump, "seam": seam})
     normal = np.array([v for k, v in steps.items() if k not in switch_slots])
     return {"boundaries": out, "median_step": _pct(normal, 50), "p99_step": _pct(normal, 99),
@@ -272,31 +273,59 @@ def discontinuity(run: Run, pairs: Dict[int, int]) -> dict:
 
 
 # ============================================================================ figures
+@dataclass
+class _Plot:
+    """What every figure of the report draws from, and where it goes."""
+
+    run: Run
+    num: dict
+    out: Path
+    plt: object
+    figs: Dict[str, Path]
+
+    def __post_init__(self) -> None:
+        run = self.run
+        self.t0 = run.t0
+        self.margins = [m for _, m in run.margins]
+        self.mt = np.array([(t - self.t0) / NS_PER_S for t, _ in run.margins])
+        self.s_end = (run.summary or {}).get("session_end_bag_ns")
+        # per margin: in the session (distributions show the session's chunks only); M_ctrl in ms
+        self.keep = np.array(session_mask(run, match_chunks_and_margins(run.chunks, run.margins)), bool)
+        self.M = np.array([m.margin for m in self.margins], float) * 1e3
+        self.fin = np.isfinite(self.M)
+
+    def bag_end(self, ax) -> None:
+        """Mark where the bag ends (after it: the replay's tail)."""
+        if self.s_end is not None:
+            x = (self.s_end - self.t0) / NS_PER_S
+            ax.axvline(x, color="#555", ls="--", lw=1)
+            ax.text(x, 0.98, " bag ends", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
+
+    def save(self, fig, name: str) -> None:
+        path = self.out / f"{name}.png"
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        self.plt.close(fig)
+        self.figs[name] = path
+
+
 def _figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
+    """Every figure of the report, one function each; name -> PNG path."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     plt.rcParams.update({"font.size": 9, "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
                          "axes.spines.right": False})
-    t0 = run.t0
-    margins = [m for _, m in run.margins]
-    mt = np.array([(t - t0) / NS for t, _ in run.margins])
-    figs: Dict[str, Path] = {}
-    s_end = (run.summary or {}).get("session_end_bag_ns")
+    p = _Plot(run, num, out, plt, {})
+    for figure in (_figure_roofline, _figure_margin, _figure_latency_time, _figure_latency_hist,
+                   _figure_discontinuity, _figure_problems, _figure_accounting):
+        figure(p)
+    return p.figs
 
-    def bag_end(ax):
-        if s_end is not None:
-            ax.axvline((s_end - t0) / NS, color="#555", ls="--", lw=1)
-            ax.text((s_end - t0) / NS, 0.98, " bag ends", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
 
-    def save(fig, name):
-        p = out / f"{name}.png"
-        fig.savefig(p, dpi=100, bbox_inches="tight")
-        plt.close(fig)
-        figs[name] = p
-
-    # --- roofline
+def _figure_roofline(p: _Plot) -> None:
+    """The control-time roofline: the run's (X, Y) against Y_seq and Y_roof, the node's window per chunk."""
+    num, plt, margins = p.num, p.plt, p.margins
     r = num["roofline"]
     fig, ax = plt.subplots(figsize=(5.2, 3.9))
     xs = np.logspace(-2, 2.5, 300)
@@ -306,8 +335,8 @@ def _figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
     ax.axvspan(1, 10 ** 2.5, color="#8fb3d9", alpha=0.10)
     ax.text(0.012, 1.07, "inference-bound", color="#b0502c", fontsize=8)
     ax.text(1.3, 1.07, "environment-bound", color="#2f5f8f", fontsize=8)
-    wx = np.array([m["roofline_x"] for m in margins], float)
-    wy = np.array([m["roofline_y"] for m in margins], float)
+    wx = np.array([m.roofline_x for m in margins], float)
+    wy = np.array([m.roofline_y for m in margins], float)
     ok = np.isfinite(wx) & np.isfinite(wy) & (wx > 0)
     if ok.any():
         ax.plot(np.clip(wx[ok], 1e-2, 10 ** 2.5), wy[ok], ".", color="#999", ms=3, alpha=0.6,
@@ -326,12 +355,12 @@ def _figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
     ax.set_ylabel("Y = L_env / L_control")
     ax.set_title("Control-time roofline")
     ax.legend(loc="lower right", fontsize=7)
-    save(fig, "roofline")
+    p.save(fig, "roofline")
 
-    # --- margin distribution and P(M >= 0) over time (distributions: the session's chunks only)
-    keep = np.array(session_mask(run, match_chunks_and_margins(run.chunks, run.margins)), bool)
-    M = np.array([m["margin"] for m in margins], float) * 1e3
-    fin = np.isfinite(M)
+
+def _figure_margin(p: _Plot) -> None:
+    """Margin distribution and P(M >= 0) over time (distributions: the session's chunks only)."""
+    num, plt, margins, mt, keep, M, fin = p.num, p.plt, p.margins, p.mt, p.keep, p.M, p.fin
     hfin = fin & keep
     mg = num["margin"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [1.1, 1]})
@@ -349,26 +378,29 @@ def _figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
     a1.text(0.02, 0.97, f"P(M>=0) = {_fmt(mg['p_hat'], 3)} over {mg['n']} chunks\nlower bound {_fmt(mg['p_lower'], 3)} "
             f"({mg['bound_label']})\ntarget 1 - eps = {mg['target']:.3f}", transform=a1.transAxes,
             va="top", fontsize=8, bbox=dict(boxstyle="round", fc="white", ec="#bbb"))
-    pn = np.array([m["p_nonnegative"] for m in margins], float)
-    pl = np.array([m["p_nonnegative_lower"] for m in margins], float)
+    pn = np.array([m.p_nonnegative for m in margins], float)
+    pl = np.array([m.p_nonnegative_lower for m in margins], float)
     a2.plot(mt, pn, color="#2e7d32", label="P-hat(M>=0), node window")
     a2.plot(mt, pl, color="#1b5e20", ls="--", label=f"lower bound ({mg['bound_label']})")
     a2.axhline(mg["target"], color="#c62828", lw=1, label=f"target 1 - eps = {mg['target']:.3f}")
     a2.set_ylim(-0.02, 1.05)
     a2.set_xlabel("bag time [s]")
     a2.set_title("P(M>=0) over time (node's sliding window)")
-    bag_end(a2)
+    p.bag_end(a2)
     a2.legend(fontsize=7, loc="lower right")
-    save(fig, "margin")
+    p.save(fig, "margin")
 
-    # --- latency segments over time
+
+def _figure_latency_time(p: _Plot) -> None:
+    """Latency segments per chunk (stacked), with B_ctrl and M_ctrl below."""
+    plt, margins, mt, M, fin = p.plt, p.margins, p.mt, p.M, p.fin
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(10, 5.2), sharex=True, gridspec_kw={"height_ratios": [1.3, 1]})
     if margins:
-        vals = np.array([[m[key] for key, _ in SEGMENTS] for m in margins], float) * 1e3
+        vals = np.array([[getattr(m, key) for key, _ in SEGMENTS] for m in margins], float) * 1e3
         vals = np.nan_to_num(vals, nan=0.0)
         a1.stackplot(mt, vals.T, labels=[n for _, n in SEGMENTS], colors=SEG_COLORS, alpha=0.9, step="mid")
         a1.legend(loc="upper left", fontsize=7, ncol=5)
-        B = np.array([m["budget"] for m in margins], float) * 1e3
+        B = np.array([m.budget for m in margins], float) * 1e3
         a2.plot(mt, B, color="#555", lw=1, label="B_ctrl (budget)")
         a2.plot(mt[fin], M[fin], ".-", color="#2e7d32", lw=0.8, ms=3, label="M_ctrl")
         neg = fin & (M < 0)
@@ -378,19 +410,22 @@ def _figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
         a2.legend(loc="upper left", fontsize=7, ncol=3)
     a1.set_ylabel("latency [ms]")
     a1.set_title("Latency segments per chunk (stacked: L_critical)")
-    bag_end(a1)
-    bag_end(a2)
+    p.bag_end(a1)
+    p.bag_end(a2)
     a2.set_ylabel("[ms]")
     a2.set_xlabel("bag time [s]")
-    save(fig, "latency_time")
+    p.save(fig, "latency_time")
 
-    # --- latency histograms
+
+def _figure_latency_hist(p: _Plot) -> None:
+    """Latency segment histograms of the session's chunks."""
+    num, plt, margins, keep = p.num, p.plt, p.margins, p.keep
     fig, axes = plt.subplots(1, 6, figsize=(12, 2.6))
     for ax, (key, name), color in zip(axes, list(SEGMENTS) + [("critical", "critical")], list(SEG_COLORS) + ["#777"]):
         if key == "critical":
-            v = np.array([sum(m[k2] for k2, _ in SEGMENTS) for m in margins], float) * 1e3
+            v = np.array([sum(getattr(m, k2) for k2, _ in SEGMENTS) for m in margins], float) * 1e3
         else:
-            v = np.array([m[key] for m in margins], float) * 1e3
+            v = np.array([getattr(m, key) for m in margins], float) * 1e3
         v = v[keep]
         v = v[np.isfinite(v)]
         if v.size:
@@ -401,16 +436,19 @@ def _figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
         ax.set_xlabel("ms", fontsize=8)
     axes[0].set_ylabel("chunks")
     fig.suptitle("Latency segment histograms (dotted: p99)", fontsize=9, y=1.08)
-    save(fig, "latency_hist")
+    p.save(fig, "latency_hist")
 
-    # --- chunk boundaries
+
+def _figure_discontinuity(p: _Plot) -> None:
+    """Commands across chunk boundaries (zoomed), and every boundary's seam and step."""
+    run, num, plt, t0 = p.run, p.num, p.plt, p.t0
     disc = num["discontinuity"]
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(10, 5.8), gridspec_kw={"height_ratios": [1.3, 1]})
     fig.subplots_adjust(hspace=0.45)
     cmds = [(st, a) for _, st, a in run.commands if st is not None]
     bounds = disc["boundaries"]
     if cmds:
-        ct = np.array([(st - t0) / NS for st, _ in cmds])
+        ct = np.array([(st - t0) / NS_PER_S for st, _ in cmds])
         cv = np.array([a[0] for _, a in cmds])
         # zoom on three chunk boundaries in the middle of the run (all of them would be unreadable)
         if len(bounds) >= 4:
@@ -422,7 +460,7 @@ def _figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
             lo, hi = float(ct.min()), float(ct.max())
         sel = (ct >= lo) & (ct <= hi)
         for _, c in run.chunks:
-            ts = (c.t0_ns - t0) / NS + np.arange(c.horizon) * c.dt
+            ts = (c.t0_ns - t0) / NS_PER_S + np.arange(c.horizon) * ns_to_s(c.dt_ns)
             if ts[-1] >= lo and ts[0] <= hi:
                 a1.plot(ts, c.actions[:, 0], color="#1f77b4", lw=0.8, alpha=0.45)
         a1.plot(ct[sel], cv[sel], ".-", color="k", lw=1.2, ms=3, label="command sent")
@@ -448,17 +486,20 @@ def _figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
     a2.set_ylabel("max |delta| over dims")
     a2.set_title("Every boundary: step at the switch vs steps within a chunk")
     a2.set_xlabel("bag time [s]")
-    save(fig, "discontinuity")
+    p.save(fig, "discontinuity")
 
-    # --- deadline misses and input problems over time
+
+def _figure_problems(p: _Plot) -> None:
+    """Deadline misses and input problems over time."""
+    run, num, plt, t0 = p.run, p.num, p.plt, p.t0
     fig, ax = plt.subplots(figsize=(10, 3.0))
     if run.diagnostics:
-        dtm = np.array([(t - t0) / NS for t, _ in run.diagnostics])
+        dtm = np.array([(t - t0) / NS_PER_S for t, _ in run.diagnostics])
         base = run.diagnostics[0][1]["counters"]
         s_start = (run.summary or {}).get("session_start_bag_ns")
         if s_start is not None:
-            ax.axvline((s_start - t0) / NS, color="#555", ls=":", lw=1)
-        bag_end(ax)
+            ax.axvline((s_start - t0) / NS_PER_S, color="#555", ls=":", lw=1)
+        p.bag_end(ax)
         drawn = False
         for key in PROBLEM_COUNTERS:
             v = np.array([d["counters"].get(key, 0) - base.get(key, 0) for _, d in run.diagnostics])
@@ -475,9 +516,12 @@ def _figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
     ax.set_title("Deadline misses and input problems (node counters, cumulative; after the dashed bag-end line: "
                  "the replay's tail, not counted)")
     ax.set_xlabel("bag time [s]")
-    save(fig, "problems")
+    p.save(fig, "problems")
 
-    # --- accounting
+
+def _figure_accounting(p: _Plot) -> None:
+    """What became of every input message, per topic (replays only)."""
+    num, plt = p.num, p.plt
     acc = num.get("accounting")
     if acc and acc.get("per_topic"):
         from phyai_ros.replay.accounting import CATEGORIES
@@ -497,8 +541,7 @@ def _figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
         ax.set_xlabel("fraction of played messages")
         ax.legend(fontsize=7, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
         ax.set_title("What became of every input message", pad=18)
-        save(fig, "accounting")
-    return figs
+        p.save(fig, "accounting")
 
 
 def _fmt(v, digits: int = 2) -> str:
@@ -622,7 +665,7 @@ def _events_rows(events: List[dict], t0: Optional[int]) -> List[List[str]]:
     for e in events:
         t = ""
         if e.get("log_ns") is not None and t0 is not None:
-            t = f"{(e['log_ns'] - t0) / NS:+.3f}"
+            t = f"{(e['log_ns'] - t0) / NS_PER_S:+.3f}"
         rows.append([t, e.get("source", ""), e.get("kind", ""), e.get("topic", ""), e.get("detail", "")])
     return rows
 

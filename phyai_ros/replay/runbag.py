@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from phyai_ros.replay.bagtypes import open_bag, stamp_ns
+from phyai_ros.control.chunk import ActionChunk
+from phyai_ros.control.clock import stamp_to_ns
+from phyai_ros.control.margin import MarginReport
+from phyai_ros.replay.bagtypes import open_bag
 
 CHUNK_TYPE = "phyai_ros/msg/ActionChunk"
 MARGIN_TYPE = "phyai_ros/msg/ControlMargin"
@@ -24,8 +27,8 @@ DIAG_TYPE = "diagnostic_msgs/msg/DiagnosticArray"
 @dataclass
 class Run:
     path: Path
-    chunks: List[Tuple[int, Any]] = field(default_factory=list)       # (bag time ns, ChunkData)
-    margins: List[Tuple[int, dict]] = field(default_factory=list)     # (bag time ns, msg_to_margin dict)
+    chunks: List[Tuple[int, ActionChunk]] = field(default_factory=list)     # (bag time ns, chunk)
+    margins: List[Tuple[int, MarginReport]] = field(default_factory=list)  # (bag time ns, margin report)
     commands: List[Tuple[int, Optional[int], np.ndarray]] = field(default_factory=list)  # (bag t, slot stamp, action)
     diagnostics: List[Tuple[int, dict]] = field(default_factory=list)  # (bag t, parse_diagnostics dict)
     summary: Optional[dict] = None
@@ -76,7 +79,7 @@ def load_run(path) -> Run:
                         run.diagnostics.append((t, d))
                 elif hasattr(msg, "points"):
                     if msg.points:
-                        run.commands.append((t, stamp_ns(msg.header.stamp),
+                        run.commands.append((t, stamp_to_ns(msg.header.stamp),
                                              np.asarray(msg.points[0].positions, dtype=np.float64)))
                 else:
                     run.commands.append((t, None, np.asarray(msg.data, dtype=np.float64)))
@@ -117,10 +120,11 @@ def _command_topic(reader, summary: Optional[dict]) -> Optional[str]:
     return best
 
 
-def match_chunks_and_margins(chunks: List[Tuple[int, Any]], margins: List[Tuple[int, dict]]) -> Dict[int, int]:
+def match_chunks_and_margins(chunks: List[Tuple[int, ActionChunk]],
+                             margins: List[Tuple[int, MarginReport]]) -> Dict[int, int]:
     """chunk list index -> margin list index: a ControlMargin names its chunk (``chunk_seq``)."""
     by_seq = {c.seq: i for i, (_, c) in enumerate(chunks)}
-    return {by_seq[m["chunk_seq"]]: j for j, (_, m) in enumerate(margins) if m["chunk_seq"] in by_seq}
+    return {by_seq[m.chunk_seq]: j for j, (_, m) in enumerate(margins) if m.chunk_seq in by_seq}
 
 
 __all__ = ["Run", "load_run", "match_chunks_and_margins", "require_node_outputs", "NotAnOutputBag"]

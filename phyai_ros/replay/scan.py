@@ -26,7 +26,9 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from phyai_ros.replay.bagtypes import NS, absolute_topic, open_bag, recovered_files, registered_msgtype, stamp_ns
+from phyai_ros.control.clock import NS_PER_S, stamp_to_ns
+from phyai_ros.control.observation import FutureStampError, OutOfOrderStampError, check_stamp
+from phyai_ros.replay.bagtypes import absolute_topic, open_bag, recovered_files, registered_msgtype
 from phyai_ros.replay.nodeinfo import CLOCK_JUMP_TOLERANCE, FUTURE_STAMP_TOLERANCE, NodeInfo
 
 CLOCK_TOPIC = "/clock"
@@ -80,7 +82,7 @@ class TimeMap:
         self._jump_logs: List[int] = []
         for (l0, c0), (l1, c1) in zip(self.samples, self.samples[1:]):
             expected = c0 + (l1 - l0)
-            if c1 < c0 - CLOCK_JUMP_TOLERANCE * NS or c1 > expected + forward_jump * NS:
+            if c1 < c0 - CLOCK_JUMP_TOLERANCE * NS_PER_S or c1 > expected + forward_jump * NS_PER_S:
                 self.jumps.append((l1, min(expected, max(c0, expected)), c1))
                 self._jump_logs.append(l1)
 
@@ -141,7 +143,7 @@ class Session:
 
     def duration(self) -> float:
         logs = [i.log_ns for i in self.items]
-        return (max(logs) - min(logs)) / NS if logs else 0.0
+        return (max(logs) - min(logs)) / NS_PER_S if logs else 0.0
 
 
 def bag_metadata(path) -> dict:
@@ -218,7 +220,7 @@ def _truncation_event(path: Path, cut: dict, read: int) -> Event:
     start = (meta.get("starting_time") or {}).get("nanoseconds_since_epoch")
     span = ""
     if cut["end_ns"] is not None and duration and start is not None:
-        span = f", the first {(cut['end_ns'] - start) / NS:.3f} s of {duration / NS:.3f} s"
+        span = f", the first {(cut['end_ns'] - start) / NS_PER_S:.3f} s of {duration / NS_PER_S:.3f} s"
     return Event("truncated_bag", f"{cut['file']} is truncated (no index or footer; {cut['size'] - cut['read']} of "
                  f"{cut['size']} bytes at its end are an incomplete record): recovered {read} of "
                  f"{total if total is not None else '?'} messages{span}, read from its complete records as "
@@ -230,8 +232,8 @@ def _topic_summary(kind: str, its: List[Item], what: str, t_first: int) -> Event
     per message: how many, what, and the bag times of the first and the last."""
     first, last = its[0], its[-1]
     n = f"{len(its)} message" + ("" if len(its) == 1 else "s")
-    return Event(kind, f"{n}: {what} (first at t={(first.log_ns - t_first) / NS:.3f} s, last at "
-                 f"t={(last.log_ns - t_first) / NS:.3f} s of the bag)", topic=first.topic, log_ns=first.log_ns,
+    return Event(kind, f"{n}: {what} (first at t={(first.log_ns - t_first) / NS_PER_S:.3f} s, last at "
+                 f"t={(last.log_ns - t_first) / NS_PER_S:.3f} s of the bag)", topic=first.topic, log_ns=first.log_ns,
                  sim_ns=first.sim_ns, index=first.index)
 
 
@@ -244,7 +246,7 @@ def _header_stamp(msg) -> Optional[int]:
     header = getattr(msg, "header", None)
     if header is None or not hasattr(header, "stamp"):
         return None
-    return stamp_ns(header.stamp)
+    return stamp_to_ns(header.stamp)
 
 
 def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
@@ -299,8 +301,8 @@ def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
         if msg is not None:
             item.stamp_ns = _header_stamp(msg)
             if role == "clock":
-                msgs_clock.append((int(log_ns), stamp_ns(msg.clock)))
-                item.stamp_ns = stamp_ns(msg.clock)
+                msgs_clock.append((int(log_ns), stamp_to_ns(msg.clock)))
+                item.stamp_ns = stamp_to_ns(msg.clock)
                 item.publish = False
             elif role in ("camera", "state", "instruction"):
                 pending_verdicts[item.index] = judge(item, msg)
@@ -327,14 +329,13 @@ def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
     for it in items:
         if it.role not in ("camera", "state") or it.verdict != "ok" or it.stamp_ns is None:
             continue
-        if it.stamp_ns > it.sim_ns + FUTURE_STAMP_TOLERANCE * NS:
-            it.verdict = "future_stamp"
-            it.detail = f"stamp {(it.stamp_ns - it.sim_ns) / NS:.3f} s ahead of the replay clock"
-            continue
         prev = held.get(it.out_topic)
-        if prev is not None and prev[0] == it.epoch and it.stamp_ns < prev[1]:
-            it.verdict = "out_of_order"
-            it.detail = f"stamp {(prev[1] - it.stamp_ns) / NS:.3f} s older than the previous one"
+        try:
+            check_stamp(it.stamp_ns, it.sim_ns, prev[1] if prev is not None and prev[0] == it.epoch else None,
+                        int(FUTURE_STAMP_TOLERANCE * NS_PER_S), it.out_topic)
+        except (FutureStampError, OutOfOrderStampError) as exc:
+            it.verdict = "future_stamp" if isinstance(exc, FutureStampError) else "out_of_order"
+            it.detail = str(exc)
             continue
         held[it.out_topic] = (it.epoch, it.stamp_ns)
 
@@ -370,7 +371,7 @@ def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
     events.extend(_truncation_event(path, f, len(items)) for f in cut_files)
     for log_ns, before, after in tmap.jumps:
         direction = "back" if after < before else "forward"
-        events.append(Event("clock_jump", f"recorded clock jumps {direction} {(after - before) / NS:+.3f} s",
+        events.append(Event("clock_jump", f"recorded clock jumps {direction} {(after - before) / NS_PER_S:+.3f} s",
                             topic=CLOCK_TOPIC, log_ns=log_ns, sim_ns=after))
     by_topic: Dict[str, List[Item]] = defaultdict(list)
     for it in items:
@@ -381,18 +382,18 @@ def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
         if len(logs) >= 2:
             d = np.diff(logs)
             med = float(np.median(d))
-            topics[topic]["rate_hz"] = NS / med if med > 0 else float("inf")
-            limit = max(gap_factor * med, min_gap * NS)
+            topics[topic]["rate_hz"] = NS_PER_S / med if med > 0 else float("inf")
+            limit = max(gap_factor * med, min_gap * NS_PER_S)
             for k in np.flatnonzero(d > limit):
-                events.append(Event("time_gap", f"no message for {d[k] / NS:.3f} s (median period {med / 1e6:.1f} ms)",
+                events.append(Event("time_gap", f"no message for {d[k] / NS_PER_S:.3f} s (median period {med / 1e6:.1f} ms)",
                                     topic=topic, log_ns=int(logs[k]), sim_ns=its[k].sim_ns, index=its[k].index))
         ages = [(i.sim_ns - i.stamp_ns, i) for i in its if i.stamp_ns is not None and i.verdict == "ok"]
         if len(ages) >= 2:
             vals = np.array([a for a, _ in ages], dtype=np.int64)
             topics[topic]["delivery_age_ms_p50"] = float(np.median(vals)) / 1e6
             for (a0, i0), (a1, i1) in zip(ages, ages[1:]):
-                if abs(a1 - a0) > 0.5 * NS and i0.epoch == i1.epoch:
-                    events.append(Event("stamp_jump", f"header stamps jump {(a0 - a1) / NS:+.3f} s relative to the "
+                if abs(a1 - a0) > 0.5 * NS_PER_S and i0.epoch == i1.epoch:
+                    events.append(Event("stamp_jump", f"header stamps jump {(a0 - a1) / NS_PER_S:+.3f} s relative to the "
                                         "replay clock", topic=topic, log_ns=i1.log_ns, sim_ns=i1.sim_ns,
                                         index=i1.index))
     events.sort(key=lambda e: (e.log_ns if e.log_ns is not None else -1))
