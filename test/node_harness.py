@@ -32,71 +32,41 @@ small model (~50 ms here) spans several ticks, which makes the RTC frozen prefix
 """
 from __future__ import annotations
 
-import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
-import yaml
 
 from phyai_ros.control.clock import NS_PER_S, stamp_to_ns
-from phyai_ros.replay.nodeproc import DrainedProcess, param_arg  # shared with the replay tool
+from phyai_ros import diagnostics, fixtures
+from phyai_ros.diagnostics import NODE_NAME
+from phyai_ros.fixtures import require_tokenizer, tokenizer_path  # noqa: F401  (re-exported for the tests)
+from phyai_ros.replay import nodeproc  # the one node driver, shared with the replay tool
+from phyai_ros.replay.nodeinfo import load_params_file
 from ros_helpers import REPO, python_env
 
-FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
-                Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "lerobot_parity")
-TOKENIZER = FIXTURES / "tokenizer" / "tokenizer.model"
 CPU_CONFIG = REPO / "config" / "pi05_cpu_test.yaml"
 THOR_CONFIG = REPO / "config" / "pi05_thor.yaml"
-from phyai_ros.diagnostics import NODE_NAME  # noqa: E402
 HORIZON = 20  # actions per chunk in tests (the CPU config says 50; overridden with the checkpoint)
 DT = 0.02     # action period in tests (the CPU config says 0.05)
 
 
 # ----------------------------------------------------------------------------- model files
-def tokenizer_path() -> Optional[Path]:
-    """The parity fixture's SentencePiece model (honours PHYAI_PARITY_FIXTURES), or None."""
-    return TOKENIZER if TOKENIZER.is_file() else None
-
-
-def require_tokenizer() -> Path:
-    """The tokenizer path, or skip the calling test cleanly when the fixture is absent."""
-    path = tokenizer_path()
-    if path is None:
-        import pytest
-        pytest.skip(f"fixture tokenizer not found at {TOKENIZER} (set PHYAI_PARITY_FIXTURES)")
-    return path
-
-
 def make_small_checkpoint(directory, *, horizon: int = HORIZON, state_dim: int = 8, action_dim: int = 7,
                           seed: int = 0, image_size: int = 224,
                           cameras: Sequence[str] = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"),
                           policy: str = "pi05") -> Path:
-    """The users' helper (phyai_ros.testing) with the node tests' prompt budget of 48 tokens."""
-    from phyai_ros.testing import make_small_checkpoint as make
-    return make(directory, horizon=horizon, state_dim=state_dim, action_dim=action_dim, seed=seed, cameras=cameras,
+    """The users' helper (phyai_ros.fixtures) with the node tests' prompt budget of 48 tokens."""
+    return fixtures.make_small_checkpoint(directory, horizon=horizon, state_dim=state_dim, action_dim=action_dim, seed=seed, cameras=cameras,
                 image_size=image_size, token_budget=48, policy=policy)
 
 
 # ----------------------------------------------------------------------------- parameters
 def load_params(params_file: Path = CPU_CONFIG, node_name: str = NODE_NAME) -> Dict[str, Any]:
     """The ``ros__parameters`` of ``node_name`` (or ``/**``) in a params file, flattened to dotted names."""
-    raw = yaml.safe_load(Path(params_file).read_text())
-    section = raw.get(node_name) or raw.get("/" + node_name) or raw.get("/**") or {}
-    out: Dict[str, Any] = {}
-
-    def walk(prefix: str, value) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}{k}.", v)
-        else:
-            out[prefix[:-1]] = value
-
-    walk("", section.get("ros__parameters", {}))
-    return out
+    return load_params_file(params_file, node_name)
 
 
 def remapped(params: Dict[str, Any], remaps: Dict[str, str]) -> Dict[str, Any]:
@@ -119,38 +89,29 @@ def with_test_defaults(overrides: Optional[Dict[str, Any]] = None) -> Dict[str, 
     return out
 
 
+def _with_model(checkpoint, tokenizer, overrides: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    return {"model.checkpoint": str(checkpoint), "model.tokenizer": str(tokenizer), **(overrides or {})}
+
+
 def node_ros_args(checkpoint, tokenizer, *, params_file: Path = CPU_CONFIG,
                   overrides: Optional[Dict[str, Any]] = None, remaps: Optional[Dict[str, str]] = None,
                   use_sim_time: bool = False) -> List[str]:
-    """The arguments after ``--ros-args`` for a node with these model files, params file, parameter
-    overrides (taken as given: see ``with_test_defaults``) and topic remappings (node name -> new name).
-    Also what an in-process ``PolicyNode(cli_args=["--ros-args", *node_ros_args(...)])`` takes."""
-    args = ["--params-file", str(params_file), "-p", param_arg("model.checkpoint", str(checkpoint)),
-            "-p", param_arg("model.tokenizer", str(tokenizer))]
-    for name, value in (overrides or {}).items():
-        args += ["-p", param_arg(name, value)]
-    if use_sim_time:
-        args += ["-p", "use_sim_time:=true"]
-    for src, dst in (remaps or {}).items():
-        args += ["-r", f"{src}:={dst}"]
-    return args
+    """``phyai_ros.replay.nodeproc.node_ros_args`` with these model files (overrides taken as given:
+    see ``with_test_defaults``). Also what an in-process ``PolicyNode(cli_args=["--ros-args", ...])`` takes."""
+    return nodeproc.node_ros_args(params_file, _with_model(checkpoint, tokenizer, overrides), remaps, use_sim_time)
 
 
 def node_params(checkpoint, tokenizer, *, params_file: Path = CPU_CONFIG,
                 overrides: Optional[Dict[str, Any]] = None, remaps: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """What a node started with ``node_ros_args`` (same arguments) runs with, topics as remapped:
     the dict a matching ``FakeRobot`` is built from."""
-    params = {**load_params(params_file), **(overrides or {}),
-              "model.checkpoint": str(checkpoint), "model.tokenizer": str(tokenizer)}
-    return remapped(params, remaps or {})
+    return remapped({**load_params(params_file), **_with_model(checkpoint, tokenizer, overrides)}, remaps or {})
 
 
-class NodeProcess(DrainedProcess):
-    """``python -m phyai_ros.node.main`` in a subprocess (this test run's DDS domain), with a thread
-    draining its output so it can never block on a full pipe.
-
-    Arguments as ``node_ros_args``, except that ``overrides`` get the test defaults (``with_test_defaults``).
-    ``params`` is what the node runs with (``node_params``), for building a matching robot."""
+class NodeProcess(nodeproc.PolicyNodeProcess):
+    """The project's one node driver (``PolicyNodeProcess``) with the node tests' defaults: this test
+    run's DDS domain, ``with_test_defaults`` overrides, no sim time unless asked. ``params`` is what the
+    node runs with (``node_params``), for building a matching robot."""
 
     def __init__(self, checkpoint, tokenizer, *, params_file: Path = CPU_CONFIG,
                  overrides: Optional[Dict[str, Any]] = None, remaps: Optional[Dict[str, str]] = None,
@@ -158,9 +119,8 @@ class NodeProcess(DrainedProcess):
         overrides = with_test_defaults(overrides)
         self.params = node_params(checkpoint, tokenizer, params_file=params_file, overrides=overrides,
                                   remaps=remaps)
-        self._spawn(["-m", module, "--ros-args",
-                     *node_ros_args(checkpoint, tokenizer, params_file=params_file, overrides=overrides,
-                                    remaps=remaps, use_sim_time=use_sim_time)])
+        super().__init__(params_file, overrides=_with_model(checkpoint, tokenizer, overrides), remaps=remaps,
+                         use_sim_time=use_sim_time, env=python_env(), module=module, cwd=REPO)
 
     @classmethod
     def from_ros_args(cls, ros_args: Sequence[str], params: Dict[str, Any],
@@ -169,11 +129,9 @@ class NodeProcess(DrainedProcess):
         ``params`` is what those arguments amount to, for building a matching robot."""
         self = cls.__new__(cls)
         self.params = dict(params)
-        self._spawn(["-m", module, "--ros-args", *ros_args])
+        nodeproc.PolicyNodeProcess.__init__(self, ros_args=list(ros_args), params=params, use_sim_time=False,
+                                            env=python_env(), module=module, cwd=REPO)
         return self
-
-    def _spawn(self, args: List[str]) -> None:
-        self._start([sys.executable, *args], python_env(), cwd=REPO)
 
 
 # ----------------------------------------------------------------------------- the robot
@@ -185,13 +143,10 @@ class Received:
 
 
 
-def diagnostics_status(msg, suffix: str):
-    """The DiagnosticStatus of the node whose name ends with ``suffix`` ('control margin' or
-    'inputs and loop'), or None."""
-    for status in msg.status:
-        if status.name.startswith(NODE_NAME) and status.name.endswith(suffix):
-            return status
-    return None
+def diagnostics_status(msg, status: str):
+    """The node's DiagnosticStatus ``status`` (``phyai_ros.diagnostics.MARGIN_STATUS`` or ``LOOP_STATUS``), or None."""
+    name = diagnostics.status_name(NODE_NAME, status)
+    return next((st for st in msg.status if st.name == name), None)
 
 
 def diagnostics_values(status) -> Dict[str, str]:
@@ -200,10 +155,8 @@ def diagnostics_values(status) -> Dict[str, str]:
 
 def diagnostics_counters(msg) -> Dict[str, int]:
     """The loop's counters from one /diagnostics message ({} if it is not the node's)."""
-    status = diagnostics_status(msg, "inputs and loop")
-    if status is None:
-        return {}
-    return {k: int(v) for k, v in diagnostics_values(status).items() if v.lstrip("-").isdigit()}
+    report = diagnostics.parse(msg, 0, NODE_NAME)
+    return report["counters"] if report else {}
 
 
 def pattern_image(hw, seed: int) -> np.ndarray:

@@ -130,28 +130,46 @@ class DrainedProcess:
         self.stop()
 
 
-class PolicyNodeProcess(DrainedProcess):
-    """The policy node in a subprocess, following the replay's /clock.
+def node_ros_args(params_file, overrides: Optional[Mapping[str, Any]] = None,
+                  remaps: Optional[Mapping[str, str]] = None, use_sim_time: bool = False) -> List[str]:
+    """The arguments after ``--ros-args`` for the node: params file, ``-p`` overrides, sim time,
+    ``-r`` remappings (node name -> new name).  Also what an in-process node takes."""
+    args = ["--params-file", str(params_file)]
+    for name, value in (overrides or {}).items():
+        args += ["-p", param_arg(name, value)]
+    if use_sim_time:
+        args += ["-p", "use_sim_time:=true"]
+    for src, dst in (remaps or {}).items():
+        args += ["-r", f"{src}:={dst}"]
+    return args
 
-    ``info`` describes it (from the params file + overrides, without asking the live node)."""
+
+class PolicyNodeProcess(DrainedProcess):
+    """The policy node in a subprocess: the one driver of the node for the replay tool, users' tests
+    (``phyai_ros.testing``) and the project's node tests.
+
+    ``info`` describes it (from the params file + overrides, without asking the live node).
+    ``ros_args``: a ready-made argument list instead (e.g. a launch file's), with ``params`` what it
+    amounts to."""
 
     def __init__(self, params_file=None, *, overrides: Optional[Mapping[str, Any]] = None,
                  remaps: Optional[Mapping[str, str]] = None, use_sim_time: bool = True,
-                 env: Optional[Mapping[str, str]] = None, log_path=None, module: str = "phyai_ros.node.main"):
+                 env: Optional[Mapping[str, str]] = None, log_path=None, module: str = "phyai_ros.node.main",
+                 ros_args: Optional[List[str]] = None, params: Optional[Mapping[str, Any]] = None, cwd=None):
         self.params_file = Path(params_file) if params_file else default_params_file()
         self.overrides = dict(overrides or {})
-        self.info = node_info_for(self.params_file, self.overrides, use_sim_time)
-        args = [sys.executable, "-m", module, "--ros-args", "--params-file", str(self.params_file)]
-        for name, value in self.overrides.items():
-            args += ["-p", param_arg(name, value)]
-        if use_sim_time:
-            args += ["-p", "use_sim_time:=true"]
-        for src, dst in (remaps or {}).items():
-            args += ["-r", f"{src}:={dst}"]
+        if ros_args is None:
+            ros_args = node_ros_args(self.params_file, self.overrides, remaps, use_sim_time)
+            self.info = node_info_for(self.params_file, self.overrides, use_sim_time)
+        else:
+            info_params = dict(params or {})
+            if use_sim_time:
+                info_params["use_sim_time"] = True
+            self.info = NodeInfo.from_params(info_params, source="given parameters")
         full_env = dict(os.environ if env is None else env)
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full_env.get("PYTHONPATH")]))
         full_env.setdefault("PYTHONUNBUFFERED", "1")
-        self._start(args, full_env, log_path)
+        self._start([sys.executable, "-m", module, "--ros-args", *ros_args], full_env, log_path, cwd=cwd)
 
     @property
     def name(self) -> str:
@@ -184,5 +202,5 @@ class PolicyNode(PolicyNodeProcess):
         super().__init__(params_file, overrides=ov, remaps=remaps, use_sim_time=True, log_path=log_path)
 
 
-__all__ = ["DrainedProcess", "PolicyNodeProcess", "PolicyNode", "node_info_for", "default_params_file", "param_arg", "parse_param_args",
-           "PACKAGE_ROOT"]
+__all__ = ["DrainedProcess", "PolicyNodeProcess", "PolicyNode", "node_info_for", "node_ros_args", "default_params_file",
+           "param_arg", "parse_param_args", "PACKAGE_ROOT"]
