@@ -1,8 +1,9 @@
 """Start the pi0 policy node on the robot: `ros2 launch phyai_ros pi0_thor.launch.py`.
 
 The node, its arguments and topic remappings are pi05_thor.launch.py's (included, so the two cannot
-drift apart); this file only points them at pi0's tuning (config/pi0_thor.yaml, `model.type: pi0`)
-and pi0's model folder. Every argument of pi05_thor.launch.py works here too, e.g.
+drift apart); this file only points them at pi0's tuning (config/pi0_thor.yaml) and pi0's model folder
+(the model type and chunk size come from the checkpoint). Every argument of pi05_thor.launch.py works
+here too, e.g.
 `ros2 launch phyai_ros pi0_thor.launch.py checkpoint:=/data/pi0_towels base_camera:=/cam0/image_raw`.
 """
 from launch import LaunchDescription

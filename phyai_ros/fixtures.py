@@ -38,7 +38,7 @@ def require_tokenizer() -> Path:
 def small_model_config(horizon: int = 50, image_size: int = 224, token_budget: int = 64, policy: str = "pi05"):
     """A small pi0.5 or pi0 (parity-fixture sizes: VLM 128x2, expert 64x2, SigLIP 64x2 at 224 px, vocab 1024,
     64-token prompt): one CPU inference takes ~50-100 ms on 2 cores."""
-    from phyai_ros.models.common.config import GemmaConfig, SiglipConfig
+    from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
     from phyai_ros.models.pi0 import Pi0Config
     from phyai_ros.models.pi05 import Pi05Config
     return {"pi05": Pi05Config, "pi0": Pi0Config}[policy](

@@ -105,7 +105,6 @@ def _load_noise(arg, inputs):
 
 
 def _rtc_params(args, meta, inputs, policy):
-    from phyai_ros.models.common.policy import RtcParams
     sched, delay, horizon, max_g = args.rtc, args.inference_delay, args.execution_horizon, args.max_guidance
     if args.case and args.case != "plain":
         cases = {c["name"]: c for c in (meta or {}).get("rtc", [])}
@@ -129,25 +128,18 @@ def _rtc_params(args, meta, inputs, policy):
     prev = _require_finite(f"--inputs key {args.prev_left_over}", inputs[args.prev_left_over].to(torch.float32))
     if args.prev_left_over_space == "robot":
         prev = policy.normalize_actions(prev.to(policy.device))
-    return RtcParams(prev, delay, horizon, sched, 10.0 if max_g is None else max_g, args.rtc_jacobian)
-
-
-def _policy_type(checkpoint) -> str:
-    """config.json's policy type (pi0.5 when it names none)."""
-    from phyai_ros.models.common.checkpoint_io import read_json
-    return read_json(Path(checkpoint) / "config.json").get("type", "pi05")
+    return policy.rtc_tensors(prev, delay, horizon, sched, 10.0 if max_g is None else max_g, args.rtc_jacobian)
 
 
 def _load_policy(args, dtype):
-    """The adapter config.json's type names (pi0.5 when it names none)."""
-    from phyai_ros.models.pi0 import Pi0Policy
-    from phyai_ros.models.pi05 import Pi05Policy
+    """The adapter config.json's type names (pi0.5 when it names none), from the registry of model types."""
+    from phyai_ros.models import MODEL_TYPES, adapter_class, checkpoint_type
 
     cfg_path = Path(args.checkpoint) / "config.json"
-    kind = _policy_type(args.checkpoint)
-    policy_cls = {"pi05": Pi05Policy, "pi0": Pi0Policy}.get(kind)
-    if policy_cls is None:
-        raise InputError(f"{cfg_path}: unsupported policy type {kind!r} (pi05, pi0 and groot are)")
+    kind = checkpoint_type(args.checkpoint)
+    if kind not in MODEL_TYPES:
+        raise InputError(f"{cfg_path}: unsupported policy type {kind!r} ({', '.join(MODEL_TYPES)} and groot are)")
+    policy_cls = adapter_class(kind)
     if args.tokenizer is None:
         raise InputError(f"--tokenizer is required for {kind} checkpoints")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -199,7 +191,8 @@ def _run(args) -> int:
 
     _require_range("--tolerance", args.tolerance, 0.0)
     _require_range("--seed", args.seed, 0, 2**63 - 1)
-    if _policy_type(args.checkpoint) == "groot":   # GR00T N1.7: its own entry point, same flags
+    from phyai_ros.models import checkpoint_type
+    if checkpoint_type(args.checkpoint) == "groot":   # GR00T N1.7: its own entry point, same flags
         from phyai_ros.models.groot_n17.predict import run
         return run(args)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]

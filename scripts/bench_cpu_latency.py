@@ -19,8 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from phyai_ros.models.common import solver  # noqa: E402
-from phyai_ros.models.common.config import GemmaConfig, SiglipConfig  # noqa: E402
+from phyai_ros.modeling import solver  # noqa: E402
+from phyai_ros.modeling.config import GemmaConfig, SiglipConfig  # noqa: E402
 from phyai_ros.models.pi05 import Pi05Config, Pi05Policy, make_random_checkpoint  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "lerobot_parity"

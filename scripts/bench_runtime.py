@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from phyai_ros.models import pi0, pi05  # noqa: E402
-from phyai_ros.models.common.config import GemmaConfig, SiglipConfig  # noqa: E402
+from phyai_ros.modeling.config import GemmaConfig, SiglipConfig  # noqa: E402
 from phyai_ros.models.pi0 import checkpoint as pi0_checkpoint  # noqa: E402
 from phyai_ros.models.pi05 import checkpoint as pi05_checkpoint  # noqa: E402
 from phyai_ros.runtime.roofline import flow_stage_costs  # noqa: E402

@@ -44,6 +44,7 @@ from phyai_ros import diagnostics, fixtures
 from phyai_ros.diagnostics import NODE_NAME
 from phyai_ros.fixtures import require_tokenizer, tokenizer_path  # noqa: F401  (re-exported for the tests)
 from phyai_ros.replay import nodeproc  # the one node driver, shared with the replay tool
+from phyai_ros.replay.nodeproc import param_arg  # noqa: F401  (re-exported for the tests)
 from phyai_ros.replay.nodeinfo import load_params_file
 from ros_helpers import REPO, python_env
 

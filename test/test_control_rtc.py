@@ -1,12 +1,14 @@
 """RTC scheduling: trigger point, delay estimate (cold start excluded, consumed actions),
-Y alignment to the new chunk's time, frozen-prefix splice, modes, soft mask."""
+Y alignment to the new chunk's time, frozen-prefix splice, modes, and the guidance weights they give."""
 import math
 
 import numpy as np
 import pytest
+import torch
 
-from phyai_ros.control import DelayEstimator, soft_mask
+from phyai_ros.control import DelayEstimator
 from phyai_ros.control.testing import make_sim
+from phyai_ros.modeling.solver import pad_prev_chunk, rtc_prefix_weights
 
 from control_cases import DT, MS, H, cfg  # noqa: F401
 
@@ -93,7 +95,7 @@ def _remainder_checks(sim):
         j0 = (rtc.t0_ns - prev.t0_ns) // DT
         assert (rtc.t0_ns - prev.t0_ns) % DT == 0
         np.testing.assert_array_equal(rtc.prefix, prev.actions[j0:])
-        assert rtc.s == H - rtc.n and rtc.d == min(rtc.d, rtc.n)
+        assert rtc.n == H - j0 and rtc.d == min(rtc.d, rtc.n)
         # the last slot emitted before the trigger was prev's index j0 - 1
         trig = [e for e in hist if e.t_ns == snap.taken_ns and e.kind == "chunk"][0]
         assert trig.chunk_seq == prev.seq and trig.index == j0 - 1
@@ -187,20 +189,21 @@ def test_no_prefix_when_previous_chunk_exhausted():
     assert sim.policy.calls[2][1] is None
 
 
-def test_soft_mask_schedules():
-    H_, d, s = 10, 2, 4
-    lin = soft_mask(H_, d, s, "linear")
+def test_guidance_weights_schedules():
+    """The soft mask that runs (the solver's): 1 over the frozen d, a ramp to len(Y), 0 beyond Y."""
+    H_, d, n = 10, 2, 6
+    lin = rtc_prefix_weights(d, n, H_, "linear").numpy()
     np.testing.assert_allclose(lin, [1, 1, 0.8, 0.6, 0.4, 0.2, 0, 0, 0, 0], atol=1e-6)
-    ex = soft_mask(H_, d, s, "exp")
+    ex = rtc_prefix_weights(d, n, H_, "exp").numpy()
     c = np.array([0.8, 0.6, 0.4, 0.2])
     np.testing.assert_allclose(ex[2:6], c * (np.exp(c) - 1) / (math.e - 1), atol=1e-6)
     assert np.all(ex[:2] == 1) and np.all(ex[6:] == 0)
     assert np.all(np.diff(ex[2:6]) < 0)
-    # the request's s makes the mask zero exactly where Y ends
+    # the loop's request (d, n = len(Y)) makes the mask zero exactly where Y ends
     sim = make_sim(cfg(), latency_ns=25 * MS)
     sim.driver.run(30)
     rtc = sim.policy.calls[1][1]
-    w = rtc.soft_mask()
+    w = rtc_prefix_weights(rtc.d, rtc.n, rtc.horizon, rtc.schedule).numpy()
     assert np.all(w[: rtc.d] == 1) and np.all(w[rtc.n:] == 0) and np.all(w[rtc.d: rtc.n] > 0)
-    pp = rtc.padded_prefix()
+    pp = pad_prev_chunk(torch.from_numpy(rtc.prefix.copy()), H, 2)[0].numpy()
     assert pp.shape == (H, 2) and np.array_equal(pp[: rtc.n], rtc.prefix) and not pp[rtc.n:].any()

@@ -27,6 +27,7 @@ from phyai_ros.node.parameters import SPECS
 LAUNCH_FILE = REPO / "launch" / "pi05_thor.launch.py"
 PI0_LAUNCH_FILE = REPO / "launch" / "pi0_thor.launch.py"
 PI0_CONFIG = REPO / "config" / "pi0_thor.yaml"
+FROM_CHECKPOINT = {"model.type", "control.horizon"}   # neither YAML nor launch file restates these
 
 
 # ----------------------------------------------------------------------------- the stand-in
@@ -242,8 +243,9 @@ def test_structure_parameter_overrides_name_declared_parameters(launch_module):
     ev = Evaluated(launch_module.generate_launch_description())
     overrides = ev.overrides()
     assert set(overrides) <= set(SPECS), set(overrides) - set(SPECS)
-    # They are exactly the ones the Thor YAML leaves to the launch file, and are strings.
-    assert set(overrides) == set(SPECS) - set(load_params(THOR_CONFIG))
+    # They are exactly the ones the Thor YAML leaves to the launch file (not what the checkpoint says), and are
+    # strings.
+    assert set(overrides) == set(SPECS) - set(load_params(THOR_CONFIG)) - FROM_CHECKPOINT
     assert all(isinstance(v, str) for v in overrides.values())
     # Every declared argument reaches the node (nothing declared and then ignored).
     ev.command_line()
@@ -265,10 +267,13 @@ def test_pi0_launch_is_the_pi05_node_with_pi0_config_and_model(stand_ins):
     assert ev.included == LAUNCH_FILE
     assert (ev.node["package"], ev.node["executable"], ev.node["name"]) == ("phyai_ros", "onboard_node", NODE_NAME)
     assert ev.params_files() == [str(PI0_CONFIG)]
-    assert load_params(PI0_CONFIG)["model.type"] == "pi0"
+    assert load_params(PI0_CONFIG)["model.id"] == "pi0"
+    # The policy type and chunk size are the checkpoint's, never restated by hand in a config file.
+    for config in (PI0_CONFIG, THOR_CONFIG):
+        assert not {"model.type", "control.horizon"} & set(load_params(config)), config
     assert list(yaml.safe_load(PI0_CONFIG.read_text())) == [NODE_NAME]
     assert ev.overrides()["model.checkpoint"] == "/opt/phyai/models/pi0"
-    assert set(ev.overrides()) == set(SPECS) - set(load_params(PI0_CONFIG))
+    assert set(ev.overrides()) == set(SPECS) - set(load_params(PI0_CONFIG)) - FROM_CHECKPOINT
 
 
 def test_pi0_launch_passes_the_robots_arguments_through(stand_ins):
@@ -288,7 +293,8 @@ def test_equivalent_command_line_remaps_the_running_node(stand_ins, tmp_path, po
     remapped topics are in the ROS graph with the node on them, and it acts on them with that policy."""
     tokenizer = require_tokenizer()
     thor = load_params(PI0_CONFIG if policy == "pi0" else THOR_CONFIG)
-    ckpt = make_small_checkpoint(tmp_path / f"{policy}_small", horizon=thor["control.horizon"],
+    horizon = 50   # the checkpoint's chunk size: the node takes H (and the type) from it
+    ckpt = make_small_checkpoint(tmp_path / f"{policy}_small", horizon=horizon,
                                  state_dim=len(thor["state.joint_names"]), action_dim=len(thor["control.action_names"]),
                                  policy=policy)
     arguments = {"checkpoint": str(ckpt), "tokenizer": str(tokenizer)}
@@ -319,9 +325,8 @@ def test_equivalent_command_line_remaps_the_running_node(stand_ins, tmp_path, po
         # And it acts on the robot's topics: chunks for the robot's cameras and instruction.
         robot.set_instruction("fold the towel")
         assert robot.spin_until(lambda: len(robot.chunks) >= 2, timeout=60), proc.output()
-        assert robot.chunks[0].msg.horizon == thor["control.horizon"]
-        # The node loads by model.type and refuses a checkpoint of another policy type, so chunks from
-        # the pi0 checkpoint are pi0's.
+        assert robot.chunks[0].msg.horizon == horizon
+        # The node loads the type the checkpoint names, so chunks from the pi0 checkpoint are pi0's.
         assert robot.chunks[0].msg.model_id == thor["model.id"]
     finally:
         robot.close()

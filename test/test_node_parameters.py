@@ -33,7 +33,8 @@ def test_parameter_defaults_are_the_control_loops_defaults():
 
     from phyai_ros.control import ControlConfig
     from phyai_ros.node.main import control_config
-    cfg = control_config({name: spec.default for name, spec in SPECS.items()})
+    # control.horizon defaults to 0, "the checkpoint's": the node resolves it (resolved_parameters) first.
+    cfg = control_config({**{name: spec.default for name, spec in SPECS.items()}, "control.horizon": 50})
     differ = {f.name: (getattr(cfg, f.name), f.default) for f in dataclasses.fields(ControlConfig)
               if f.default is not dataclasses.MISSING and f.name not in NOT_LOOP_DEFAULTS
               and getattr(cfg, f.name) != f.default}
@@ -77,14 +78,17 @@ def test_yaml_files_load_through_rcl_into_valid_values(ros_context, params_file)
     for name, value in in_file.items():
         assert values[name] == value, name
     missing = set(SPECS) - set(in_file)
-    assert missing <= {"model.checkpoint", "model.tokenizer", "model.norm_stats"}, missing
+    # Left out: the model files (from the launch file / command line), and what the checkpoint says.
+    assert missing <= {"model.checkpoint", "model.tokenizer", "model.norm_stats", "model.type", "control.horizon"}, \
+        missing
     node.destroy_node()
 
 
 def test_thor_defaults():
     p = load_params(THOR_CONFIG)
     assert (p["model.device"], p["model.dtype"], p["model.cuda_graphs"]) == ("cuda", "bfloat16", True)
-    assert p["control.dt"] == 0.02 and p["control.horizon"] == 50 and p["rtc.mode"] == "guided"
+    assert p["control.dt"] == 0.02 and p["rtc.mode"] == "guided"
+    assert "control.horizon" not in p and "model.type" not in p   # the checkpoint's chunk size and type
     assert len(p["cameras.slots"]) == 3 and all(p["cameras.required"])
 
 

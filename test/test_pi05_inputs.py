@@ -12,9 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from phyai_ros.models.common.config import GemmaConfig, SiglipConfig
+from phyai_ros.control.rtc import make_request
+from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
 from phyai_ros.models.common.normalize import load_norm_stats
-from phyai_ros.models.pi05 import (CheckpointError, Pi05Config, Pi05Policy, PromptTruncatedWarning, RtcRequest,
+from phyai_ros.models.pi05 import (CheckpointError, Pi05Config, Pi05Policy, PromptTruncatedWarning,
                                    load_pi05_checkpoint, make_random_checkpoint)
 from phyai_ros.models.pi05.checkpoint import EXP, LM, VIS
 
@@ -71,7 +72,8 @@ def test_round_trip_random_checkpoint(ckpt_dir, policy):
     b = policy.predict({"base_0_rgb": images["base_0_rgb"], "left_wrist_0_rgb": None}, state, "pick up the cup",
                        noise=torch.zeros(10, 32))
     assert not np.allclose(a, b)
-    r = policy.predict(images, state, "pick up the cup", rtc=RtcRequest(np.zeros((6, 4), np.float32), 2, 5, "exp"))
+    r = policy.predict(images, state, "pick up the cup", rtc=make_request(np.zeros((6, 4), np.float32), 2, mode="guided",
+                                                                     schedule="exp", horizon=10))
     assert r.shape == (10, 4)
 
 
@@ -149,12 +151,16 @@ def test_bad_noise_and_rtc(policy):
     images, state = obs()
     with pytest.raises(ValueError, match="noise"):
         policy.predict(images, state, "task", noise=torch.zeros(50, 32))
-    with pytest.raises(ValueError, match="prev_left_over"):
-        policy.predict(images, state, "task", rtc=RtcRequest(np.zeros((5, 3), np.float32), 2, 5))
+    def request(prefix, schedule="linear", mode="guided"):
+        return make_request(prefix, 2, mode=mode, schedule=schedule, horizon=10)
+    with pytest.raises(ValueError, match="RTC prefix must be"):
+        policy.predict(images, state, "task", rtc=request(np.zeros((5, 3), np.float32)))
     with pytest.raises(ValueError, match="NaN"):
-        policy.predict(images, state, "task", rtc=RtcRequest(np.full((5, 4), np.nan, np.float32), 2, 5))
+        policy.predict(images, state, "task", rtc=request(np.full((5, 4), np.nan, np.float32)))
     with pytest.raises(ValueError, match="schedule"):
-        policy.predict(images, state, "task", rtc=RtcRequest(np.zeros((5, 4), np.float32), 2, 5, "cosine"))
+        policy.predict(images, state, "task", rtc=request(np.zeros((5, 4), np.float32), "cosine"))
+    with pytest.raises(ValueError, match="RTC mode 'native' is not supported by Pi05Policy"):
+        policy.predict(images, state, "task", rtc=request(np.zeros((5, 4), np.float32), mode="native"))
 
 
 def test_prompt_longer_than_budget_is_truncated(policy):

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from phyai_ros.models.common import solver
-from phyai_ros.models.pi05 import Pi05Policy, RtcParams, RtcRequest
+from phyai_ros.modeling import solver
+from phyai_ros.control.rtc import make_request
+from phyai_ros.models.pi05 import Pi05Policy
 from phyai_ros.models.pi05.modeling import prefix_positions
 
 FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
@@ -166,9 +167,8 @@ def rtc_case(fx, name):
 def test_rtc_cases(policy, prepared, fx, name):
     inp, exp = fx["inp"], fx["exp"]
     c = rtc_case(fx, name)
-    params = RtcParams(inp["rtc.prev_chunk_left_over"], c["inference_delay"], c["execution_horizon"],
-                       c["schedule"], c["max_guidance_weight"])
-    guide = policy.rtc_guide(params, batch=2)
+    guide = params = policy.rtc_tensors(inp["rtc.prev_chunk_left_over"], c["inference_delay"], c["execution_horizon"],
+                                        c["schedule"], c["max_guidance_weight"])
     assert maxabs(guide.weights, exp[f"{name}.rtc.prefix_weights"]) <= 1e-7
     assert maxabs(guide.guidance, exp[f"{name}.rtc.guidance_weight"]) <= 1e-6
     trace = {}
@@ -195,18 +195,20 @@ def test_rtc_request_in_robot_units(policy, fx):
     c = rtc_case(fx, "rtc_linear")
     prev_robot = policy.action_norm.unnormalize(inp["rtc.prev_chunk_left_over"][0]).numpy()
     images = {k: v[0] for k, v in raw_images(fx).items()}
+    assert c["max_guidance_weight"] == policy.rtc_max_guidance
+    # The loop's request: Y ends at LeRobot's execution horizon (beyond it the weights are 0 anyway).
+    rtc = make_request(prev_robot[:c["execution_horizon"]], c["inference_delay"], mode="guided", schedule="linear",
+                       horizon=policy.chunk_size)
     out = policy.predict(images, inp["raw.observation.state"][0].numpy(), fx["meta"]["tasks"][0],
-                         noise=inp["noise"][0],
-                         rtc=RtcRequest(prev_robot, c["inference_delay"], c["execution_horizon"], "linear",
-                                        c["max_guidance_weight"]))
+                         noise=inp["noise"][0], rtc=rtc)
     assert maxabs(torch.from_numpy(out), exp["rtc_linear.actions.unnormalized"][0]) <= TOL
 
 
 def test_rtc_vjp_runs_and_differs(policy, prepared, fx):
     inp, exp = fx["inp"], fx["exp"]
     c = rtc_case(fx, "rtc_linear")
-    params = RtcParams(inp["rtc.prev_chunk_left_over"], c["inference_delay"], c["execution_horizon"], "linear",
-                       c["max_guidance_weight"], jacobian="vjp")
+    params = policy.rtc_tensors(inp["rtc.prev_chunk_left_over"], c["inference_delay"], c["execution_horizon"], "linear",
+                                c["max_guidance_weight"], jacobian="vjp")
     out = policy.sample_actions(prepared, inp["noise"], params)
     assert torch.isfinite(out).all()
     assert maxabs(out, exp["rtc_linear.actions.model"]) > 1e-2  # the network Jacobian matters here
@@ -256,7 +258,7 @@ def test_cuda_fp32_and_bf16(fx):
         x = pol.prepare(raw_images(fx), state, fx["meta"]["tasks"])
         outs[dtype] = pol.sample_actions(x, inp["noise"]).cpu()
         c = rtc_case(fx, "rtc_exp")
-        outs[(dtype, "rtc")] = pol.sample_actions(x, inp["noise"], RtcParams(
+        outs[(dtype, "rtc")] = pol.sample_actions(x, inp["noise"], pol.rtc_tensors(
             inp["rtc.prev_chunk_left_over"], c["inference_delay"], c["execution_horizon"], "exp",
             c["max_guidance_weight"])).cpu()
     assert maxabs(outs[torch.float32], exp["actions.model"]) <= TOL
@@ -275,15 +277,14 @@ def test_cuda_graph_capture_of_stages(fx):
     replayed on new inputs copied into the static buffers, equal the eager path."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    from phyai_ros.models.common import solver as S
+    from phyai_ros.modeling import solver as S
     inp, exp = fx["inp"], fx["exp"]
     pol = load_policy("cuda")
     m = pol.model
     x = pol.prepare(raw_images(fx), inp["raw.observation.state"].numpy(), fx["meta"]["tasks"])
     c = rtc_case(fx, "rtc_linear")
-    params = RtcParams(inp["rtc.prev_chunk_left_over"], c["inference_delay"], c["execution_horizon"], "linear",
-                       c["max_guidance_weight"])
-    guide = pol.rtc_guide(params, 2)
+    guide = params = pol.rtc_tensors(inp["rtc.prev_chunk_left_over"], c["inference_delay"], c["execution_horizon"],
+                                     "linear", c["max_guidance_weight"])
     t_table, _ = S.euler_schedule(10, device="cuda")
     mods = m.time_modulation(t_table)
     static = [x.images.clone(), x.image_masks.clone(), x.tokens.clone(), x.token_masks.clone(),

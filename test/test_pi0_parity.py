@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from phyai_ros.models.common import solver
-from phyai_ros.models.common.config import GemmaConfig, SiglipConfig
-from phyai_ros.models.common.paligemma import EXP, prefix_positions
-from phyai_ros.models.pi0 import (CheckpointError, Pi0Config, Pi0Policy, RtcParams, RtcRequest, load_pi0_checkpoint,
+from phyai_ros.control.rtc import make_request
+from phyai_ros.modeling import solver
+from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
+from phyai_ros.modeling.paligemma import prefix_positions
+from phyai_ros.models.common.paligemma_keys import EXP
+from phyai_ros.models.pi0 import (CheckpointError, Pi0Config, Pi0Policy, load_pi0_checkpoint,
                                   make_random_checkpoint)
 
 FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
@@ -102,9 +104,8 @@ def test_plain_actions(policy, prepared, fx):
 def test_rtc_cases(policy, prepared, fx, name):
     inp, exp = fx["inp"], fx["exp"]
     c = next(c for c in fx["meta"]["rtc"] if c["name"] == name)
-    params = RtcParams(inp["rtc.prev_chunk_left_over"], c["inference_delay"], c["execution_horizon"], c["schedule"],
-                       c["max_guidance_weight"])
-    guide = policy.rtc_guide(params, 2)
+    guide = params = policy.rtc_tensors(inp["rtc.prev_chunk_left_over"], c["inference_delay"], c["execution_horizon"],
+                                        c["schedule"], c["max_guidance_weight"])
     assert maxabs(guide.weights, exp[f"{name}.rtc.prefix_weights"]) <= 1e-7
     assert maxabs(guide.guidance, exp[f"{name}.rtc.guidance_weight"]) <= 1e-6
     trace = {}
@@ -126,7 +127,8 @@ def test_single_predict_with_robot_unit_rtc(policy, fx):
     prev = policy.action_norm.unnormalize(inp["rtc.prev_chunk_left_over"][1]).numpy()
     images = {k: v[1] for k, v in raw_images(fx).items()}
     out = policy.predict(images, inp["raw.observation.state"][1].numpy(), fx["meta"]["tasks"][1],
-                         noise=inp["noise"][1], rtc=RtcRequest(prev, 3, 10, "exp", 10.0))
+                         noise=inp["noise"][1],
+                         rtc=make_request(prev[:10], 3, mode="guided", schedule="exp", horizon=50))
     assert out.shape == (50, 7) and maxabs(torch.from_numpy(out), exp["rtc_exp.actions.unnormalized"][1]) <= TOL
 
 

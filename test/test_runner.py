@@ -1,4 +1,5 @@
-"""The runner computes what the adapter's reference solver computes (CPU eager here, CUDA graphs on the device)."""
+"""The runner's captured loop computes what the solver's reference loop computes (CPU eager here, CUDA graphs on
+the device); the adapters sample through it."""
 import json
 import os
 from pathlib import Path
@@ -6,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from phyai_ros.models.pi05 import Pi05Policy, RtcParams
+from phyai_ros.models.pi05 import Pi05Policy
 from phyai_ros.runtime.runner import FlowRunner
 
 FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
@@ -33,20 +34,21 @@ def run_runner(policy, prepared, noise, rtc=None, use_graphs=False):
     cfg = policy.config
     runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=use_graphs)
     bucket = runner.set_observation(prepared.images, prepared.image_masks, prepared.tokens, prepared.token_masks)
-    guide = policy.rtc_guide(rtc, noise.shape[0]) if rtc is not None else None
-    return runner, bucket, runner.sample(bucket, noise.to(policy.device), guide)
+    return runner, bucket, runner.sample(bucket, noise.to(policy.device), rtc)
 
 
-def rtc_params(inp, schedule):
-    return RtcParams(inp["rtc.prev_chunk_left_over"], inference_delay=3, execution_horizon=10, schedule=schedule)
+def rtc_params(policy, inp, schedule):
+    return policy.rtc_tensors(inp["rtc.prev_chunk_left_over"], inference_delay=3, execution_horizon=10,
+                              schedule=schedule)
 
 
 @pytest.mark.parametrize("case", ["plain", "rtc_linear", "rtc_exp"])
 def test_runner_matches_fixture_and_reference_solver(case):
     policy, prepared, inp, exp = load()
-    rtc = None if case == "plain" else rtc_params(inp, case.split("_")[1])
-    _, _, out = run_runner(policy, prepared, inp["noise"], rtc)
-    ref = policy.sample_actions(prepared, inp["noise"], rtc)
+    rtc = None if case == "plain" else rtc_params(policy, inp, case.split("_")[1])
+    runner, bucket, out = run_runner(policy, prepared, inp["noise"], rtc)
+    ref = runner.sample(bucket, inp["noise"], rtc, trace={})   # a trace asks for the solver's reference loop
+    assert (policy.sample_actions(prepared, inp["noise"], rtc) - out).abs().max().item() == 0.0  # the adapter's path
     key = "actions.model" if case == "plain" else f"{case}.actions.model"
     assert (out - exp[key]).abs().max().item() <= 1e-4
     assert (out - ref).abs().max().item() <= 1e-5
@@ -66,12 +68,13 @@ def test_prefix_state_is_invalidated_and_reused_explicitly():
         runner.sample(bucket, inp["noise"])
 
 
-def test_runner_rejects_the_uncapturable_vjp_form():
+def test_runner_runs_the_uncapturable_vjp_form_through_its_reference_loop():
     policy, prepared, inp, _ = load()
     runner, bucket, _ = run_runner(policy, prepared, inp["noise"])
-    guide = policy.rtc_guide(RtcParams(inp["rtc.prev_chunk_left_over"], 3, 10, "exp", jacobian="vjp"), 2)
-    with pytest.raises(ValueError, match="identity-form"):
-        runner.sample(bucket, inp["noise"], guide)
+    prev = inp["rtc.prev_chunk_left_over"]
+    ident = runner.sample(bucket, inp["noise"], policy.rtc_tensors(prev, 3, 10, "exp")).clone()
+    vjp = runner.sample(bucket, inp["noise"], policy.rtc_tensors(prev, 3, 10, "exp", jacobian="vjp"))
+    assert torch.isfinite(vjp).all() and (vjp - ident).abs().max().item() > 1e-3
 
 
 @pytest.mark.gpu
@@ -81,7 +84,7 @@ def test_cuda_graph_replay_matches_eager_on_the_device(case):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     policy, prepared, inp, exp = load(device="cuda")
-    rtc = None if case == "plain" else rtc_params(inp, "exp")
+    rtc = None if case == "plain" else rtc_params(policy, inp, "exp")
     _, _, eager = run_runner(policy, prepared, inp["noise"], rtc, use_graphs=False)
     eager = eager.clone()
     runner, bucket, graphed = run_runner(policy, prepared, inp["noise"], rtc, use_graphs=True)
@@ -93,10 +96,10 @@ def test_cuda_graph_replay_matches_eager_on_the_device(case):
     # A second observation through the same graphs gives that observation's answer.
     flipped = prepared.images.flip(-1).contiguous()
     bucket = runner.set_observation(flipped, prepared.image_masks, prepared.tokens, prepared.token_masks)
-    graphed2 = runner.sample(bucket, inp["noise"].cuda(), policy.rtc_guide(rtc, 2) if rtc else None).clone()
+    graphed2 = runner.sample(bucket, inp["noise"].cuda(), rtc).clone()
     runner_e = FlowRunner(policy.model, 10, 50, 32, use_graphs=False)
     b2 = runner_e.set_observation(flipped, prepared.image_masks, prepared.tokens, prepared.token_masks)
-    eager2 = runner_e.sample(b2, inp["noise"].cuda(), policy.rtc_guide(rtc, 2) if rtc else None)
+    eager2 = runner_e.sample(b2, inp["noise"].cuda(), rtc)
     assert (graphed2 - eager2).abs().max().item() <= 1e-5
     assert (graphed2 - graphed).abs().max().item() > 1e-4
 
@@ -135,7 +138,7 @@ def test_the_same_runner_runs_pi0(case):
     runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False,
                         state_dim=cfg.max_state_dim)
     bucket = runner.set_observation(x.images, x.image_masks, x.tokens, x.token_masks, policy.state_padded(x))
-    rtc = None if case == "plain" else policy.rtc_guide(rtc_params(inp, "linear"), 2)
+    rtc = None if case == "plain" else rtc_params(policy, inp, "linear")
     out = runner.sample(bucket, inp["noise"], rtc)
     key = "actions.model" if case == "plain" else f"{case}.actions.model"
     assert (out - exp[key]).abs().max().item() <= 1e-4

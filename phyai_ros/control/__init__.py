@@ -8,7 +8,7 @@ from .margin import ERROR, OK, WARN, LatencyRecord, MarginMonitor, MarginReport,
 from .observation import (BadImageError, BadStateError, FutureStampError, JointStateMapper, MissingJointError,
                           ObservationBuffer, ObservationError, ObservationSnapshot, OutOfOrderStampError,
                           StaleObservation, UnknownCameraError)
-from .rtc import DelayEstimator, RtcRequest, make_request, should_trigger, soft_mask
+from .rtc import RTC_MODES, DelayEstimator, RtcRequest, make_request, should_trigger
 from .timer import ActionTimer, Emission
 from .worker import InferenceWorker, ManualExecutor
 
@@ -18,6 +18,6 @@ __all__ = [
     "MarginMonitor", "MarginReport", "required_samples", "wilson_lower", "BadImageError", "BadStateError",
     "FutureStampError", "JointStateMapper", "MissingJointError", "ObservationBuffer", "ObservationError",
     "ObservationSnapshot", "OutOfOrderStampError", "StaleObservation", "UnknownCameraError", "DelayEstimator",
-    "RtcRequest", "make_request", "should_trigger", "soft_mask", "ActionTimer", "Emission", "InferenceWorker",
+    "RTC_MODES", "RtcRequest", "make_request", "should_trigger", "ActionTimer", "Emission", "InferenceWorker",
     "ManualExecutor",
 ]

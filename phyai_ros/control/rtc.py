@@ -10,26 +10,27 @@ the guidance math itself lives in the adapter's solver.
   construction).  Cold-start inferences are not added (a first call that compiles/captures
   graphs would inflate d for the whole window).
 * Trigger: start the next inference when the current chunk's remaining (not yet executed)
-  actions <= d_est + s_overlap (DESIGN §2: ``s`` actions remain beyond the expected delay).
+  actions <= d_est + overlap (``ControlConfig.rtc_overlap`` actions beyond the expected delay).
 * At the trigger, the new chunk's action 0 is the next tick slot; Y = the previous chunk's
   actions from that slot on (its not-yet-executed remainder, aligned to the new chunk's
   time), n = len(Y).  The first d = min(d_est, n) new actions are frozen to Y.
-* ``RtcRequest.s`` is the paper's execution horizon, ``H - n``, so the adapter can use the
-  paper's soft mask as written: W_i = 1 for i < d; c_i = (H-s-i)/(H-s-d+1) and
-  W_i = c_i (e^c_i - 1)/(e - 1) (``exp``) or W_i = c_i (``linear``) for d <= i < H-s;
-  W_i = 0 for i >= H-s (beyond Y).  Note: this ``s`` differs from the loop's trigger slack
-  ``ControlConfig.rtc_overlap`` (= DESIGN's s); n ~= d_est + rtc_overlap at the trigger.
+* What the policy makes of Y is the model's business (design.md §3): the pi family's
+  solver turns it into guidance weights (``solver.rtc_prefix_weights``: 1 for i < d, a
+  ramp over d <= i < n, 0 beyond Y; n is LeRobot's "execution horizon") or clean prefix
+  tokens; GR00T N1.7 seeds its loop with it (native RTC).
 """
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-RTC_MODES = ("guided", "trained", "off")
+# The loop's RTC modes (``rtc.mode``). Each model family supports some of them (its adapter's
+# ``rtc_modes``; phyai_ros.models.MODEL_TYPES checks the pair): "guided" inference-time guidance and
+# "trained" prefix-conditioned sampling (pi0, pi0.5), "native" GR00T N1.7's own RTC; "off" everywhere.
+RTC_MODES = ("guided", "trained", "native", "off")
 SCHEDULES = ("exp", "linear")
 
 
@@ -78,75 +79,47 @@ def should_trigger(remaining: int, d_est: int, overlap: int) -> bool:
     return remaining <= d_est + overlap
 
 
-def soft_mask(horizon: int, d: int, s: int, schedule: str = "exp") -> np.ndarray:
-    """The paper's soft guidance weights W [H] (float32) for frozen d, execution horizon s."""
-    H = int(horizon)
-    d = max(0, min(int(d), H))
-    s = max(0, min(int(s), H))
-    w = np.zeros(H, dtype=np.float64)
-    w[:d] = 1.0
-    end = H - s
-    if end > d:
-        i = np.arange(d, end, dtype=np.float64)
-        c = (end - i) / (end - d + 1)
-        if schedule == "exp":
-            w[d:end] = c * np.expm1(c) / (math.e - 1.0)
-        elif schedule == "linear":
-            w[d:end] = c
-        else:
-            raise ValueError(f"unknown schedule {schedule!r}")
-    return w.astype(np.float32)
-
-
 @dataclass(frozen=True)
 class RtcRequest:
-    """What the policy gets besides the observation (``None`` when RTC is off or when
-    nothing of the previous chunk is left).
+    """What the policy gets besides the observation, in robot units (``None`` when RTC is off or
+    when nothing of the previous chunk is left): the one RTC type between loop and policy bridge.
 
-    mode: 'guided' (inpaint toward Y with the soft mask) or 'trained' (feed prefix[:d] as
-        clean action tokens).
-    prefix: Y, float32 [n, D], read-only: previous chunk's actions for times
+    mode: one of RTC_MODES but 'off' (what the model does with Y; see RTC_MODES).
+    schedule: the guidance ramp over d <= i < n (guided mode).
+    prefix: Y, float32 [n, D] robot units, read-only: the previous chunk's actions for times
         t0_ns + j*dt_ns, j < n.
-    d: frozen count (<= n); s: paper's execution horizon = horizon - n.
+    d: frozen count (<= n): the new chunk's first d actions must equal Y's.
     """
 
     mode: str
     schedule: str
     prefix: np.ndarray
     d: int
-    s: int
     horizon: int
     t0_ns: int
     dt_ns: int
 
     @property
     def n(self) -> int:
+        """len(Y): beyond it the new chunk is free (LeRobot's "execution horizon")."""
         return int(self.prefix.shape[0])
 
     @property
     def frozen(self) -> np.ndarray:
         return self.prefix[: self.d]
 
-    def soft_mask(self) -> np.ndarray:
-        return soft_mask(self.horizon, self.d, self.s, self.schedule)
-
-    def padded_prefix(self) -> np.ndarray:
-        """Y zero-padded to [H, D] (rows >= n have weight 0 in the mask)."""
-        out = np.zeros((self.horizon, self.prefix.shape[1]), dtype=np.float32)
-        out[: self.n] = self.prefix
-        return out
-
 
 def make_request(remainder: np.ndarray, d_est: int, *, mode: str, schedule: str, horizon: int,
-                 t0_ns: int, dt_ns: int) -> Optional[RtcRequest]:
-    """Build the request from the previous chunk's remainder Y (already aligned to t0)."""
+                 t0_ns: int = 0, dt_ns: int = 0) -> Optional[RtcRequest]:
+    """Build the request from the previous chunk's remainder Y (already aligned to t0; offline callers
+    without a clock leave t0_ns / dt_ns at 0)."""
     if mode == "off" or remainder is None or len(remainder) == 0:
         return None
     y = np.array(remainder[:horizon], dtype=np.float32)
     y.flags.writeable = False
     n = int(y.shape[0])
-    return RtcRequest(mode=mode, schedule=schedule, prefix=y, d=min(max(0, int(d_est)), n), s=horizon - n,
-                      horizon=int(horizon), t0_ns=int(t0_ns), dt_ns=int(dt_ns))
+    return RtcRequest(mode=mode, schedule=schedule, prefix=y, d=min(max(0, int(d_est)), n), horizon=int(horizon),
+                      t0_ns=int(t0_ns), dt_ns=int(dt_ns))
 
 
-__all__ = ["RTC_MODES", "SCHEDULES", "DelayEstimator", "should_trigger", "soft_mask", "RtcRequest", "make_request"]
+__all__ = ["RTC_MODES", "SCHEDULES", "DelayEstimator", "should_trigger", "RtcRequest", "make_request"]

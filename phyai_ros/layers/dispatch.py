@@ -17,10 +17,15 @@ import torch
 
 from phyai_ros.kernels import _common as _triton_common
 from phyai_ros.layers import ops
-from phyai_ros.layers.selector import SELECTOR, Candidate, shape_key
+from phyai_ros.layers.selector import SELECTOR, Candidate, active_selector, shape_key
 
 Tensor = torch.Tensor
 _CUDA = ("cuda",)
+
+
+def _selector():
+    """The running policy's selector, else the module default (scripts, tests)."""
+    return active_selector() or SELECTOR
 
 
 def _triton_ok() -> bool:
@@ -297,11 +302,11 @@ for _op, _cands in _REGISTRY.items():
 
 # ----------------------------------------------------------------------------- what the models call
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    return SELECTOR.call("linear", shape_key(x, weight), x.device, x, weight, bias)
+    return _selector().call("linear", shape_key(x, weight), x.device, x, weight, bias)
 
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
-    return SELECTOR.call("layer_norm", shape_key(x), x.device, x, weight, bias, eps)
+    return _selector().call("layer_norm", shape_key(x), x.device, x, weight, bias, eps)
 
 
 def linear_add_layer_norm(h: Tensor, x: Tensor, weight: Tensor, bias: Tensor, ln_weight: Tensor, ln_bias: Tensor,
@@ -312,62 +317,62 @@ def linear_add_layer_norm(h: Tensor, x: Tensor, weight: Tensor, bias: Tensor, ln
     the add, then LN), bitwise what SigLIP computed before, while the fused one runs the GEMM without bias and
     adds it in the LN kernel with the residual (one rounding, one kernel instead of four).
     """
-    return SELECTOR.call("linear_add_layer_norm", shape_key(x, weight), x.device, h, x, weight, bias, ln_weight,
+    return _selector().call("linear_add_layer_norm", shape_key(x, weight), x.device, h, x, weight, bias, ln_weight,
                          ln_bias, eps)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return SELECTOR.call("rms_norm", shape_key(x), x.device, x, weight, eps)
+    return _selector().call("rms_norm", shape_key(x), x.device, x, weight, eps)
 
 
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Tuple[Tensor, Tensor]:
     """(rms_norm(x + residual), x + residual)."""
-    return SELECTOR.call("add_rms_norm", shape_key(x), x.device, x, residual, weight, eps)
+    return _selector().call("add_rms_norm", shape_key(x), x.device, x, residual, weight, eps)
 
 
 def ada_rms_norm(x: Tensor, scale: Tensor, shift: Tensor, eps: float) -> Tensor:
-    return SELECTOR.call("ada_rms_norm", shape_key(x), x.device, x, scale, shift, eps)
+    return _selector().call("ada_rms_norm", shape_key(x), x.device, x, scale, shift, eps)
 
 
 def gated_ada_rms_norm(h: Tensor, y: Tensor, gate: Tensor, scale: Tensor, shift: Tensor, eps: float
                        ) -> Tuple[Tensor, Tensor]:
     """(h + y * gate, ada_rms_norm(h + y * gate, scale, shift))."""
-    return SELECTOR.call("gated_ada_rms_norm", shape_key(h), h.device, h, y, gate, scale, shift, eps)
+    return _selector().call("gated_ada_rms_norm", shape_key(h), h.device, h, y, gate, scale, shift, eps)
 
 
 def qkv_rope(qkv: Tensor, cos: Tensor, sin: Tensor, hq: int, hkv: int, d: int) -> Tuple[Tensor, Tensor, Tensor]:
     """Fused QKV output [B, T, (hq + 2 hkv) d] -> rotated q [B, hq, T, d], rotated k and v [B, hkv, T, d]."""
-    return SELECTOR.call("qkv_rope", shape_key(qkv), qkv.device, qkv, cos, sin, hq, hkv, d)
+    return _selector().call("qkv_rope", shape_key(qkv), qkv.device, qkv, cos, sin, hq, hkv, d)
 
 
 def geglu(gate_up: Tensor) -> Tensor:
     """gelu_tanh(gate) * up for gate_up = [gate | up] along the last dim."""
-    return SELECTOR.call("geglu", shape_key(gate_up), gate_up.device, gate_up)
+    return _selector().call("geglu", shape_key(gate_up), gate_up.device, gate_up)
 
 
 def linear_geglu(x: Tensor, gate_up_w: Tensor) -> Tensor:
     """geglu(linear(x, gate_up_w)) for the fused [gate; up] weight [2I, K] -> [..., I]."""
-    return SELECTOR.call("linear_geglu", shape_key(x, gate_up_w), x.device, x, gate_up_w)
+    return _selector().call("linear_geglu", shape_key(x, gate_up_w), x.device, x, gate_up_w)
 
 
 def linear_add_rms_norm(x: Tensor, weight: Tensor, residual: Tensor, norm_w: Tensor, eps: float
                         ) -> Tuple[Tensor, Tensor]:
     """add_rms_norm(linear(x, weight), residual, norm_w, eps): (rms_norm(r), r) for r = residual + x @ W^T."""
-    return SELECTOR.call("linear_add_rms_norm", shape_key(x, weight), x.device, x, weight, residual, norm_w, eps)
+    return _selector().call("linear_add_rms_norm", shape_key(x, weight), x.device, x, weight, residual, norm_w, eps)
 
 
 def linear_gated_ada_rms_norm(x: Tensor, weight: Tensor, h: Tensor, gate: Tensor, scale: Tensor, shift: Tensor,
                               eps: float) -> Tuple[Tensor, Tensor]:
     """gated_ada_rms_norm(h, linear(x, weight), gate, scale, shift, eps): (r, ada_rms_norm(r)) for
     r = h + (x @ W^T) * gate."""
-    return SELECTOR.call("linear_gated_ada_rms_norm", shape_key(x, weight, gate), x.device, x, weight, h, gate,
+    return _selector().call("linear_gated_ada_rms_norm", shape_key(x, weight, gate), x.device, x, weight, h, gate,
                          scale, shift, eps)
 
 
 def attention_with_prefix(q: Tensor, k_prefix: Tensor, v_prefix: Tensor, k_suffix: Tensor, v_suffix: Tensor,
                           mask: Optional[Tensor]) -> Tensor:
     """Attention over [prefix cache; suffix] keys without concatenating them where a kernel can."""
-    return SELECTOR.call("attention_with_prefix", shape_key(q, k_prefix), q.device, q, k_prefix, v_prefix,
+    return _selector().call("attention_with_prefix", shape_key(q, k_prefix), q.device, q, k_prefix, v_prefix,
                          k_suffix, v_suffix, mask)
 
 
@@ -375,9 +380,9 @@ def rope_attention_with_prefix(qkv: Tensor, cos: Tensor, sin: Tensor, k_prefix: 
                                mask: Optional[Tensor]) -> Tensor:
     """The action expert's attention from its fused QKV projection output [B, T, (hq + 2 hkv) d]: RoPE of q
     and of the suffix keys (cos / sin [B, T, d]), then attention over [prefix cache; suffix] -> [B, hq, T, d]."""
-    return SELECTOR.call("rope_attention_with_prefix", shape_key(qkv, k_prefix), qkv.device, qkv, cos, sin,
+    return _selector().call("rope_attention_with_prefix", shape_key(qkv, k_prefix), qkv.device, qkv, cos, sin,
                          k_prefix, v_prefix, mask)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-    return SELECTOR.call("attention", shape_key(q, k), q.device, q, k, v, mask)
+    return _selector().call("attention", shape_key(q, k), q.device, q, k, v, mask)

@@ -14,6 +14,10 @@ last candidate is its reference and always usable: "torch", or, for a fused op,
 
 ``PHYAI_OPS=torch`` forces the torch candidates everywhere (A/B measurements);
 fused ops then run "unfused", i.e. their torch sub-ops.
+
+``SELECTOR`` is the default (scripts, tests, anything outside a policy). A policy owns a selector of its
+own (``SELECTOR.derive(profile)``: same candidates, its own profile and fallbacks) and makes it the active
+one around its calls (``with selector.active():``); the ops ask ``active_selector()`` first.
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ import json
 import logging
 import os
 import threading
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -64,6 +70,25 @@ class OperatorSelector:
     recording: Optional[dict] = None                      # (op, key) -> (args, kwargs) seen, for profiling
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def derive(self, profile_path=None) -> "OperatorSelector":
+        """A selector for one policy: these candidates and this forcing, a copy of the profile plus the
+        given profile file, and fallbacks of its own."""
+        own = OperatorSelector(candidates=self.candidates, forced=self.forced,
+                               profile={sig: {op: dict(t) for op, t in table.items()}
+                                        for sig, table in self.profile.items()})
+        if profile_path:
+            own.load_profile(profile_path)
+        return own
+
+    @contextmanager
+    def active(self):
+        """Make this the selector the ops use in the current thread / context."""
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
     def register(self, op: str, candidate: Candidate) -> None:
         self.candidates.setdefault(op, []).append(candidate)
 
@@ -104,6 +129,14 @@ class OperatorSelector:
                 self.disabled.add((op, key, c.name))
             log.warning("operator %s candidate %s failed for %s (%s); falling back", op, c.name, key, exc)
             return self.call(op, key, device, *args, **kwargs)
+
+
+_ACTIVE: ContextVar[Optional[OperatorSelector]] = ContextVar("phyai_ros_operator_selector", default=None)
+
+
+def active_selector() -> Optional[OperatorSelector]:
+    """The selector made active by the policy running in this context, if any."""
+    return _ACTIVE.get()
 
 
 SELECTOR = OperatorSelector(forced="torch" if os.environ.get("PHYAI_OPS") == "torch" else None)

@@ -44,7 +44,7 @@ from phyai_ros.messages import chunk_to_msg, margin_to_msg, ns_to_time
 from phyai_ros.node.images import ImageConverter, ImageDecodeError
 from phyai_ros.node.parameters import declare_and_read
 from phyai_ros.node.qos import LATCHED, RELIABLE, SENSOR
-from phyai_ros.policies import build_policy
+from phyai_ros.policies import build_policy, resolved_parameters
 
 _LEVEL_BYTES = {0: DiagnosticStatus.OK, 1: DiagnosticStatus.WARN, 2: DiagnosticStatus.ERROR}
 # Counters whose growth during a diagnostics period turns the input status to WARN.
@@ -85,12 +85,12 @@ class PolicyNode(Node):
 
         t = time.monotonic()
         self.policy = build_policy(self.p)
-        self.get_logger().info(f"policy {self.p['model.id']} ready in {time.monotonic() - t:.1f} s "
-                               f"({self.p['model.device']}, {self.p['model.dtype']})")
+        self.p = resolved_parameters(self.p, self.policy)   # model.type and control.horizon: the checkpoint's
+        self.get_logger().info(f"policy {self.p['model.id']} ({self.p['model.type']}, H = {self.p['control.horizon']}) "
+                               f"ready in {time.monotonic() - t:.1f} s ({self.p['model.device']}, {self.p['model.dtype']})")
 
         self._make_publishers()
-        image_size = self.policy.adapter.config.siglip.image_size
-        self.loop = ControlLoop(control_config(self.p, image_size), self.policy,
+        self.loop = ControlLoop(control_config(self.p, self.policy.image_input_size), self.policy,
                                 clock=CallableClock(lambda: self.get_clock().now().nanoseconds),
                                 on_chunk=self._publish_chunk, on_margin=self._publish_margin,
                                 on_event=self._on_event)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from phyai_ros import needs_ros
 from phyai_ros.control.loop import ControlConfig
+from phyai_ros.control.rtc import RTC_MODES
+from phyai_ros.models import MODEL_TYPES
 
 if TYPE_CHECKING:
     from rcl_interfaces.msg import ParameterDescriptor
@@ -34,7 +36,8 @@ def _loop(field: str) -> Any:
 # name -> spec; dotted names become nested YAML keys under ros__parameters.
 SPECS: dict[str, Spec] = {
     # Model
-    "model.type": Spec("pi05", "policy adapter to load", choices=("pi05", "pi0")),
+    "model.type": Spec("", "policy type (an entry of phyai_ros.models.MODEL_TYPES); empty: the checkpoint's "
+                           "config.json type, which a given type must match", choices=("",) + tuple(MODEL_TYPES)),
     "model.id": Spec("pi05", "model id written into every ActionChunk"),
     "model.checkpoint": Spec("", "LeRobot/openpi checkpoint folder (config.json + model.safetensors); "
                                  "empty with model.random_init runs random weights for tests"),
@@ -72,13 +75,15 @@ SPECS: dict[str, Spec] = {
     "instruction.default": Spec(_loop("default_instruction"), "instruction used until one arrives; empty waits for one"),
     # Control
     "control.dt": Spec(0.02, "action period (s); the action timer runs at 1/dt", range=(0.001, 1.0)),
-    "control.horizon": Spec(50, "actions per chunk (H)", range=(1, 1000)),
+    "control.horizon": Spec(0, "actions per chunk (H); 0: the checkpoint's chunk size, which a given value must "
+                               "match", range=(0, 1000)),
     "control.action_names": Spec(["joint_0", "joint_1", "joint_2", "joint_3", "joint_4", "joint_5", "gripper"],
                                  "names of the D action values, in the policy's action order"),
     "control.deadline_policy": Spec(_loop("deadline_policy"), "what the timer does when the chunk runs out",
                                     choices=("hold_last", "stop", "extrapolate_tail")),
     # Real-time chunking
-    "rtc.mode": Spec(_loop("rtc_mode"), "real-time chunking mode", choices=("guided", "trained", "off")),
+    "rtc.mode": Spec(_loop("rtc_mode"), "real-time chunking mode (the model type must support it: see "
+                                        "phyai_ros.models.check_rtc_mode)", choices=RTC_MODES),
     "rtc.schedule": Spec(_loop("rtc_schedule"), "soft-mask schedule over the overlap", choices=("exp", "linear")),
     "rtc.overlap": Spec(_loop("rtc_overlap"), "s: the next inference starts when this many actions of the current chunk remain "
                            "beyond the expected delay d", range=(0, 1000)),
@@ -191,6 +196,6 @@ def validate(values: dict[str, Any]) -> None:
         raise ParameterError("state.joint_names is empty")
     if not values["control.action_names"]:
         raise ParameterError("control.action_names is empty")
-    if values["rtc.overlap"] >= values["control.horizon"]:
+    if values["control.horizon"] and values["rtc.overlap"] >= values["control.horizon"]:  # 0: checked at load
         raise ParameterError(
             f"rtc.overlap ({values['rtc.overlap']}) must be below control.horizon ({values['control.horizon']})")

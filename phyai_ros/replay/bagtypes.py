@@ -10,6 +10,8 @@ full, a partial copy): the complete records before the cut, as ``ros2 bag reinde
 """
 from __future__ import annotations
 
+import importlib
+
 import contextlib
 import functools
 import os
@@ -196,3 +198,14 @@ def parse_remaps(items: Optional[Iterable[str]]) -> dict:
 
 __all__ = ["typestore", "msg_dir", "registered_msgtype", "UnknownMessageType", "open_bag", "recovered_files",
            "absolute_topic", "parse_remaps"]
+
+
+def ros_type(msgtype: str):
+    """'sensor_msgs/msg/Image' -> the rclpy message class.  Only a registered interface package is
+    imported (the name comes from a bag, and importing runs code): anything else raises
+    UnknownMessageType; ImportError/AttributeError if registered but not importable here."""
+    if not registered_msgtype(msgtype):
+        raise UnknownMessageType(f"{msgtype}: unknown message type (no registered interface package provides it; "
+                                 "not imported)")
+    pkg, kind, name = msgtype.split("/")
+    return getattr(importlib.import_module(f"{pkg}.{kind}"), name)

@@ -4,7 +4,8 @@
 
 (``scripts/demo.sh`` sets up the environment first.)  Steps, all on the CPU, no download:
 
-1. a small random-weight pi0.5 checkpoint (fixture sizes, 50-action chunks) and the fixture
+1. the small pi0.5 trained on this demo's task (``checkpoints/tiny_pi05_demo``, fixture sizes,
+   50-action chunks; a random-weight one for the stepped mode's 20-action chunks) and the fixture
    tokenizer (``$PHYAI_PARITY_FIXTURES``);
 2. a synthetic robot session bag (3 cameras at 15-30 Hz, joint states at 50 Hz, an instruction);
 3. the onboard policy node (``config/pi05_cpu_test.yaml``, 50 Hz control, ``use_sim_time``);
@@ -101,6 +102,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a = ap.parse_args(argv)
 
     from phyai_ros.fixtures import fixtures_dir, make_small_checkpoint, tokenizer_path
+    from phyai_ros.replay.nodeproc import PACKAGE_ROOT
     t_start = time.monotonic()
 
     def say(msg: str) -> None:
@@ -120,8 +122,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run.mkdir(parents=True, exist_ok=True)
     say(f"working in {run}")
 
-    ckpt = make_small_checkpoint(run / "checkpoint", horizon=horizon)
-    say(f"small pi0.5 checkpoint (random weights, {horizon}-action chunks): {ckpt}")
+    trained = PACKAGE_ROOT / "checkpoints" / "tiny_pi05_demo"
+    if not stepped and (trained / "model.safetensors").is_file():
+        ckpt = trained
+        say(f"small pi0.5 trained on this demo's task (checkpoints/README.md; 50-action chunks for 50 Hz): {ckpt}")
+    else:
+        ckpt = make_small_checkpoint(run / "checkpoint", horizon=horizon)
+        say(f"small pi0.5 checkpoint (random weights, {horizon}-action chunks): {ckpt}")
     if not stepped:
         latency = measure_inference(ckpt, tok)
         if a.rate_hz:
@@ -129,6 +136,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             dt, why = size_control_rate(latency, horizon)
         state_rate = 1.0 / dt
+        if ckpt == trained and abs(dt - 0.02) > 1e-9:
+            why += f" (the policy was trained at 50 Hz: its motion plays {dt / 0.02:g}x slower)"
         say(f"control rate {why}")
         duration, why = session_length(a.duration, latency, dt, horizon)
         say(f"session length {why}")

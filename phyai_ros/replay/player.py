@@ -25,7 +25,6 @@ logic, not the machine (the report says so).
 """
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import threading
@@ -39,8 +38,9 @@ import numpy as np
 from phyai_ros.replay.accounting import Accounting, Snapshot, account
 from phyai_ros import diagnostics, needs_ros
 from phyai_ros.diagnostics import NODE_NAME
-from phyai_ros.control.clock import NS_PER_S, stamp_to_ns
-from phyai_ros.replay.bagtypes import UnknownMessageType, registered_msgtype, typestore
+from phyai_ros.control.clock import NS_PER_S
+from phyai_ros.replay.recording import Received, Recording, parse_diagnostics  # noqa: F401  (public here too)
+from phyai_ros.replay.bagtypes import UnknownMessageType, ros_type, typestore
 from phyai_ros.replay.nodeinfo import NodeInfo, query_node
 from phyai_ros.replay.scan import CLOCK_TOPIC, Event, Session, iter_bag
 
@@ -71,16 +71,6 @@ class ReplayOptions:
             raise ValueError("rate must be > 0")
         if self.out_storage not in ("mcap", "sqlite3"):
             raise ValueError("out_storage must be 'mcap' or 'sqlite3'")
-
-
-@dataclass
-class Received:
-    seq: int          # receipt order over all recorded topics
-    sim_ns: int       # replay clock at receipt
-    epoch: int        # replay-clock segment at receipt
-    wall: float       # time.monotonic() at receipt
-    msg: Any
-    bag_ns: int = 0   # input-bag time at receipt (the output bag's timestamp)
 
 
 @dataclass(frozen=True)
@@ -144,22 +134,6 @@ class ReplayResult:
             **self.session_bounds.to_dict(), "accounting": self.accounting.to_dict(s.items),
             "events": [e.to_dict() for e in self.events], "out": str(self.out_path) if self.out_path else None,
         }
-
-
-def ros_type(msgtype: str):
-    """'sensor_msgs/msg/Image' -> the rclpy message class.  Only a registered interface package is
-    imported (the name comes from a bag, and importing runs code): anything else raises
-    UnknownMessageType; ImportError/AttributeError if registered but not importable here."""
-    if not registered_msgtype(msgtype):
-        raise UnknownMessageType(f"{msgtype}: unknown message type (no registered interface package provides it; "
-                                 "not imported)")
-    pkg, kind, name = msgtype.split("/")
-    return getattr(importlib.import_module(f"{pkg}.{kind}"), name)
-
-
-def parse_diagnostics(msg) -> Optional[dict]:
-    """The policy node's /diagnostics report as a dict (``phyai_ros.diagnostics.parse``), or None."""
-    return diagnostics.parse(msg, stamp_to_ns(msg.header.stamp))
 
 
 class _Output:
@@ -271,21 +245,15 @@ class _Replay:
         node = rn.node
         self.info = session.node
         self.dt_ns = int(round(self.info.dt * NS_PER_S))
-        self.events: List[Event] = list(session.events)
-        self._cond = threading.Condition()
-        self._seq = 0
         self.clock_ns = 0          # replay clock (what /clock says)
         self.bag_ns = 0            # position on the input bag's timeline (monotonic): the output bag's time
         self._offset = 0           # bag time - replay clock in the current clock segment
         self.epoch = 0
-        self.chunks: List[Received] = []
-        self.margins: List[Received] = []
-        self.commands: List[Received] = []
-        self.diags: List[Received] = []
-        self._diag_by_stamp: Dict[int, dict] = {}
+        self.out = _Output(Path(out_path), options.out_storage) if out_path is not None else None
+        self.rec = Recording(self.info, self.out, lambda: (self.clock_ns, self.bag_ns, self.epoch),
+                             events=session.events)
         self._first_pub: Optional[Tuple[int, int]] = None   # (diagnostics received, clock) at the first message
         self._last_pub: Optional[Tuple[int, int]] = None    # ... at the last message
-        self.out = _Output(Path(out_path), options.out_storage) if out_path is not None else None
         self.ClockMsg = Clock
 
         self.clock_pub = node.create_publisher(Clock, CLOCK_TOPIC, reliable_depth(1))
@@ -308,78 +276,14 @@ class _Replay:
                 it.publish = False
                 it.detail = "message type not available to rclpy here"
         for topic in sorted(unavailable):
-            self._add_event(Event("type_unavailable", f"{session.topics[topic]['msgtype']} cannot be published "
+            self.rec.add_event(Event("type_unavailable", f"{session.topics[topic]['msgtype']} cannot be published "
                                      "(no rclpy type installed); not played", topic=topic, source="replay"))
 
-        # outputs
-        self._subs = []
-        record_qos = reliable_depth(200)
-        for topic, msgtype in self.info.output_types().items():
-            cls = ros_type(msgtype)
-            if self.out is not None:
-                self.out.add(topic, msgtype)
-            self._subs.append(node.create_subscription(cls, topic, self._recorder(topic, msgtype, cls),
-                                                       record_qos, raw=True))
+        self.rec.subscribe(node)
         if self.out is not None and options.record_inputs:
             for topic, meta in session.topics.items():
                 if meta.get("role") not in ("excluded", "clock") and meta["out_topic"] in self.pubs:
                     self.out.add(meta["out_topic"], meta["msgtype"])
-
-    # ------------------------------------------------------------------ recording
-    def _recorder(self, topic: str, msgtype: str, cls):
-        from rclpy.serialization import deserialize_message
-        from phyai_ros.messages import msg_to_chunk, msg_to_margin
-        info = self.info
-
-        def parse(raw: bytes):
-            msg = deserialize_message(raw, cls)
-            if topic == info.chunk_topic:
-                return msg_to_chunk(msg)
-            if topic == info.margin_topic:
-                return msg_to_margin(msg)
-            if topic == "/diagnostics":
-                return parse_diagnostics(msg)
-            if topic == info.command_topic:
-                if hasattr(msg, "points"):
-                    return (stamp_to_ns(msg.header.stamp), np.asarray(msg.points[0].positions if msg.points else [],
-                                                                   dtype=np.float64))
-                return (None, np.asarray(msg.data, dtype=np.float64))
-            return None
-
-        def callback(raw: bytes) -> None:
-            t, tb = self.clock_ns, self.bag_ns
-            if self.out is not None:
-                self.out.write(topic, tb, raw)
-            try:
-                value = parse(raw)
-            except Exception as exc:  # noqa: BLE001 - a malformed output is an event, not a crash
-                with self._cond:
-                    self._add_event(Event("bad_output", f"{topic}: {type(exc).__name__}: {exc}", topic=topic,
-                                             sim_ns=t, source="replay"))
-                return
-            if value is None:
-                return
-            with self._cond:
-                rec = Received(self._seq, t, self.epoch, time.monotonic(), value, tb)
-                self._seq += 1
-                if topic == info.chunk_topic:
-                    self.chunks.append(rec)
-                elif topic == info.margin_topic:
-                    self.margins.append(rec)
-                elif topic == info.command_topic:
-                    self.commands.append(rec)
-                elif topic == "/diagnostics":
-                    self.diags.append(rec)
-                    self._diag_by_stamp[value["stamp_ns"]] = value
-                self._cond.notify_all()
-
-        return callback
-
-    def _add_event(self, e: Event) -> None:
-        if e.log_ns is None:
-            e.log_ns = self.bag_ns or None
-        with self._cond:
-            self.events.append(e)
 
     # ------------------------------------------------------------------ clock and publishing
     def _set_clock(self, t_ns: int, bag_ns: Optional[int] = None) -> None:
@@ -394,10 +298,10 @@ class _Replay:
         self.clock_pub.publish(msg)
 
     def _publish(self, item, raw: bytes) -> None:
-        with self._cond:
+        with self.rec.cond:
             if self._first_pub is None:
-                self._first_pub = (len(self.diags), self.clock_ns, self.bag_ns)
-            self._last_pub = (len(self.diags), self.clock_ns, self.bag_ns)
+                self._first_pub = (len(self.rec.diags), self.clock_ns, self.bag_ns)
+            self._last_pub = (len(self.rec.diags), self.clock_ns, self.bag_ns)
         pub = self.pubs.get(item.out_topic)
         if pub is not None:
             pub.publish(bytes(raw))
@@ -405,28 +309,8 @@ class _Replay:
             self.out.write(item.out_topic, self.bag_ns, bytes(raw))
 
     def _wait(self, predicate: Callable[[], bool], timeout: float, republish: Optional[int] = None) -> bool:
-        """Wait (wall) until predicate() under the lock; optionally re-send /clock every 0.5 s
-        (it is best-effort on the node's side)."""
-        deadline = time.monotonic() + timeout
-        next_resend = time.monotonic() + 0.5
-        with self._cond:
-            while not predicate():
-                now = time.monotonic()
-                if now >= deadline:
-                    return False
-                if republish is not None and now >= next_resend:
-                    self._cond.release()
-                    try:
-                        self._set_clock(republish)
-                    finally:
-                        self._cond.acquire()
-                    next_resend = now + 0.5
-                self._cond.wait(min(0.05, max(0.0, deadline - now)))
-            return True
-
-    def _latest_diag(self) -> Optional[dict]:
-        with self._cond:
-            return self.diags[-1].msg if self.diags else None
+        """``Recording.wait``, re-sending /clock = ``republish`` every 0.5 s (best-effort on the node's side)."""
+        return self.rec.wait(predicate, timeout, None if republish is None else (lambda: self._set_clock(republish)))
 
     # ------------------------------------------------------------------ startup
     def _sync_start(self, t0: int) -> dict:
@@ -437,10 +321,10 @@ class _Replay:
             if not self.alive():
                 raise RuntimeError("the policy node exited before the replay started")
             self._set_clock(t)
-            if self._wait(lambda: t in self._diag_by_stamp, 2.0, republish=t):
-                return self._diag_by_stamp[t]
-            with self._cond:
-                foreign = [d.msg["stamp_ns"] for d in self.diags if abs(d.msg["stamp_ns"] - t) > 60 * NS_PER_S]
+            if self._wait(lambda: t in self.rec.diag_by_stamp, 2.0, republish=t):
+                return self.rec.diag_by_stamp[t]
+            with self.rec.cond:
+                foreign = [d.msg["stamp_ns"] for d in self.rec.diags if abs(d.msg["stamp_ns"] - t) > 60 * NS_PER_S]
             if len(foreign) >= 2:
                 raise RuntimeError("the policy node does not follow /clock (its reports carry another time): "
                                    "start it with -p use_sim_time:=true")
@@ -473,7 +357,7 @@ class _Replay:
             complete = played == len(s.items)
         except _NodeLost as exc:
             played = exc.played
-            self._add_event(Event("node_lost", "the policy node exited during the replay", sim_ns=self.clock_ns,
+            self.rec.add_event(Event("node_lost", "the policy node exited during the replay", sim_ns=self.clock_ns,
                                      source="replay"))
         wall = time.monotonic() - w_start
         time.sleep(0.2)  # outputs still in flight
@@ -487,14 +371,14 @@ class _Replay:
         if not self.alive():
             raise _NodeLost(stats["played"])
         self._set_clock(t)
-        if not self._wait(lambda: t in self._diag_by_stamp, self.o.step_timeout, republish=t):
+        if not self._wait(lambda: t in self.rec.diag_by_stamp, self.o.step_timeout, republish=t):
             stats["missed_reports"] += 1
             if stats["missed_reports"] <= 3:
-                self._add_event(Event("step_timeout", f"no node report for the tick at {t} within "
+                self.rec.add_event(Event("step_timeout", f"no node report for the tick at {t} within "
                                          f"{self.o.step_timeout:g} s; stepping on (results may depend on timing)",
                                          sim_ns=t, source="replay"))
             return
-        d = self._diag_by_stamp[t]
+        d = self.rec.diag_by_stamp[t]
         ticks = d["counters"].get("ticks")
         if stats["ticks"] is not None and ticks is not None and ticks != stats["ticks"] + 1:
             stats["tick_mismatch"] += 1
@@ -502,8 +386,8 @@ class _Replay:
         if diagnostics.in_flight(d):
             base = stats["baseline_chunks"]
             want = d["counters"].get("chunks", 0) - base + 1
-            if not self._wait(lambda: len(self.chunks) >= want, self.o.inference_timeout):
-                self._add_event(Event("inference_timeout", f"an inference started by the tick at {t} delivered "
+            if not self._wait(lambda: len(self.rec.chunks) >= want, self.o.inference_timeout):
+                self.rec.add_event(Event("inference_timeout", f"an inference started by the tick at {t} delivered "
                                          f"no chunk within {self.o.inference_timeout:g} s", sim_ns=t,
                                          source="replay"))
 
@@ -511,12 +395,12 @@ class _Replay:
         """Step on grid points from t until the node reports a tick; returns the grid point reached."""
         for _ in range(attempts):
             self._set_clock(t)
-            if self._wait(lambda: t in self._diag_by_stamp, 1.0, republish=t):
+            if self._wait(lambda: t in self.rec.diag_by_stamp, 1.0, republish=t):
                 stats["ticks"] = None
                 self._tick(t, False, stats)  # consumes the report (in-flight inference, tick count)
                 return t
             t += self.dt_ns
-        self._add_event(Event("step_timeout", "the node did not report a tick after the clock jump; stepping on",
+        self.rec.add_event(Event("step_timeout", "the node did not report a tick after the clock jump; stepping on",
                                  sim_ns=t, source="replay"))
         return t
 
@@ -526,7 +410,7 @@ class _Replay:
             raise RuntimeError(f"stepped mode needs one node report per tick: start the node with "
                                f"-p diagnostics.period:={self.info.dt:g} (it has {self.info.diagnostics_period:g})")
         stats = {"played": 0, "missed_reports": 0, "tick_mismatch": 0, "ticks": None,
-                 "baseline_chunks": self._latest_diag()["counters"].get("chunks", 0)}
+                 "baseline_chunks": self.rec.latest_diag()["counters"].get("chunks", 0)}
         cur = t0
         pending = False
         jumps = list(s.time_map.jumps)  # (bag time, clock before, clock after), in bag order
@@ -536,15 +420,15 @@ class _Replay:
             while jumps and jumps[0][0] <= item.log_ns:
                 _, before, after = jumps.pop(0)
                 target = (after // dt) * dt
-                self._add_event(Event("clock_jump_played", f"replay clock jumped {(target - cur) / NS_PER_S:+.3f} s",
+                self.rec.add_event(Event("clock_jump_played", f"replay clock jumped {(target - cur) / NS_PER_S:+.3f} s",
                                          sim_ns=target, log_ns=item.log_ns, source="replay"))
                 if after < before:
                     # The node resets its timers on a jump back to (new time + period).  Land the jump on
                     # the grid point before the target and publish nothing but grid points until the node
                     # reports a tick again, so its timer phase stays on the grid.
-                    with self._cond:
+                    with self.rec.cond:
                         self.epoch += 1
-                        self._diag_by_stamp.clear()
+                        self.rec.diag_by_stamp.clear()
                     if pending and self.o.settle > 0:
                         time.sleep(self.o.settle)
                     pending = False
@@ -571,7 +455,7 @@ class _Replay:
             self._tick(cur, pending, stats)
             pending = False
         if stats["tick_mismatch"]:
-            self._add_event(Event("tick_mismatch", f"{stats['tick_mismatch']} steps did not advance the node's tick "
+            self.rec.add_event(Event("tick_mismatch", f"{stats['tick_mismatch']} steps did not advance the node's tick "
                                      "counter by exactly one (timer phase off the grid?)", source="replay"))
         return n if stats["played"] == n else stats["played"]
 
@@ -624,10 +508,10 @@ class _Replay:
         def pass_jumps(log_ns: int) -> None:
             while jumps and jumps[0][0] <= log_ns:
                 jl, before, after = jumps.pop(0)
-                self._add_event(Event("clock_jump_played", f"replay clock jumped {(after - before) / NS_PER_S:+.3f} s",
+                self.rec.add_event(Event("clock_jump_played", f"replay clock jumped {(after - before) / NS_PER_S:+.3f} s",
                                          sim_ns=after, log_ns=jl, source="replay"))
                 if after < before:
-                    with self._cond:
+                    with self.rec.cond:
                         self.epoch += 1
                     # land on the control grid so the node's reset timer keeps ticking on it
                     g = (after // self.dt_ns) * self.dt_ns
@@ -662,8 +546,8 @@ class _Replay:
         deadline = time.monotonic() + 2.0 + 2 * self.info.diagnostics_period / o.rate
         log_now = log_end
         while time.monotonic() < deadline:
-            with self._cond:
-                if any(d.msg["stamp_ns"] >= end_clock for d in self.diags[-3:]):
+            with self.rec.cond:
+                if any(d.msg["stamp_ns"] >= end_clock for d in self.rec.diags[-3:]):
                     break
             log_now += step
             wait_until(log_now)
@@ -673,9 +557,9 @@ class _Replay:
     # ------------------------------------------------------------------ results
     def _finish(self, baseline: dict, played: int, complete: bool, wall: float, lags: list) -> ReplayResult:
         s, o = self.s, self.o
-        with self._cond:
-            chunks, margins = list(self.chunks), list(self.margins)
-            commands, diags = list(self.commands), list(self.diags)
+        with self.rec.cond:
+            chunks, margins = list(self.rec.chunks), list(self.rec.margins)
+            commands, diags = list(self.rec.commands), list(self.rec.diags)
         from phyai_ros.control.loop import COUNTERS
         last = diags[-1].msg if diags else baseline
         # The session: from the last report before the first message to the first report after the last
@@ -698,7 +582,7 @@ class _Replay:
         acc = account(s, snapshots, played=played, end_sim_ns=self._last_pub[1] if self._last_pub else self.clock_ns,
                       end_epoch=end_epoch,
                       node_counters=counters, race_window_ns=int(race * NS_PER_S))
-        events = list(self.events)
+        events = list(self.rec.events)
         for kind in ("stale_snapshots", "deadline_misses", "clock_jumps", "inference_errors", "bad_chunks",
                      "expired_chunks", "late_chunks", "discarded_after_reset", "callback_errors", "worker_crashes"):
             if counters.get(kind, 0) > 0:
@@ -737,8 +621,7 @@ class _Replay:
             self.out.write(SUMMARY_TOPIC, self.bag_ns, bytes(ts.serialize_cdr(String(data=summary),
                                                                                "std_msgs/msg/String")))
             self.out.close()
-        for sub in self._subs:
-            self.rn.node.destroy_subscription(sub)
+        self.rec.unsubscribe(self.rn.node)
         return result
 
 

@@ -44,7 +44,8 @@ class Run:
 
 def load_run(path) -> Run:
     from phyai_ros.messages import MalformedMessageError, msg_to_chunk, msg_to_margin
-    from phyai_ros.replay.player import EVENTS_TOPIC, SUMMARY_TOPIC, parse_diagnostics
+    from phyai_ros.replay.player import EVENTS_TOPIC, SUMMARY_TOPIC
+    from phyai_ros.replay.recording import parse_diagnostics
 
     path = Path(path)
     run = Run(path=path)

@@ -1,17 +1,19 @@
 """The flow-policy runner: static buffers, the prefix cache and CUDA-graph replay.
 
-Ownership (see DESIGN): the adapter says *what* to compute (stage functions, the
-solver update, the RTC tensors); the runner owns *how*: per-bucket static input
-buffers, the prefix KV cache and its validity, precomputed time tables, and three
-captured graphs per bucket (vision+embedding, prefix KV, the whole denoising loop
-with its RTC guidance). On the CPU, or with graphs off, the same functions run
-eagerly on the same buffers, so both paths compute the same thing.
+Ownership (design.md §1): the model says *what* to compute (stage functions), the adapter which solver
+request (the RTC tensors); the runner owns *how*, and the stage order, once: per-bucket static input
+buffers, the prefix KV cache and its validity, precomputed time tables, and three captured graphs per
+bucket (vision+embedding, prefix KV, the whole denoising loop with its RTC guidance). The adapters sample
+through it on every device: on the CPU, or with graphs off, the same functions run eagerly on the same
+buffers, so both paths compute the same thing. Requests the captured loop does not hold (training-time RTC,
+the paper's VJP form, a per-step trace) run the reference solver loop eagerly against the same prefix state.
 
 The model object must provide the pi-family stage API (pi0.5 and pi0 both do)::
 
     embed_prefix(images, image_masks, tokens, token_masks) -> (embs, pad)
     prefix_state(embs, pad, state_padded) -> what every step of one observation reuses (KV, masks, ...)
-    step_tables(t_table) -> per-step time conditioning, indexable by step
+    step_tables(t_table) -> per-step time conditioning, indexable by step (per token for training-time RTC:
+        solver.per_token mixes step k's table with the t = 0 one)
     velocity(x_t, prefix_state, table_k) -> v
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from phyai_ros.models.common import solver
+from phyai_ros.modeling import solver
 from phyai_ros.runtime.graphs import CapturedCall, GraphRegistry
 
 Tensor = torch.Tensor
@@ -64,6 +66,7 @@ class FlowRunner:
         with torch.no_grad():
             self.t_table, self.dt = solver.euler_schedule(num_steps, device=self.device)
             self.tables = model.step_tables(self.t_table)   # before the loop, once per model
+            self.clean_table = model.step_tables(torch.zeros(1, device=self.device))[0]   # flow time 0
         self.registry = GraphRegistry() if self.use_graphs else None
         self._buckets: dict[tuple, _Bucket] = {}
         self._observation_ids = itertools.count(1)
@@ -84,6 +87,15 @@ class FlowRunner:
             v = solver.rtc_guided_velocity(x, v, t, y, weights, guidance[k])
             x = solver.euler_step(x, v, self.dt)
         return x
+
+    def _reference_loop(self, prefix_state, noise: Tensor, guide: Optional[solver.RtcTensors], trace) -> Tensor:
+        """The solver's reference loop over the same stages (eager): every RTC form, and a per-step trace."""
+        def velocity(x, k, frozen=None):
+            table = self.tables[k] if frozen is None else solver.per_token(self.tables[k], self.clean_table,
+                                                                             frozen, x.shape[0])
+            return self.model.velocity(x, prefix_state, table)
+
+        return solver.sample(velocity, noise, self.num_steps, guide, trace, self.t_table)
 
     # ---------------------------------------------------------------- buffers
     def _bucket(self, batch: int, n_slots: int, size: int, n_tokens: int) -> _Bucket:
@@ -163,17 +175,18 @@ class FlowRunner:
         return b
 
     @torch.no_grad()
-    def sample(self, bucket: _Bucket, noise: Tensor, guide: Optional[solver.RtcGuide] = None) -> Tensor:
+    def sample(self, bucket: _Bucket, noise: Tensor, guide: Optional[solver.RtcTensors] = None,
+               trace: Optional[dict] = None) -> Tensor:
         """Denoise from ``noise`` (x at t=1) against the bucket's prefix state; returns x at t=0.
 
         The returned tensor is the bucket's static output under graphs: the next call overwrites it.
+        trace, if given, collects the solver's per-step tensors (see solver.sample).
         """
         if bucket.prefix_for is None:
             raise RuntimeError("prefix state is invalid: call set_observation() for the new observation first")
-        if guide is not None and (guide.jacobian != "identity" or guide.mode != "guided"):
-            raise ValueError("the runner captures the identity-form guided RTC step only; use the adapter's "
-                             "eager solver for jacobian='vjp' or mode='trained'")
         bucket.noise.copy_(noise, non_blocking=True)
+        if trace is not None or (guide is not None and not guide.graphable):
+            return self._reference_loop(bucket.prefix.outputs, bucket.noise, guide, trace)
         if guide is None:
             bucket.rtc_weights.zero_()
             bucket.rtc_guidance.zero_()

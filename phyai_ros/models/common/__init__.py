@@ -1,2 +1,3 @@
-"""Pieces shared by the pi-family policies (pi0.5 now, pi0 later): SigLIP, Gemma blocks, time embedding,
-image preprocessing, normalization, tokenization, the flow-matching solver and checkpoint I/O helpers."""
+"""Adapter pieces shared by the pi-family policies (pi0.5, pi0): the adapter base (policy.py), their sizes
+(pi_config.py), normalization, tokenization, image preprocessing and checkpoint I/O / key layouts. The
+stateless network modules they run are in phyai_ros/modeling/."""

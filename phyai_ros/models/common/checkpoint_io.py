@@ -13,9 +13,9 @@ from typing import Dict, Iterable, Mapping, Optional, Tuple
 
 import torch
 
-from .config import GemmaConfig, SiglipConfig
-from .gemma import GemmaLayer
-from .siglip import SiglipEncoder
+from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
+from phyai_ros.modeling.gemma import GemmaLayer
+from phyai_ros.modeling.siglip import SiglipEncoder
 
 Shapes = Dict[str, Tuple[int, ...]]
 

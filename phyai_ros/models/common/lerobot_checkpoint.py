@@ -14,8 +14,8 @@ import torch
 
 from .checkpoint_io import (CheckpointError, count_layers, normalize_key_aliases, read_json, read_safetensors,
                             require_file)
-from .config import GemmaConfig, SiglipConfig
-from .paligemma import LM, VIS
+from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
+from phyai_ros.models.common.paligemma_keys import LM, VIS
 
 IMAGE_PREFIX = "observation.images."
 SIGLIP_HEADS_BY_WIDTH = {1152: 16}  # So400m; other widths need model_dims.json

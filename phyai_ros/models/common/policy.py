@@ -1,23 +1,28 @@
 """Shared adapter machinery of the pi-family policies (see pi05/adapter.py for the node-facing API).
 
 Why a base class: pi0 and pi0.5 handle cameras, state validation, tokenization, noise, RTC and action
-conversion identically; they differ in the prompt (pi0.5 writes the discretized state into it), the
-normalization (quantiles vs mean/std) and the model's stage order, which subclasses provide through
-`build_prompts` and `sample_actions`.
+conversion identically, and both sample through the runtime's FlowRunner (its stage order, eager here or
+CUDA graphs on a GPU: one path); they differ in the prompt (pi0.5 writes the discretized state into it),
+the normalization (quantiles vs mean/std) and the model's stages, which subclasses provide through
+`prompt_parts` and the model object.
 """
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
-from . import solver
+from phyai_ros.modeling import solver
+from phyai_ros.runtime.runner import FlowRunner
 from .image import check_uint8_hwc, preprocess_uint8_images
 from .lerobot_checkpoint import strip_image_prefix
 from .tokenizer import PromptTokenizer
+
+if TYPE_CHECKING:
+    from phyai_ros.control.rtc import RtcRequest
 
 Tensor = torch.Tensor
 ImageLike = Union[np.ndarray, Tensor, None]
@@ -25,30 +30,6 @@ ImageLike = Union[np.ndarray, Tensor, None]
 
 class PromptTruncatedWarning(UserWarning):
     """The prompt did not fit the token budget: its task was cut (never the rest of the prompt)."""
-
-
-@dataclass
-class RtcRequest:
-    """RTC guidance for one `predict` call. prev_left_over: [n, action_dim] UNNORMALIZED actions of the
-    previous chunk that will not have been executed when this inference starts (n may be < H)."""
-    prev_left_over: np.ndarray
-    inference_delay: int
-    execution_horizon: int
-    schedule: str = "linear"
-    max_guidance: float = 10.0
-    jacobian: str = "identity"      # "identity" (LeRobot) or "vjp" (paper; one backward pass per step)
-
-
-@dataclass
-class RtcParams:
-    """Tensor-level RTC parameters: prev_left_over [B, n, D] or [n, D] in NORMALIZED action space."""
-    prev_left_over: Tensor
-    inference_delay: int
-    execution_horizon: int
-    schedule: str = "linear"
-    max_guidance: float = 10.0
-    jacobian: str = "identity"
-    mode: str = "guided"            # or "trained" (see solver.build_rtc_guide)
 
 
 @dataclass
@@ -93,7 +74,11 @@ def check_dims(ckpt_state_dim, ckpt_action_dim, state_norm, action_norm, action_
 
 
 class FlowPolicy:
-    """Base adapter. Subclasses set nothing but `prompt_parts` and `sample_actions`."""
+    """Base adapter. Subclasses set nothing but `prompt_parts` (and load their model in `from_files`)."""
+
+    rtc_modes = ("guided", "trained", "off")   # of control.rtc.RTC_MODES: what this family's solver does
+    rtc_max_guidance = 10.0                    # guided RTC: largest guidance weight
+    rtc_jacobian = "identity"                  # "identity" (LeRobot's form, graphable) or "vjp" (the paper's)
 
     def __init__(self, model, tokenizer: PromptTokenizer, state_norm, action_norm, camera_names: Sequence[str],
                  device="cpu", dtype: torch.dtype = torch.float32):
@@ -112,6 +97,15 @@ class FlowPolicy:
                              f"{self.config.vocab_size}")
         if self.action_dim > self.config.max_action_dim:
             raise ValueError(f"action_dim {self.action_dim} > model max_action_dim {self.config.max_action_dim}")
+        self.use_runner(use_graphs=False)
+
+    def use_runner(self, use_graphs: bool = False, token_bucket: int = 0) -> FlowRunner:
+        """The runner every sample goes through: eager buffers by default; CUDA graphs and prompt-length
+        buckets where the deployment asks for them (graphs only take effect on a CUDA device)."""
+        cfg = self.config
+        self.runner = FlowRunner(self.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=use_graphs,
+                                 token_bucket=token_bucket, state_dim=cfg.max_state_dim)
+        return self.runner
 
     # ---------------------------------------------------------------- to override
     def prompt_parts(self, tasks: List[str], state_normalized: np.ndarray) -> List[Tuple[str, str, str]]:
@@ -139,9 +133,22 @@ class FlowPolicy:
         prompts, cut = self.fit_tasks([task], self.state_norm.normalize(torch.from_numpy(s)).numpy())
         return prompts[0], cut[0]
 
-    def sample_actions(self, inputs: PolicyInputs, noise=None, rtc: Optional[RtcParams] = None,
+    def sample_actions(self, inputs: PolicyInputs, noise=None, rtc: Optional[solver.RtcTensors] = None,
                        trace: Optional[Dict[str, list]] = None) -> Tensor:
-        raise NotImplementedError
+        """Through the runner: prefix embed -> prefix state (KV, suffix context, pi0's state token) -> step
+        tables -> Euler loop (optional RTC). Returns x at t=0: normalized actions padded to max_action_dim,
+        [B, H, A] float32 (under CUDA graphs the runner's static output: the next call overwrites it)."""
+        x0 = self._noise(noise, inputs.tokens.shape[0])
+        bucket = self.runner.set_observation(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks,
+                                             self.state_padded(inputs))
+        return self.runner.sample(bucket, x0, rtc.to(self.device) if rtc is not None else None, trace)
+
+    def capture_buckets(self, images: Mapping[str, ImageLike], state) -> list:
+        """Capture every graph bucket up front (start-up), so no prompt length pays a capture during control."""
+        if not self.runner.use_graphs:
+            return []
+        x = self.prepare(images, state, "warm up")
+        return self.runner.capture_all_buckets(x.images, x.image_masks, x.tokens, x.token_masks, self.make_noise(1))
 
     # ---------------------------------------------------------------- dims
     @property
@@ -155,6 +162,11 @@ class FlowPolicy:
     @property
     def chunk_size(self) -> int:
         return self.config.chunk_size
+
+    @property
+    def image_size(self) -> int:
+        """The square image input the model takes (frames are resized with pad to it)."""
+        return self.config.siglip.image_size
 
     # ---------------------------------------------------------------- preprocessing
     def _state_array(self, state, batch: Optional[int]) -> np.ndarray:
@@ -244,16 +256,35 @@ class FlowPolicy:
             raise ValueError(f"noise must have shape {list(want)}, got {list(n.shape)}")
         return n
 
-    def rtc_guide(self, rtc: RtcParams, batch: int) -> solver.RtcGuide:
-        prev = torch.as_tensor(rtc.prev_left_over, dtype=torch.float32, device=self.device)
+    def rtc_tensors(self, prev_left_over, inference_delay: int, execution_horizon: int, schedule: str = "linear",
+                    max_guidance: Optional[float] = None, jacobian: Optional[str] = None,
+                    mode: str = "guided") -> solver.RtcTensors:
+        """The solver's RTC tensors from the previous chunk's left-over in NORMALIZED action space ([n, D] or
+        [B, n, D]); max_guidance / jacobian default to this adapter's settings."""
+        prev = torch.as_tensor(prev_left_over, dtype=torch.float32, device=self.device)
         if prev.dim() == 2:
-            prev = prev[None].expand(batch, -1, -1)
-        if prev.dim() != 3 or prev.shape[0] != batch or prev.shape[2] > self.config.max_action_dim:
-            raise ValueError(f"RTC prev_left_over must be [n, D] or [{batch}, n, D], got {list(prev.shape)}")
+            prev = prev[None]
+        if prev.dim() != 3 or prev.shape[2] > self.config.max_action_dim:
+            raise ValueError(f"RTC prev_left_over must be [n, D] or [B, n, D], got {list(prev.shape)}")
         cfg = self.config
-        return solver.build_rtc_guide(prev, rtc.inference_delay, rtc.execution_horizon, cfg.chunk_size,
-                                      cfg.max_action_dim, cfg.num_steps, rtc.schedule, rtc.max_guidance,
-                                      rtc.jacobian, rtc.mode)
+        return solver.build_rtc_tensors(
+            prev, inference_delay, execution_horizon, cfg.chunk_size, cfg.max_action_dim, cfg.num_steps, schedule,
+            self.rtc_max_guidance if max_guidance is None else max_guidance,
+            self.rtc_jacobian if jacobian is None else jacobian, mode)
+
+    def request_tensors(self, rtc: "RtcRequest") -> solver.RtcTensors:
+        """The loop's request (Y in robot units) -> the solver's tensors: Y normalized, its first d actions
+        frozen, free beyond len(Y)."""
+        if rtc.mode not in self.rtc_modes or rtc.mode == "off":
+            raise ValueError(f"RTC mode {rtc.mode!r} is not supported by {type(self).__name__} "
+                             f"(it supports {', '.join(m for m in self.rtc_modes if m != 'off')})")
+        prev = np.asarray(rtc.prefix, dtype=np.float32)
+        if prev.ndim != 2 or prev.shape[1] != self.action_dim:
+            raise ValueError(f"RTC prefix must be [n, {self.action_dim}], got {list(prev.shape)}")
+        if not np.isfinite(prev).all():
+            raise ValueError("RTC prefix contains NaN or inf")
+        prev_n = self.normalize_actions(torch.from_numpy(prev.copy()).to(self.device))
+        return self.rtc_tensors(prev_n, rtc.d, rtc.n, rtc.schedule, mode=rtc.mode)
 
     def unnormalize_actions(self, actions_model: Tensor) -> Tensor:
         """[B, H, A] normalized padded -> [B, H, action_dim] robot units."""
@@ -264,14 +295,15 @@ class FlowPolicy:
 
     # ---------------------------------------------------------------- public prediction
     def predict_batch(self, images: Mapping[str, ImageLike], state, tasks, noise=None,
-                      rtc: Optional[RtcParams] = None) -> Tensor:
+                      rtc: Optional[solver.RtcTensors] = None) -> Tensor:
         """Batched raw -> unnormalized actions [B, H, action_dim] float32 (rtc in normalized space)."""
         inputs = self.prepare(images, state, tasks)
         return self.unnormalize_actions(self.sample_actions(inputs, noise, rtc))
 
     def predict(self, images: Mapping[str, ImageLike], state: np.ndarray, task: str, noise=None,
-                rtc: Optional[RtcRequest] = None) -> np.ndarray:
-        """One observation -> np.float32 [H, action_dim] unnormalized (see pi05/adapter.py docstring)."""
+                rtc: Optional["RtcRequest"] = None) -> np.ndarray:
+        """One observation -> np.float32 [H, action_dim] in robot units (see pi05/adapter.py docstring); rtc is
+        the control loop's request (phyai_ros.control.rtc.RtcRequest, robot units)."""
         for name, img in images.items():
             if img is not None:
                 check_uint8_hwc(img, name)
@@ -281,15 +313,6 @@ class FlowPolicy:
             raise ValueError(f"state must be a vector of length {self.state_dim}, got shape {list(np.shape(state))}")
         if not isinstance(task, str):
             raise ValueError(f"task must be a non-empty string, got {task!r}")
-        params = None
-        if rtc is not None:
-            prev = np.asarray(rtc.prev_left_over, dtype=np.float32)
-            if prev.ndim != 2 or prev.shape[1] != self.action_dim:
-                raise ValueError(f"RTC prev_left_over must be [n, {self.action_dim}], got {list(prev.shape)}")
-            if not np.isfinite(prev).all():
-                raise ValueError("RTC prev_left_over contains NaN or inf")
-            prev_n = self.normalize_actions(torch.from_numpy(prev).to(self.device))
-            params = RtcParams(prev_n, rtc.inference_delay, rtc.execution_horizon, rtc.schedule,
-                               rtc.max_guidance, rtc.jacobian)
-        out = self.predict_batch(images, state, [task], noise, params)
+        tensors = self.request_tensors(rtc) if rtc is not None else None
+        out = self.predict_batch(images, state, [task], noise, tensors)
         return out[0].detach().to("cpu", torch.float32).numpy()

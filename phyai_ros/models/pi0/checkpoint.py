@@ -18,8 +18,7 @@ from phyai_ros.models.common.checkpoint_io import (CheckpointError, gemma_key_sh
 from phyai_ros.models.common.lerobot_checkpoint import (find_model_dims, flow_overrides, gemma_from_shapes,
                                                         parse_features, prefix_dims_from_shapes,
                                                         read_lerobot_checkpoint, write_random_checkpoint)
-from phyai_ros.models.common.paligemma import (EXP, UNUSED_KEYS, load_paligemma, paligemma_key_shapes,
-                                               unused_key_shapes)
+from phyai_ros.models.common.paligemma_keys import EXP, UNUSED_KEYS, load_paligemma, paligemma_key_shapes, unused_key_shapes
 
 from .config import Pi0Config
 from .modeling import Pi0Model

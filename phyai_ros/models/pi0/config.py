@@ -1,17 +1,17 @@
-"""pi0 architecture config: the pi0.5 sizes (same PaliGemma + expert geometry) with pi0's 48-token budget.
+"""pi0 architecture config: the pi family's sizes (same PaliGemma + expert geometry) with pi0's 48-token budget.
 
-Why reuse Pi05Config: the two share every size; pi0 differs in how the expert is conditioned (state token
+Why the shared PiConfig: pi0 and pi0.5 share every size; pi0 differs in how the expert is conditioned (state token
 and action+time MLP instead of adaRMS), which lives in modeling.py, not in the sizes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phyai_ros.models.pi05.config import Pi05Config
+from phyai_ros.models.common.pi_config import PiConfig
 
 
 @dataclass(frozen=True)
-class Pi0Config(Pi05Config):
+class Pi0Config(PiConfig):
     token_budget: int = 48
 
     def to_model_dims(self) -> dict:

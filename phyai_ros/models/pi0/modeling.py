@@ -21,10 +21,10 @@ import torch
 from torch import nn
 
 from phyai_ros.layers import dispatch, ops
-from phyai_ros.models.common.gemma import GemmaLayer, expert_attention, mlp_hidden, rope_inv_freq
-from phyai_ros.models.common.paligemma import PaliGemmaPrefix, PrefixKV, prefix_positions
-from phyai_ros.models.common.suffix import SuffixContext, suffix_context
-from phyai_ros.models.common.time_embedding import sinusoidal_time_embedding
+from phyai_ros.modeling.gemma import GemmaLayer, expert_attention, mlp_hidden, rope_inv_freq
+from phyai_ros.modeling.paligemma import PaliGemmaPrefix, PrefixKV, prefix_positions
+from phyai_ros.modeling.suffix import SuffixContext, suffix_context
+from phyai_ros.modeling.time_embedding import sinusoidal_time_embedding
 
 from .config import Pi0Config
 

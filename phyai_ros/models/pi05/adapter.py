@@ -1,10 +1,9 @@
 """pi0.5 policy adapter: robot observation in, action chunk out.
 
 Owns policy semantics on top of the stateless model stages (modeling.py): image / state / prompt
-preprocessing, normalization, stage order, the solver update (Euler, RTC guidance), action conversion and
-checkpoint loading. It allocates no graphs and picks no kernels: the runtime's runner can drive the same
-stages (`policy.model.*`) and solver pieces (`phyai_ros.models.common.solver`) itself, in the order of
-`Pi05Policy.sample_actions`.
+preprocessing, normalization, the solver request (Euler, RTC guidance), action conversion and checkpoint
+loading. It samples through the runtime's FlowRunner (`policy.runner`, which holds the stage order: eager
+buffers by default, CUDA graphs after `use_runner(use_graphs=True)`) and picks no kernels.
 
 API used by the onboard node (batch 1, numpy in / numpy out)::
 
@@ -13,9 +12,8 @@ API used by the onboard node (batch 1, numpy in / numpy out)::
     actions = policy.predict(images={"base_0_rgb": rgb_uint8_HxWx3, "left_wrist_0_rgb": None, ...},
                              state=np.float32[state_dim], task="pick up the cup",
                              noise=None,                     # or a tensor [H, 32] / [1, H, 32] (x at t=1)
-                             rtc=RtcRequest(prev_left_over=np.float32[n, action_dim],
-                                            inference_delay=3, execution_horizon=10,
-                                            schedule="linear", max_guidance=10.0))
+                             rtc=make_request(prev_left_over_robot_units, 3, mode="guided",
+                                              schedule="linear", horizon=H))   # phyai_ros.control.rtc
     # -> np.float32 [H, action_dim], UNNORMALIZED (robot units)
 
 - images: camera name -> uint8 HxWx3 RGB (any size: resized with pad to 224x224) or None / missing when
@@ -24,11 +22,12 @@ API used by the onboard node (batch 1, numpy in / numpy out)::
 - state: raw robot units, length state_dim, finite. task: non-empty text.
 - A prompt longer than the token budget has its task cut to fit (LeRobot cuts the prompt's tail, which
   here is the state: the model would act blind to it); a PromptTruncatedWarning is issued.
-- RTC: `RtcRequest.prev_left_over` is the previous chunk's not-yet-executed actions in UNNORMALIZED robot
-  units (what the node holds); the adapter normalizes them with the action statistics. The tensor-level
-  path (`sample_actions` with `RtcParams`) takes them already normalized (as the LeRobot fixtures do).
-  inference_delay d: leading actions frozen to the old chunk (weight 1); execution_horizon s (clamped to n):
-  actions >= s are free (weight 0); in between the schedule ramps ('linear' or 'exp').
+- RTC: the control loop's `RtcRequest` (phyai_ros/control/rtc.py): `prefix` Y is the previous chunk's
+  not-yet-executed actions in UNNORMALIZED robot units (what the node holds); the adapter normalizes them
+  with the action statistics (`request_tensors`). The tensor-level path (`sample_actions` with the solver's
+  `RtcTensors` from `rtc_tensors`) takes them already normalized (as the LeRobot fixtures do).
+  d: leading actions frozen to the old chunk (weight 1); beyond len(Y) (LeRobot's execution horizon)
+  actions are free (weight 0); in between the schedule ramps ('linear' or 'exp'). Modes: `rtc_modes`.
 - Errors: ValueError for bad inputs (image dtype/shape, state length, NaN/inf, empty task, bad noise / RTC
   shapes); FileNotFoundError / CheckpointError at load time.
 
@@ -38,15 +37,14 @@ normalized padded actions [B, H, 32]`, `predict_batch(...) -> unnormalized [B, H
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from phyai_ros.models.common import solver
 from phyai_ros.models.common.normalize import ACTION, STATE, QuantileNormalizer, load_norm_stats
-from phyai_ros.models.common.policy import (FlowPolicy, PolicyInputs, PromptTruncatedWarning, RtcParams,
-                                            RtcRequest, check_dims, resolve_cameras)
+from phyai_ros.models.common.policy import (FlowPolicy, PolicyInputs, PromptTruncatedWarning, check_dims,
+                                            resolve_cameras)
 from phyai_ros.models.common.tokenizer import PromptTokenizer
 
 from .checkpoint import load_pi05_checkpoint
@@ -55,7 +53,7 @@ from .preprocess import prompt_parts
 Tensor = torch.Tensor
 Pi05Inputs = PolicyInputs
 
-__all__ = ["Pi05Policy", "Pi05Inputs", "RtcRequest", "RtcParams", "PromptTruncatedWarning"]
+__all__ = ["Pi05Policy", "Pi05Inputs", "PromptTruncatedWarning"]
 
 
 class Pi05Policy(FlowPolicy):
@@ -81,26 +79,3 @@ class Pi05Policy(FlowPolicy):
 
     def prompt_parts(self, tasks: List[str], state_normalized: np.ndarray) -> List[Tuple[str, str, str]]:
         return prompt_parts(tasks, state_normalized)
-
-    @torch.no_grad()
-    def sample_actions(self, inputs: PolicyInputs, noise=None, rtc: Optional[RtcParams] = None,
-                       trace: Optional[Dict[str, list]] = None) -> Tensor:
-        """Stage order: prefix embed -> prefix KV -> time tables + suffix context -> Euler loop (optional
-        RTC). Returns x at t=0: normalized actions padded to max_action_dim, [B, H, A] float32."""
-        m = self.model
-        batch = inputs.tokens.shape[0]
-        x0 = self._noise(noise, batch)
-        embs, pad = m.embed_prefix(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks)
-        kv = m.prefix_kv(embs, pad)
-        t_table, _ = solver.euler_schedule(self.config.num_steps, device=self.device)
-        mods = m.time_modulation(t_table)
-        ctx = m.suffix_context(pad)
-        guide = self.rtc_guide(rtc, batch) if rtc is not None else None
-        mods_data = m.time_modulation(torch.zeros(1, device=self.device))[0] if guide and guide.mode == "trained" \
-            else None
-
-        def velocity(x, k, frozen=None):
-            mod = mods[k] if frozen is None else solver.per_token(mods[k], mods_data, frozen, x.shape[0])
-            return m.denoise_velocity(x, kv, ctx=ctx, modulation=mod)
-
-        return solver.sample(velocity, x0, self.config.num_steps, guide, trace, t_table)

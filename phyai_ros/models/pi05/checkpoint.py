@@ -25,8 +25,7 @@ from phyai_ros.models.common.lerobot_checkpoint import (IMAGE_PREFIX, find_model
                                                         gemma_from_shapes, parse_features, prefix_dims_from_shapes,
                                                         random_state_dict, read_lerobot_checkpoint,
                                                         write_random_checkpoint)
-from phyai_ros.models.common.paligemma import (EXP, LM, PROJ, UNUSED_KEYS, VIS, load_paligemma,
-                                               paligemma_key_shapes, unused_key_shapes)
+from phyai_ros.models.common.paligemma_keys import EXP, LM, PROJ, UNUSED_KEYS, VIS, load_paligemma, paligemma_key_shapes, unused_key_shapes
 
 from .config import Pi05Config
 from .modeling import Pi05Model

@@ -3,36 +3,24 @@ Gemma LM pass that turns them into the per-layer K/V cache the action expert att
 
 Why shared: both policies build the prefix identically (LeRobot 0.6.1): camera slots of 256 tokens
 (SigLIP -> projector, not rescaled) then the language tokens (embedding * sqrt(width)); bidirectional
-attention among valid tokens; RoPE positions cumsum(pad) - 1. Also holds the LeRobot key layout of these
-parts and their loader, so each policy's checkpoint module only adds its own action-side keys.
+attention among valid tokens; RoPE positions cumsum(pad) - 1. Stateless between calls; the LeRobot key
+layout of these parts and their loader are adapter code (phyai_ros/models/common/paligemma_keys.py).
 """
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Mapping, Tuple
+from typing import List, Tuple
 
 import torch
 from torch import nn
 
 from phyai_ros.layers import dispatch, ops
 
-from .checkpoint_io import gemma_key_shapes, load_gemma_layers, load_siglip, siglip_key_shapes
-from .config import GemmaConfig, SiglipConfig
 from .gemma import GemmaLayer, attn_out, mlp, qkv_rope, rope_inv_freq
 from .siglip import SiglipEncoder
 
 Tensor = torch.Tensor
 PrefixKV = List[Tuple[Tensor, Tensor]]
-
-# LeRobot key layout (PI0Policy / PI05Policy state dicts).
-PG = "model.paligemma_with_expert."
-LM = PG + "paligemma.model.language_model."
-VIS = PG + "paligemma.model.vision_tower.vision_model."
-PROJ = PG + "paligemma.model.multi_modal_projector.linear."
-EXP = PG + "gemma_expert.model."
-# Unused at inference: both lm_heads, and the LM's final norm (the prefix pass only produces K/V).
-UNUSED_KEYS = (PG + "paligemma.lm_head.weight", PG + "gemma_expert.lm_head.weight", LM + "norm.weight")
-
 
 def prefix_positions(prefix_pad: Tensor) -> Tensor:
     """RoPE positions of the prefix: cumsum(pad) - 1 (pad tokens do not advance the position)."""
@@ -97,26 +85,3 @@ class PaliGemmaPrefix(nn.Module):
                                          layer.post_norm_w, cfg.rms_eps)
             x, h = dispatch.add_rms_norm(mlp(x, layer, cfg), h, layers[i + 1].in_norm_w, cfg.rms_eps)
         return kv
-
-
-def paligemma_key_shapes(vlm: GemmaConfig, siglip: SiglipConfig, vocab_size: int) -> Dict[str, tuple]:
-    s = {LM + "embed_tokens.weight": (vocab_size, vlm.width),
-         PROJ + "weight": (vlm.width, siglip.width), PROJ + "bias": (vlm.width,)}
-    s.update(gemma_key_shapes(LM, vlm))
-    s.update(siglip_key_shapes(VIS, siglip))
-    return s
-
-
-def unused_key_shapes(cfg) -> Dict[str, tuple]:
-    """Shapes of UNUSED_KEYS (written by random checkpoints for layout fidelity)."""
-    return {UNUSED_KEYS[0]: (cfg.vocab_size, cfg.vlm.width), UNUSED_KEYS[1]: (cfg.vocab_size, cfg.expert.width),
-            UNUSED_KEYS[2]: (cfg.vlm.width,)}
-
-
-@torch.no_grad()
-def load_paligemma(model: PaliGemmaPrefix, sd: Mapping[str, Tensor]) -> None:
-    model.embed_tokens.copy_(sd[LM + "embed_tokens.weight"])
-    model.proj_w.copy_(sd[PROJ + "weight"])
-    model.proj_b.copy_(sd[PROJ + "bias"])
-    load_gemma_layers(model.vlm_layers, sd, LM, adarms=False)
-    load_siglip(model.vision, sd, VIS)

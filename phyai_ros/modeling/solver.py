@@ -25,7 +25,6 @@ Tensor = torch.Tensor
 
 RTC_SCHEDULES = ("linear", "exp", "ones", "zeros")
 RTC_JACOBIANS = ("identity", "vjp")
-RTC_MODES = ("guided", "trained")
 
 
 def euler_times(num_steps: int) -> Tuple[List[float], float]:
@@ -47,9 +46,9 @@ def rtc_prefix_weights(inference_delay: int, execution_horizon: int, horizon: in
     """RTC soft mask W [horizon] float32 over the new chunk.
 
     W_i = 1 for i < d (actions already committed while inferring), a ramp from 1 towards 0 (exclusive at
-    both ends) for d <= i < s, 0 for i >= s, with d = min(inference_delay, execution_horizon) and
-    s = execution_horizon. 'exp' maps the ramp r to r * expm1(r) / (e - 1). 'ones': 1 for i < s;
-    'zeros': 1 for i < d only.
+    both ends) for d <= i < E, 0 for i >= E, with d = min(inference_delay, execution_horizon) and
+    E = execution_horizon (LeRobot's name; the loop's n = len(Y)). 'exp' maps the ramp r to
+    r * expm1(r) / (e - 1). 'ones': 1 for i < E; 'zeros': 1 for i < d only.
     """
     schedule = schedule.lower()
     if schedule not in RTC_SCHEDULES:
@@ -108,10 +107,12 @@ def pad_prev_chunk(prev: Tensor, horizon: int, action_dim: int) -> Tensor:
 
 
 @dataclass
-class RtcGuide:
-    """Per-request RTC tensors, built on the host before the loop (static shapes for graph capture).
+class RtcTensors:
+    """One RTC request as the solver's tensors, in the model's normalized action space: the adapter's
+    tensor-level RTC type (the loop's ``control.rtc.RtcRequest`` in robot units becomes this), built on the
+    host before the loop (static shapes for graph capture).
 
-    y [B, H, A] target (previous chunk's left-over, normalized, padded), weights [H], guidance [steps].
+    y [B|1, H, A] target (previous chunk's left-over, normalized, padded), weights [H], guidance [steps].
     """
     y: Tensor
     weights: Tensor
@@ -119,30 +120,34 @@ class RtcGuide:
     jacobian: str = "identity"
     mode: str = "guided"   # "trained": weights is the hard frozen-prefix mask, fed as clean action tokens
 
-    def to(self, device) -> "RtcGuide":
-        return RtcGuide(self.y.to(device), self.weights.to(device), self.guidance.to(device), self.jacobian,
+    @property
+    def graphable(self) -> bool:
+        """The runner's captured loop holds the identity-form guided step only."""
+        return self.mode == "guided" and self.jacobian == "identity"
+
+    def to(self, device) -> "RtcTensors":
+        return RtcTensors(self.y.to(device), self.weights.to(device), self.guidance.to(device), self.jacobian,
                         self.mode)
 
 
-def build_rtc_guide(prev_left_over: Tensor, inference_delay: int, execution_horizon: int, horizon: int,
-                    action_dim: int, num_steps: int, schedule: str = "linear", max_guidance: float = 10.0,
-                    jacobian: str = "identity", mode: str = "guided") -> RtcGuide:
+def build_rtc_tensors(prev_left_over: Tensor, inference_delay: int, execution_horizon: int, horizon: int,
+                      action_dim: int, num_steps: int, schedule: str = "linear", max_guidance: float = 10.0,
+                      jacobian: str = "identity", mode: str = "guided") -> RtcTensors:
     """RTC tensors for one request. prev_left_over [B, n, D] or [n, D] is in the model's normalized action
     space; execution_horizon is clamped to n (as LeRobot does). mode "trained" (training-time RTC, for
     checkpoints trained with prefix-action conditioning): the first inference_delay actions are fed as clean
     tokens (flow time 0) at every step and returned unchanged; the rest is sampled as usual."""
-    if mode not in RTC_MODES:
-        raise ValueError(f"unknown RTC mode {mode!r}; expected one of {RTC_MODES}")
+    if mode not in ("guided", "trained"):
+        raise ValueError(f"RTC mode {mode!r} is not a flow-solver mode (guided, trained)")
     if jacobian not in RTC_JACOBIANS:
         raise ValueError(f"unknown RTC jacobian {jacobian!r}; expected one of {RTC_JACOBIANS}")
     if not torch.isfinite(prev_left_over).all():
         raise ValueError("RTC prev_left_over contains NaN or inf")
     n = prev_left_over.shape[-2]
-    s = min(int(execution_horizon), n)
-    w = rtc_prefix_weights(int(inference_delay), s, horizon,
+    w = rtc_prefix_weights(int(inference_delay), min(int(execution_horizon), n), horizon,
                            "zeros" if mode == "trained" else schedule).to(prev_left_over.device)
     g = rtc_guidance_weights(num_steps, max_guidance).to(prev_left_over.device)
-    return RtcGuide(pad_prev_chunk(prev_left_over, horizon, action_dim), w, g, jacobian, mode)
+    return RtcTensors(pad_prev_chunk(prev_left_over, horizon, action_dim), w, g, jacobian, mode)
 
 
 def rtc_guided_velocity(x_t: Tensor, v: Tensor, t: Tensor, y: Tensor, weights: Tensor, g: Tensor) -> Tensor:
@@ -180,7 +185,7 @@ def euler_step(x: Tensor, v: Tensor, dt: float) -> Tensor:
 
 
 def sample(velocity_fn: Callable[[Tensor, int], Tensor], noise: Tensor, num_steps: int,
-           rtc: Optional[RtcGuide] = None, trace: Optional[Dict[str, List[Tensor]]] = None,
+           rtc: Optional[RtcTensors] = None, trace: Optional[Dict[str, List[Tensor]]] = None,
            t_table: Optional[Tensor] = None) -> Tensor:
     """Reference Euler loop. velocity_fn(x_t, k) -> v at step k (t = t_k). noise is x at t = 1 (float32).
     For training-time RTC (rtc.mode "trained") it is called as velocity_fn(x_t, k, frozen=mask [H]): tokens

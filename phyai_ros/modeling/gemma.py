@@ -59,7 +59,7 @@ def qkv_rope(x_normed: Tensor, layer: GemmaLayer, cfg: GemmaConfig, cos: Tensor,
 
 def expert_attention(x_normed: Tensor, layer: GemmaLayer, k_prefix: Tensor, v_prefix: Tensor, ctx) -> Tensor:
     """Action-expert attention of x [B, T, W] over [prefix cache; its own T tokens] -> [B, T, Hq*hd], the
-    o_proj input. ctx: the suffix's mask and RoPE tables (models.common.suffix.SuffixContext). RoPE is
+    o_proj input. ctx: the suffix's mask and RoPE tables (modeling.suffix.SuffixContext). RoPE is
     applied inside the attention kernel where one can (no rotated q / k written out)."""
     qkv = dispatch.linear(x_normed, layer.qkv_w)
     return attn_tokens(dispatch.rope_attention_with_prefix(qkv, ctx.cos, ctx.sin, k_prefix, v_prefix, ctx.mask))

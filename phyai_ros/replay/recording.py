@@ -1,0 +1,145 @@
+"""What the policy node publishes during a replay, recorded: chunks, margins, commands and its
+/diagnostics reports (parsed), thread-safe, in receipt order, each with the replay clock and bag time
+at receipt; optionally written raw to the output bag.  The replay (``player._Replay``) drives the
+clock and waits on this record; it owns no output state itself."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from phyai_ros import diagnostics
+from phyai_ros.control.clock import stamp_to_ns
+from phyai_ros.replay.bagtypes import ros_type
+from phyai_ros.replay.scan import Event
+
+
+@dataclass
+class Received:
+    seq: int          # receipt order over all recorded topics
+    sim_ns: int       # replay clock at receipt
+    epoch: int        # replay-clock segment at receipt
+    wall: float       # time.monotonic() at receipt
+    msg: Any
+    bag_ns: int = 0   # input-bag time at receipt (the output bag's timestamp)
+
+
+def parse_diagnostics(msg) -> Optional[dict]:
+    """The policy node's /diagnostics report as a dict (``phyai_ros.diagnostics.parse``), or None."""
+    return diagnostics.parse(msg, stamp_to_ns(msg.header.stamp))
+
+
+class Recording:
+    """``position()`` gives (replay clock, bag time, clock epoch) now, stamped on every receipt."""
+
+    def __init__(self, info, out, position: Callable[[], Tuple[int, int, int]], events: Sequence[Event] = ()):
+        self.info, self.out, self.position = info, out, position
+        self.cond = threading.Condition()
+        self.events: List[Event] = list(events)
+        self.chunks: List[Received] = []
+        self.margins: List[Received] = []
+        self.commands: List[Received] = []
+        self.diags: List[Received] = []
+        self.diag_by_stamp: Dict[int, dict] = {}
+        self._seq = 0
+        self._subs: list = []
+
+    def subscribe(self, node) -> None:
+        """One raw subscription per output of the node (reliable, deep queue)."""
+        from phyai_ros.node.qos import reliable_depth
+        for topic, msgtype in self.info.output_types().items():
+            cls = ros_type(msgtype)
+            if self.out is not None:
+                self.out.add(topic, msgtype)
+            self._subs.append(node.create_subscription(cls, topic, self._recorder(topic, cls),
+                                                       reliable_depth(200), raw=True))
+
+    def unsubscribe(self, node) -> None:
+        for sub in self._subs:
+            node.destroy_subscription(sub)
+        self._subs = []
+
+    def _recorder(self, topic: str, cls):
+        from rclpy.serialization import deserialize_message
+        from phyai_ros.messages import msg_to_chunk, msg_to_margin
+        info = self.info
+
+        def parse(raw: bytes):
+            msg = deserialize_message(raw, cls)
+            if topic == info.chunk_topic:
+                return msg_to_chunk(msg)
+            if topic == info.margin_topic:
+                return msg_to_margin(msg)
+            if topic == "/diagnostics":
+                return parse_diagnostics(msg)
+            if topic == info.command_topic:
+                if hasattr(msg, "points"):
+                    return (stamp_to_ns(msg.header.stamp), np.asarray(msg.points[0].positions if msg.points else [],
+                                                                      dtype=np.float64))
+                return (None, np.asarray(msg.data, dtype=np.float64))
+            return None
+
+        def callback(raw: bytes) -> None:
+            t, tb, epoch = self.position()
+            if self.out is not None:
+                self.out.write(topic, tb, raw)
+            try:
+                value = parse(raw)
+            except Exception as exc:  # noqa: BLE001 - a malformed output is an event, not a crash
+                self.add_event(Event("bad_output", f"{topic}: {type(exc).__name__}: {exc}", topic=topic,
+                                     sim_ns=t, source="replay"))
+                return
+            if value is None:
+                return
+            with self.cond:
+                rec = Received(self._seq, t, epoch, time.monotonic(), value, tb)
+                self._seq += 1
+                if topic == info.chunk_topic:
+                    self.chunks.append(rec)
+                elif topic == info.margin_topic:
+                    self.margins.append(rec)
+                elif topic == info.command_topic:
+                    self.commands.append(rec)
+                elif topic == "/diagnostics":
+                    self.diags.append(rec)
+                    self.diag_by_stamp[value["stamp_ns"]] = value
+                self.cond.notify_all()
+
+        return callback
+
+    def add_event(self, e: Event) -> None:
+        if e.log_ns is None:
+            e.log_ns = self.position()[1] or None
+        with self.cond:
+            self.events.append(e)
+
+    def wait(self, predicate: Callable[[], bool], timeout: float, every_half_second: Optional[Callable[[], None]] = None
+             ) -> bool:
+        """Wait (wall) until predicate() holds under the lock; ``every_half_second`` runs (outside the
+        lock) while waiting, e.g. to re-send /clock."""
+        deadline = time.monotonic() + timeout
+        next_call = time.monotonic() + 0.5
+        with self.cond:
+            while not predicate():
+                now = time.monotonic()
+                if now >= deadline:
+                    return False
+                if every_half_second is not None and now >= next_call:
+                    self.cond.release()
+                    try:
+                        every_half_second()
+                    finally:
+                        self.cond.acquire()
+                    next_call = now + 0.5
+                self.cond.wait(min(0.05, max(0.0, deadline - now)))
+            return True
+
+    def latest_diag(self) -> Optional[dict]:
+        with self.cond:
+            return self.diags[-1].msg if self.diags else None
+
+
+__all__ = ["Received", "Recording", "parse_diagnostics"]
