@@ -107,7 +107,9 @@ def analyze(run: Run) -> dict:
                        "max": float(crit.max()) if crit.size else math.nan}
 
     # roofline over the whole session, from chunk cycles (as the node does per window)
-    adopted = sorted((run.margins[j][0], i, j) for i, j in pairs.items() if in_session[j])
+    # an expired chunk was never adopted: it starts no cycle
+    adopted = sorted((run.margins[j][0], i, j) for i, j in pairs.items() if in_session[j]
+                     and not run.margins[j][1].expired)
     env = ctl = inf = 0.0
     cycles = 0
     for (ta, ia, ja), (tb, ib, jb) in zip(adopted, adopted[1:]):
@@ -216,7 +218,7 @@ def node_health(run: Run) -> dict:
     end = (run.summary or {}).get("session_end_bag_ns")
     diags = [d for t, d in run.diagnostics if "margin_level" in d and (start is None or t >= start)
              and (end is None or t <= end)]
-    worst = max(diags, key=lambda d: d["margin_level"], default=None)
+    worst = max(reversed(diags), key=lambda d: d["margin_level"], default=None)  # the latest of the worst
     return {"worst_level": worst["margin_level"] if worst else None, "worst_message": worst["margin_message"] if worst
             else "", "errors": sum(d["margin_level"] == 2 for d in diags), "reports": len(diags)}
 
@@ -250,7 +252,7 @@ def discontinuity(run: Run, pairs: Dict[int, int]) -> dict:
     steps = {b: float(np.max(np.abs(cmds[b] - cmds[a]))) for a, b in zip(slots, slots[1:])
              if b - a == dt_ns and cmds[a].shape == cmds[b].shape}
     out = []
-    adopted = sorted((run.margins[j][0], i, j) for i, j in pairs.items())
+    adopted = sorted((run.margins[j][0], i, j) for i, j in pairs.items() if not run.margins[j][1].expired)
     switch_slots = set()
     for (_, ia, ja), (_, ib, jb) in zip(adopted, adopted[1:]):
         old, new = run.chunks[ia][1], run.chunks[ib][1]
@@ -494,15 +496,18 @@ def _figure_problems(p: _Plot) -> None:
     run, num, plt, t0 = p.run, p.num, p.plt, p.t0
     fig, ax = plt.subplots(figsize=(10, 3.0))
     if run.diagnostics:
-        dtm = np.array([(t - t0) / NS_PER_S for t, _ in run.diagnostics])
-        base = run.diagnostics[0][1]["counters"]
         s_start = (run.summary or {}).get("session_start_bag_ns")
+        # counted from the session's start (the last report before the first message), as the text counts
+        base = next((d for t, d in reversed(run.diagnostics) if s_start is not None and t <= s_start),
+                    run.diagnostics[0][1])["counters"]
+        shown = [(t, d) for t, d in run.diagnostics if s_start is None or t >= s_start]
+        dtm = np.array([(t - t0) / NS_PER_S for t, _ in shown])
         if s_start is not None:
             ax.axvline((s_start - t0) / NS_PER_S, color="#555", ls=":", lw=1)
         p.bag_end(ax)
         drawn = False
         for key in PROBLEM_COUNTERS:
-            v = np.array([d["counters"].get(key, 0) - base.get(key, 0) for _, d in run.diagnostics])
+            v = np.array([d["counters"].get(key, 0) - base.get(key, 0) for _, d in shown])
             if v.size and v[-1] > 0:
                 session = num["counters"].get(key, v[-1])  # the number the text gives: bag start to bag end
                 ax.step(dtm, v, where="post", label=f"{key} ({session} in the session)",
@@ -513,8 +518,8 @@ def _figure_problems(p: _Plot) -> None:
                     color="#2e7d32", fontsize=11)
         else:
             ax.legend(fontsize=7, ncol=3, loc="upper left")
-    ax.set_title("Deadline misses and input problems (node counters, cumulative; after the dashed bag-end line: "
-                 "the replay's tail, not counted)")
+    ax.set_title("Deadline misses and input problems (node counters from the dotted session start; after the "
+                 "dashed bag end: the replay's tail, not counted)", fontsize=10)
     ax.set_xlabel("bag time [s]")
     p.save(fig, "problems")
 
