@@ -11,7 +11,7 @@ registry, phyai_ros.models) -> its runner -> the bridge.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -88,16 +88,38 @@ def norm_stats_path(param: str, checkpoint: Path) -> Optional[Path]:
                             "statistics (a LeRobot normalizer .safetensors or norm_stats.json)")
 
 
-def _model_files(p: dict) -> tuple[Path, str, Optional[Path]]:
-    """The files the parameters name, each checked: (checkpoint folder, tokenizer, statistics or None)."""
-    checkpoint = Path(p["model.checkpoint"])
-    if not p["model.checkpoint"] or not checkpoint.is_dir():
+def _checkpoint_folder(p: dict) -> Path:
+    if not p["model.checkpoint"] or not Path(p["model.checkpoint"]).is_dir():
         raise FileNotFoundError(f"model.checkpoint: no checkpoint folder at '{p['model.checkpoint']}'")
-    if not p["model.tokenizer"] or not Path(p["model.tokenizer"]).is_file():
+    return Path(p["model.checkpoint"])
+
+
+def _model_files(p: dict, checkpoint: Path, needs: Sequence[str]) -> tuple[Optional[str], Optional[Path]]:
+    """The other files the parameters name, each checked: (tokenizer, statistics), None where the model does
+    not read one (``needs``: its adapter's ``needs_files``); naming such a file is an error, not ignored."""
+    for name in ("tokenizer", "norm_stats"):
+        if name not in needs and p[f"model.{name}"]:
+            raise ValueError(f"model.{name} is '{p[f'model.{name}']}', but this model type reads it from its "
+                             "checkpoint folders: leave it empty")
+    if "tokenizer" in needs and (not p["model.tokenizer"] or not Path(p["model.tokenizer"]).is_file()):
         raise FileNotFoundError(f"model.tokenizer: no tokenizer file at '{p['model.tokenizer']}'")
     if p["model.device"] == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("model.device is 'cuda' but no CUDA device is available (use a CPU config)")
-    return checkpoint, p["model.tokenizer"], norm_stats_path(p["model.norm_stats"], checkpoint)
+    stats = norm_stats_path(p["model.norm_stats"], checkpoint) if "norm_stats" in needs else None
+    return (p["model.tokenizer"] if "tokenizer" in needs else None), stats
+
+
+def _select_embodiment(p: dict, adapter, model_type: str) -> None:
+    """``model.embodiment`` (empty: the checkpoint's) for a model that has embodiments; refused for others."""
+    if not p["model.embodiment"]:
+        return
+    if not hasattr(adapter, "select_embodiment"):
+        raise ValueError(f"model.embodiment is {p['model.embodiment']!r}, but model type {model_type} has no "
+                         "embodiments: leave it empty")
+    try:
+        adapter.select_embodiment(p["model.embodiment"])
+    except ValueError as exc:
+        raise ValueError(f"model.embodiment: {exc}") from None
 
 
 def _check_against_parameters(p: dict, adapter) -> None:
@@ -113,18 +135,27 @@ def _check_against_parameters(p: dict, adapter) -> None:
                          "(0 takes the checkpoint's)")
     if p["rtc.overlap"] >= adapter.chunk_size:
         raise ValueError(f"rtc.overlap ({p['rtc.overlap']}) must be below the chunk size H = {adapter.chunk_size}")
+    if p["rtc.mode"] not in adapter.rtc_modes:   # an instance may narrow its class's modes
+        raise ValueError(f"rtc.mode {p['rtc.mode']!r} is not supported by the checkpoint '{p['model.checkpoint']}' "
+                         f"(it supports {', '.join(adapter.rtc_modes)})")
+    if not adapter.masks_cameras and not all(p["cameras.required"]):
+        raise ValueError(f"cameras.required {list(p['cameras.required'])}: this model has no masked camera slots, "
+                         "so every slot must be required")
 
 
 def build_policy(p: dict) -> ControlPolicy:
     """Parameters -> checkpoint reader -> adapter -> runner -> bridge (warmed up when model.warmup_runs > 0).
     ``model.type`` empty: the checkpoint's config.json type; given: the loader checks it against the
     checkpoint."""
-    checkpoint, tokenizer, stats = _model_files(p)
+    checkpoint = _checkpoint_folder(p)
     model_type = p["model.type"] or checkpoint_type(checkpoint)
     check_rtc_mode(model_type, p["rtc.mode"])
+    cls = adapter_class(model_type)
+    tokenizer, stats = _model_files(p, checkpoint, cls.needs_files)
     selector = SELECTOR.derive(p["model.op_profile"] or None)
-    adapter = adapter_class(model_type).from_files(checkpoint, tokenizer, stats, camera_names=list(p["cameras.slots"]),
-                                                   device=p["model.device"], dtype=DTYPES[p["model.dtype"]])
+    adapter = cls.from_files(checkpoint, tokenizer, stats, camera_names=list(p["cameras.slots"]),
+                             device=p["model.device"], dtype=DTYPES[p["model.dtype"]])
+    _select_embodiment(p, adapter, model_type)
     _check_against_parameters(p, adapter)
     adapter.rtc_max_guidance, adapter.rtc_jacobian = p["rtc.max_guidance"], p["rtc.jacobian"]
     if p["model.device"] == "cuda":

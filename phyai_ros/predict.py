@@ -1,7 +1,7 @@
 """Offline pi0.5 (and pi0) prediction: one command from raw inputs to an action chunk, for checking any case
 stored in the LeRobot parity-fixture format against its expected outputs. The policy type comes from the
 checkpoint's config.json ("pi05" or "pi0"; "groot" runs
-phyai_ros.models.groot_n17.predict with the same flags, no --tokenizer).
+phyai_ros.models.groot_n17.predict with the same flags, no --tokenizer; both end in ``run_and_save``).
 
     python -m phyai_ros.predict --checkpoint DIR --tokenizer tokenizer.model --norm-stats norm_stats.json \
         --inputs inputs.safetensors [--tasks-json inputs.json | --task "..."] [--noise noise.safetensors|KEY] \
@@ -138,7 +138,7 @@ def _load_policy(args, dtype):
     cfg_path = Path(args.checkpoint) / "config.json"
     kind = checkpoint_type(args.checkpoint)
     if kind not in MODEL_TYPES:
-        raise InputError(f"{cfg_path}: unsupported policy type {kind!r} ({', '.join(MODEL_TYPES)} and groot are)")
+        raise InputError(f"{cfg_path}: unsupported policy type {kind!r} ({', '.join(MODEL_TYPES)} are)")
     policy_cls = adapter_class(kind)
     if args.tokenizer is None:
         raise InputError(f"--tokenizer is required for {kind} checkpoints")
@@ -185,14 +185,12 @@ def _compare(out, args) -> int:
 
 
 def _run(args) -> int:
-    from safetensors.torch import save_file
-
     from phyai_ros.models.common.checkpoint_io import read_safetensors_file
 
     _require_range("--tolerance", args.tolerance, 0.0)
     _require_range("--seed", args.seed, 0, 2**63 - 1)
     from phyai_ros.models import checkpoint_type
-    if checkpoint_type(args.checkpoint) == "groot":   # GR00T N1.7: its own entry point, same flags
+    if checkpoint_type(args.checkpoint) == "groot_n17":   # GR00T N1.7: its own entry point, same flags
         from phyai_ros.models.groot_n17.predict import run
         return run(args)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
@@ -211,24 +209,34 @@ def _run(args) -> int:
     _require_finite(f"--noise {args.noise}" if args.noise else f"--inputs {args.inputs} noise", noise)
     rtc = _rtc_params(args, meta, inputs, policy)
 
+    def infer():
+        prepared = policy.prepare(images, state, tasks)
+        actions_model = policy.sample_actions(prepared, noise, rtc)
+        return ({"actions": policy.unnormalize_actions(actions_model), "actions.model": actions_model},
+                {"prompts": prepared.prompts, "slots": prepared.slot_names})
+    return run_and_save(args, infer)
+
+
+def run_and_save(args, infer, label: str = "") -> int:
+    """The tail every policy type shares: time ``infer()`` (-> ({"actions", "actions.model"}, metadata), from
+    the raw inputs on), refuse non-finite outputs (exit 3, nothing written), save, print, compare with
+    --expected."""
+    from safetensors.torch import save_file
     t0 = time.perf_counter()
-    prepared = policy.prepare(images, state, tasks)
-    actions_model = policy.sample_actions(prepared, noise, rtc)
-    actions = policy.unnormalize_actions(actions_model)
-    if policy.device.type == "cuda":
+    tensors, metadata = infer()
+    if str(args.device).startswith("cuda"):
         torch.cuda.synchronize()
     dt_ms = (time.perf_counter() - t0) * 1e3
-    out = {"actions": actions.float().cpu().contiguous(), "actions.model": actions_model.float().cpu().contiguous()}
+    out = {key: t.float().cpu().contiguous() for key, t in tensors.items()}
     for key, t in out.items():
         bad = int((~torch.isfinite(t)).sum())
         if bad:
             raise NonFiniteOutput(f"the model produced non-finite {key}: {bad} NaN/Inf of {t.numel()} values "
                                   f"(checkpoint {args.checkpoint}); nothing written to {args.output}")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    save_file(out, args.output, metadata={"prompts": json.dumps(prepared.prompts),
-                                          "slots": json.dumps(prepared.slot_names)})
+    save_file(out, args.output, metadata={k: json.dumps(v) for k, v in metadata.items()})
     print(f"actions {list(out['actions'].shape)} actions.model {list(out['actions.model'].shape)} "
-          f"({dt_ms:.1f} ms incl. preprocessing, {args.device} {args.dtype}) -> {args.output}")
+          f"({dt_ms:.1f} ms incl. preprocessing, {args.device} {args.dtype}{label}) -> {args.output}")
     return _compare(out, args) if args.expected else 0
 
 

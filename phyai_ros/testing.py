@@ -25,12 +25,26 @@ and ``require_tokenizer`` finds the fixture tokenizer (or skips the test); ``mak
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from phyai_ros.fixtures import (fixtures_dir, make_small_checkpoint, require_tokenizer, small_model_config,
                                 tokenizer_path)
-from phyai_ros.replay.nodeproc import PolicyNode, PolicyNodeProcess
-from phyai_ros.replay.player import ReplayOptions, ReplayResult
+
+if TYPE_CHECKING:
+    from phyai_ros.replay.nodeproc import PolicyNode, PolicyNodeProcess
+    from phyai_ros.replay.player import ReplayOptions, ReplayResult
+
+# The replay tools need rosbags (absent on the GPU machines): imported when first used, so the fixture helpers
+# above import anywhere.
+_LAZY = {"PolicyNode": "phyai_ros.replay.nodeproc", "PolicyNodeProcess": "phyai_ros.replay.nodeproc",
+         "ReplayOptions": "phyai_ros.replay.player", "ReplayResult": "phyai_ros.replay.player"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["PolicyNode", "replay", "make_small_checkpoint", "small_model_config", "tokenizer_path", "fixtures_dir",
            "require_tokenizer", "ReplayResult", "ReplayOptions", "policy_node"]
@@ -46,6 +60,7 @@ def replay(bag, node: PolicyNodeProcess, *, mode: str = "stepped", out=None, rem
     ``ReplayOptions`` fields (settle, preroll, tail, ...)."""
     from phyai_ros.replay.bagtypes import absolute_topic
     from phyai_ros.replay.cli import run_replay
+    from phyai_ros.replay.player import ReplayOptions
     opts = ReplayOptions(mode=mode, startup_timeout=wait_node, **options)
     remaps = {absolute_topic(k): absolute_topic(v) for k, v in (remaps or {}).items()}
     return run_replay(bag, out=out, options=opts, remaps=remaps, topics=topics, exclude=exclude,
@@ -63,6 +78,7 @@ try:
         started = []
 
         def make(*args, **kwargs) -> PolicyNode:
+            from phyai_ros.replay.nodeproc import PolicyNode
             n = PolicyNode(*args, **kwargs)
             started.append(n)
             return n

@@ -5,18 +5,13 @@ fixtures within 1e-4 (plain, native RTC, float resize), and it keeps / resets pe
 says. GPU (`gpu` marker): fp32 with TF32 off within 1e-4 of the fixtures' float_resize case (the image resize
 CUDA computes), bf16 within a bound derived from bf16 itself (below), CUDA-graph replay == eager.
 """
-import json
-import os
-from pathlib import Path
-
 import pytest
 import torch
 
-# Not phyai_ros.testing.fixtures_dir: that module imports the replay tools (rosbags), absent on GPU machines.
-GROOT = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
-             Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "lerobot_parity") / "groot_n17"
+from phyai_ros.fixtures import groot_fixture_dir, load_groot_fixture   # ROS- and rosbags-free (GPU machines)
+
+GROOT = groot_fixture_dir()
 TOL = 1e-4
-IMG = "raw.observation.images."
 pytestmark = pytest.mark.skipif(not (GROOT / "expected.safetensors").is_file(),
                                 reason=f"GR00T N1.7 parity fixtures not found at {GROOT}")
 
@@ -27,11 +22,7 @@ def maxabs(a, b):
 
 @pytest.fixture(scope="module")
 def fx():
-    from safetensors.torch import load_file
-    inp = load_file(str(GROOT / "inputs.safetensors"))
-    return {"inp": inp, "exp": load_file(str(GROOT / "expected.safetensors")),
-            "meta": json.loads((GROOT / "inputs.json").read_text()),
-            "images": {k[len(IMG):]: v for k, v in inp.items() if k.startswith(IMG)}}
+    return load_groot_fixture(GROOT)
 
 
 def setup(fx, device="cpu", dtype=torch.float32, resize_mode="auto", use_graphs=True, weights=None):

@@ -3,17 +3,16 @@
 CPU, float32. Integer / bool data (tokens, masks, grids, positions, timesteps) and images must match exactly;
 floats within 1e-4 max-abs (the fixture README: LeRobot itself moves by ~1e-5 across CPU builds).
 """
-import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
-from phyai_ros.testing import fixtures_dir
+from phyai_ros.fixtures import groot_fixture_dir, load_groot_fixture
 
-GROOT = fixtures_dir() / "groot_n17"
+GROOT = groot_fixture_dir()
 TOL = 1e-4
-IMG = "raw.observation.images."
 pytestmark = pytest.mark.skipif(not (GROOT / "expected.safetensors").is_file(),
                                 reason=f"GR00T N1.7 parity fixtures not found at {GROOT}")
 
@@ -24,11 +23,7 @@ def maxabs(a, b):
 
 @pytest.fixture(scope="module")
 def fx():
-    from safetensors.torch import load_file
-    inp = load_file(str(GROOT / "inputs.safetensors"))
-    return {"inp": inp, "exp": load_file(str(GROOT / "expected.safetensors")),
-            "meta": json.loads((GROOT / "inputs.json").read_text()),
-            "images": {k[len(IMG):]: v for k, v in inp.items() if k.startswith(IMG)}}
+    return load_groot_fixture(GROOT)
 
 
 def load(name="checkpoint", **kw):
@@ -179,6 +174,36 @@ def test_predict_batch1_api(policy, fx):
     assert out.shape == (16, 12) and out.dtype.name == "float32"
     with pytest.raises(ValueError, match="camera 'wrist'"):
         policy.predict({"front": images["front"]}, fx["inp"]["raw.observation.state"][1].numpy(), "x")
+
+
+def test_auto_resize_follows_the_policys_device_not_the_frames(policy):
+    """Frames arrive on the CPU whatever the device: 'auto' is the uint8 kernel for a CPU policy (the fixtures'
+    CPU path, bit-exact above) and the float path for a CUDA one (LeRobot's processor on CUDA)."""
+    from phyai_ros.models.groot_n17.processor import resolve_resize_mode
+    assert policy.resize_mode == "uint8"
+    assert [resolve_resize_mode("auto", d) for d in ("cpu", "cuda", "cuda:1")] == ["uint8", "float", "float"]
+    assert resolve_resize_mode("float", "cpu") == "float" and resolve_resize_mode("uint8", "cuda") == "uint8"
+    with pytest.raises(ValueError, match="resize_mode 'bilinear'"):
+        resolve_resize_mode("bilinear", "cpu")
+
+
+def test_fixture_helpers_import_without_rosbags():
+    """The GPU machines have no rosbags: the fixture helpers (and phyai_ros.testing, which re-exports them) must
+    import there; the replay tools load when first used."""
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] == 'rosbags':\n"
+            "            raise ImportError('rosbags blocked')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import phyai_ros.testing, phyai_ros.fixtures\n"
+            "assert phyai_ros.testing.fixtures_dir() == phyai_ros.fixtures.fixtures_dir()\n"
+            "assert 'rosbags' not in sys.modules\n")
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo)
+    assert out.returncode == 0, out.stderr
 
 
 # ------------------------------------------------------------------ loading errors

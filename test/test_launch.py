@@ -9,7 +9,8 @@ remapped topic is one the node uses per that YAML, that every parameter override
 parameter, and that arguments reach the node. The last test goes one step further and runs the
 node with the equivalent command line (`--params-file`, `-p`, `-r`), checking in the ROS graph that
 the remappings took effect and that chunks flow on the robot's topics; for pi0_thor.launch.py (which
-includes the pi0.5 file with pi0's YAML and model folder) the same run shows the node serving pi0. Not covered: launch's own
+includes the pi0.5 file with pi0's YAML and model folder) the same run shows the node serving pi0, and for
+groot_thor.launch.py (the same include with GR00T's YAML, no tokenizer) a small GR00T N1.7. Not covered: launch's own
 substitution/process machinery and `FindPackageShare` on an install, which need a ROS install.
 """
 import importlib.util
@@ -22,12 +23,16 @@ import yaml
 
 from node_harness import (NODE_NAME, REPO, THOR_CONFIG, FakeRobot, NodeProcess, load_params, make_small_checkpoint,
                           param_arg, remapped, require_tokenizer)
+from phyai_ros.fixtures import make_small_groot_checkpoint, require_groot_fixture
 from phyai_ros.node.parameters import SPECS
 
 LAUNCH_FILE = REPO / "launch" / "pi05_thor.launch.py"
 PI0_LAUNCH_FILE = REPO / "launch" / "pi0_thor.launch.py"
 PI0_CONFIG = REPO / "config" / "pi0_thor.yaml"
-FROM_CHECKPOINT = {"model.type", "control.horizon"}   # neither YAML nor launch file restates these
+GROOT_LAUNCH_FILE = REPO / "launch" / "groot_thor.launch.py"
+GROOT_CONFIG = REPO / "config" / "groot_thor.yaml"
+# neither YAML nor launch file needs to restate these (empty: the checkpoint's)
+FROM_CHECKPOINT = {"model.type", "control.horizon", "model.embodiment"}
 
 
 # ----------------------------------------------------------------------------- the stand-in
@@ -187,11 +192,12 @@ def launch_module(stand_ins):
     return load_launch_file(LAUNCH_FILE)
 
 
-def evaluate_pi0(arguments=None) -> Evaluated:
-    """pi0_thor.launch.py as launch runs it: its own arguments resolved, then the included file evaluated
-    with them (launch configurations given on the command line reach included files too)."""
+def evaluate_pi0(arguments=None, launch_file: Path = PI0_LAUNCH_FILE) -> Evaluated:
+    """pi0_thor.launch.py (or another file that includes the pi0.5 one: groot_thor.launch.py) as launch runs
+    it: its own arguments resolved, then the included file evaluated with them (launch configurations given
+    on the command line reach included files too)."""
     arguments = dict(arguments or {})
-    entities = load_launch_file(PI0_LAUNCH_FILE).generate_launch_description().entities
+    entities = load_launch_file(launch_file).generate_launch_description().entities
     includes = [e for e in entities if isinstance(e, IncludeLaunchDescription)]
     declared = {e.name: e for e in entities if isinstance(e, DeclareLaunchArgument)}
     assert len(includes) == 1 and len(entities) == len(declared) + 1, "one include plus its arguments"
@@ -202,7 +208,7 @@ def evaluate_pi0(arguments=None) -> Evaluated:
     source, = includes[0].args
     included = Path(resolver.resolve(source.args[0]))
     passed = {resolver.resolve(k): resolver.resolve(v) for k, v in includes[0].kwargs["launch_arguments"]}
-    assert resolver.used == set(declared), "every pi0 argument reaches the included launch file"
+    assert resolver.used == set(declared), f"every argument of {launch_file.name} reaches the included launch file"
     ev = Evaluated(load_launch_file(included).generate_launch_description(), {**arguments, **passed})
     ev.included = included
     return ev
@@ -284,22 +290,50 @@ def test_pi0_launch_passes_the_robots_arguments_through(stand_ins):
     assert ev.params_files() == ["/etc/phyai/pi0.yaml"]
 
 
+def test_groot_launch_is_the_pi05_node_with_groot_config_and_no_tokenizer(stand_ins):
+    ev = evaluate_pi0(launch_file=GROOT_LAUNCH_FILE)
+    assert ev.included == LAUNCH_FILE
+    assert (ev.node["package"], ev.node["executable"], ev.node["name"]) == ("phyai_ros", "onboard_node", NODE_NAME)
+    assert ev.params_files() == [str(GROOT_CONFIG)]
+    params = load_params(GROOT_CONFIG)
+    assert (params["model.id"], params["rtc.mode"], params["model.device"]) == ("groot_n17", "native", "cuda")
+    assert all(params["cameras.required"]), "GR00T masks no camera slot"
+    assert not {"model.type", "control.horizon"} & set(params)
+    assert list(yaml.safe_load(GROOT_CONFIG.read_text())) == [NODE_NAME]
+    overrides = ev.overrides()
+    assert overrides["model.checkpoint"] == "/opt/phyai/models/groot_n17/checkpoint"
+    assert overrides["model.tokenizer"] == "" and overrides["model.norm_stats"] == ""   # the checkpoint's own
+    assert set(overrides) == set(SPECS) - set(params) - FROM_CHECKPOINT
+    remaps, used = ev.remappings(), node_topics(params)
+    assert set(remaps) <= used, set(remaps) - used
+    assert set(params["cameras.topics"]) | {params["state.topic"], params["instruction.topic"]} <= set(remaps)
+    ev = evaluate_pi0({"checkpoint": "/data/groot/checkpoint", "base_camera": "/cam0/image_raw"}, GROOT_LAUNCH_FILE)
+    assert ev.overrides()["model.checkpoint"] == "/data/groot/checkpoint"
+    assert ev.remappings()["cameras/base/image"] == "/cam0/image_raw"
+
+
 # ----------------------------------------------------------------------------- the equivalent command line
 @pytest.mark.ros
-@pytest.mark.parametrize("policy", ["pi05", "pi0"])
+@pytest.mark.parametrize("policy", ["pi05", "pi0", "groot"])
 def test_equivalent_command_line_remaps_the_running_node(stand_ins, tmp_path, policy):
     """Run the node with the command line the launch file gives it (its Thor YAML, model-file
     parameters, remappings) plus CPU overrides for this machine (device, dtype, no warm-up): the
     remapped topics are in the ROS graph with the node on them, and it acts on them with that policy."""
-    tokenizer = require_tokenizer()
-    thor = load_params(PI0_CONFIG if policy == "pi0" else THOR_CONFIG)
-    horizon = 50   # the checkpoint's chunk size: the node takes H (and the type) from it
-    ckpt = make_small_checkpoint(tmp_path / f"{policy}_small", horizon=horizon,
-                                 state_dim=len(thor["state.joint_names"]), action_dim=len(thor["control.action_names"]),
-                                 policy=policy)
-    arguments = {"checkpoint": str(ckpt), "tokenizer": str(tokenizer)}
-    ev = evaluate_pi0(arguments) if policy == "pi0" else Evaluated(
-        load_launch_file(LAUNCH_FILE).generate_launch_description(), arguments)
+    thor = load_params({"pi0": PI0_CONFIG, "groot": GROOT_CONFIG}.get(policy, THOR_CONFIG))
+    dims = {"state_dim": len(thor["state.joint_names"]), "action_dim": len(thor["control.action_names"])}
+    if policy == "groot":   # GR00T's tokenizer and statistics are its checkpoint's; cameras the Thor YAML's
+        require_groot_fixture()
+        horizon = 16
+        ckpt = make_small_groot_checkpoint(tmp_path / "groot_small", horizon=horizon, cameras=thor["cameras.slots"],
+                                           **dims)
+        arguments = {"checkpoint": str(ckpt)}
+    else:
+        tokenizer = require_tokenizer()
+        horizon = 50   # the checkpoint's chunk size: the node takes H (and the type) from it
+        ckpt = make_small_checkpoint(tmp_path / f"{policy}_small", horizon=horizon, policy=policy, **dims)
+        arguments = {"checkpoint": str(ckpt), "tokenizer": str(tokenizer)}
+    ev = Evaluated(load_launch_file(LAUNCH_FILE).generate_launch_description(), arguments) if policy == "pi05" \
+        else evaluate_pi0(arguments, GROOT_LAUNCH_FILE if policy == "groot" else PI0_LAUNCH_FILE)
     cpu = {"model.device": "cpu", "model.dtype": "float32", "model.cuda_graphs": False, "model.warmup_runs": 0}
     cli = ev.command_line() + [a for k, v in cpu.items() for a in ("-p", param_arg(k, v))]
     remaps = ev.remappings()

@@ -68,8 +68,10 @@ def test_every_parameter_is_declared_typed_ranged_documented_and_read_only(ros_c
     node.destroy_node()
 
 
-@pytest.mark.parametrize("params_file", [CPU_CONFIG, THOR_CONFIG, THOR_CONFIG.parent / "pi0_thor.yaml"],
-                         ids=["cpu", "thor", "pi0_thor"])
+@pytest.mark.parametrize("params_file", [CPU_CONFIG, THOR_CONFIG, THOR_CONFIG.parent / "pi0_thor.yaml",
+                                         THOR_CONFIG.parent / "groot_thor.yaml",
+                                         THOR_CONFIG.parent / "groot_cpu_test.yaml"],
+                         ids=["cpu", "thor", "pi0_thor", "groot_thor", "groot_cpu"])
 def test_yaml_files_load_through_rcl_into_valid_values(ros_context, params_file):
     in_file = load_params(params_file)
     assert set(in_file) <= set(SPECS), set(in_file) - set(SPECS)
@@ -79,7 +81,8 @@ def test_yaml_files_load_through_rcl_into_valid_values(ros_context, params_file)
         assert values[name] == value, name
     missing = set(SPECS) - set(in_file)
     # Left out: the model files (from the launch file / command line), and what the checkpoint says.
-    assert missing <= {"model.checkpoint", "model.tokenizer", "model.norm_stats", "model.type", "control.horizon"}, \
+    assert missing <= {"model.checkpoint", "model.tokenizer", "model.norm_stats", "model.type", "control.horizon",
+                       "model.embodiment"}, \
         missing
     node.destroy_node()
 

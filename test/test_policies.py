@@ -112,7 +112,7 @@ def test_build_policy_takes_type_and_horizon_from_the_checkpoint_and_checks_give
         build_policy({**p, "rtc.overlap": 20})
     # An RTC mode the model type does not do is refused, saying which type does which modes.
     with pytest.raises(ValueError, match=r"rtc.mode 'native' is not supported by model type pi0 \(pi05: guided, "
-                                         r"trained, off; pi0: guided, trained, off\)"):
+                                         r"trained, off; pi0: guided, trained, off; groot_n17: native, off\)"):
         build_policy({**p, "rtc.mode": "native"})
 
 

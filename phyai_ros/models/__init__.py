@@ -10,13 +10,16 @@ uses, in robot units and numpy at batch 1:
     use_runner(use_graphs, token_bucket)           the runner it samples through (graphs on CUDA)
     capture_buckets(images, state)                 graph capture at start-up
     predict(images, state, task, noise, rtc) -> [H, D]     rtc: control.rtc.RtcRequest or None
-    make_noise(1, generator), camera_names, state_dim, action_dim, chunk_size, image_size
+    make_noise(1, generator), camera_names, state_dim, action_dim, chunk_size, image_size (None: any aspect)
+    fit_task(task, state) -> (prompt, cut)         an instruction too long for the prompt is reported once
+    needs_files        the file parameters it reads besides the checkpoint ("tokenizer", "norm_stats")
+    masks_cameras      False: every camera slot is required (no masked slots)
+    select_embodiment(value)                       only where ``model.embodiment`` means something
 
-GR00T N1.7 (phyai_ros/models/groot_n17/, runner phyai_ros/runtime/groot_runner.py) is not registered yet: its
-adapter loads from the checkpoint folder alone (no tokenizer / norm_stats files), supports the "native" RTC
-mode (GrootPolicy.predict takes a GrootRtc), and its predict does not yet drive GrootRunner. The hook: a
-``"groot": "phyai_ros.models.groot_n17.<node adapter>"`` line whose class meets the contract above with
-``rtc_modes = ("native", "off")``.
+An instance may narrow ``rtc_modes`` (a checkpoint that cannot do RTC); the bridge checks both.
+
+A checkpoint's config.json ``type`` is a registry key, or an alias of one (``CHECKPOINT_TYPES``: LeRobot writes
+"groot" for GR00T N1.7).
 """
 from __future__ import annotations
 
@@ -26,7 +29,10 @@ from pathlib import Path
 MODEL_TYPES: dict[str, str] = {
     "pi05": "phyai_ros.models.pi05.adapter:Pi05Policy",
     "pi0": "phyai_ros.models.pi0.adapter:Pi0Policy",
+    "groot_n17": "phyai_ros.models.groot_n17.node_policy:GrootNodePolicy",
 }
+# config.json "type" -> registry key, where the two differ
+CHECKPOINT_TYPES: dict[str, str] = {"groot": "groot_n17"}
 
 
 def adapter_class(model_type: str) -> type:
@@ -38,9 +44,10 @@ def adapter_class(model_type: str) -> type:
 
 
 def checkpoint_type(checkpoint) -> str:
-    """The type a checkpoint folder's config.json names (pi0.5 when it names none)."""
+    """The registry type of a checkpoint folder's config.json ``type`` (pi0.5 when it names none)."""
     from phyai_ros.models.common.checkpoint_io import read_json
-    return read_json(Path(checkpoint) / "config.json").get("type", "pi05")
+    kind = read_json(Path(checkpoint) / "config.json").get("type", "pi05")
+    return CHECKPOINT_TYPES.get(kind, kind)
 
 
 def check_rtc_mode(model_type: str, mode: str) -> None:
@@ -51,4 +58,4 @@ def check_rtc_mode(model_type: str, mode: str) -> None:
         raise ValueError(f"rtc.mode {mode!r} is not supported by model type {model_type} ({support})")
 
 
-__all__ = ["MODEL_TYPES", "adapter_class", "checkpoint_type", "check_rtc_mode"]
+__all__ = ["MODEL_TYPES", "CHECKPOINT_TYPES", "adapter_class", "checkpoint_type", "check_rtc_mode"]

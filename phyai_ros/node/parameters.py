@@ -41,7 +41,9 @@ SPECS: dict[str, Spec] = {
     "model.id": Spec("pi05", "model id written into every ActionChunk"),
     "model.checkpoint": Spec("", "LeRobot/openpi checkpoint folder (config.json + model.safetensors); "
                                  "empty with model.random_init runs random weights for tests"),
-    "model.tokenizer": Spec("", "SentencePiece tokenizer.model file"),
+    "model.tokenizer": Spec("", "SentencePiece tokenizer.model file (pi0, pi0.5; GR00T N1.7 reads its backbone's: empty)"),
+    "model.embodiment": Spec("", "embodiment of a multi-embodiment policy (GR00T N1.7): a tag of the checkpoint's "
+                                 "processor config or its numeric id; empty: the checkpoint's own"),
     "model.norm_stats": Spec("", "normalization stats (norm_stats.json); empty: checkpoint folder's"),
     "model.device": Spec("cuda", "torch device", choices=("cuda", "cpu")),
     "model.dtype": Spec("bfloat16", "weights/activations dtype", choices=("bfloat16", "float32")),

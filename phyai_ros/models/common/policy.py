@@ -79,6 +79,8 @@ class FlowPolicy:
     rtc_modes = ("guided", "trained", "off")   # of control.rtc.RTC_MODES: what this family's solver does
     rtc_max_guidance = 10.0                    # guided RTC: largest guidance weight
     rtc_jacobian = "identity"                  # "identity" (LeRobot's form, graphable) or "vjp" (the paper's)
+    needs_files = ("tokenizer", "norm_stats")  # node file parameters it reads besides the checkpoint
+    masks_cameras = True                       # a camera without a frame is a masked slot
 
     def __init__(self, model, tokenizer: PromptTokenizer, state_norm, action_norm, camera_names: Sequence[str],
                  device="cpu", dtype: torch.dtype = torch.float32):

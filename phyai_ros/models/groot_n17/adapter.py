@@ -28,7 +28,7 @@ import torch
 from . import action_head, qwen3vl
 from .checkpoint import UNNORM_STEP, GrootCheckpoint, load_groot_checkpoint
 from .postprocess import make_decoder, unnormalize_min_max
-from .processor import GrootInputs, GrootProcessor, to_image_batch
+from .processor import GrootInputs, GrootProcessor, resolve_resize_mode, to_image_batch
 
 Tensor = torch.Tensor
 
@@ -51,7 +51,7 @@ class GrootPolicy:
         action_head.fuse_projections(self.weights, self.config.head)
         self.device = torch.device(device)
         self.dtype = dtype
-        self.resize_mode = resize_mode
+        self.resize_mode = resolve_resize_mode(resize_mode, self.device)   # "auto": the policy's device
         p = ckpt.pipelines
         self.processor = GrootProcessor(p.pack, p.pack_state, p.vlm, ckpt.backbone_dir, self.config.tokens.image,
                                         ckpt.camera_keys, self.config.head.max_state_dim)
@@ -68,6 +68,18 @@ class GrootPolicy:
         ckpt = load_groot_checkpoint(checkpoint_dir, device=device, dtype=dtype, base_model=base_model,
                                      backbone=backbone)
         return cls(ckpt, device, dtype, resize_mode, embodiment_tag)
+
+    def use_embodiment(self, value: str) -> None:
+        """Act as the embodiment ``value`` names: a tag of the checkpoint's mapping (pack step) or its numeric id;
+        anything else is an error listing the valid ones."""
+        mapping = {str(t): int(i) for t, i in (self.processor.pack.get("embodiment_mapping") or {}).items()}
+        text = str(value).strip()
+        tag = next((t for t, i in mapping.items() if text.isdigit() and i == int(text)), text)
+        if tag not in mapping:
+            valid = ", ".join(f"{t} (id {i})" for t, i in mapping.items()) or "none"
+            raise ValueError(f"embodiment {value!r} is not one of the checkpoint's embodiments: {valid} "
+                             "(give a tag or its id)")
+        self.embodiment_tag, self.default_embodiment_id = tag, mapping[tag]
 
     # ---------------------------------------------------------------- interface facts
     @property

@@ -10,10 +10,6 @@ pi0 / pi0.5, read with GR00T's meaning.
 """
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
-
 import torch
 
 from .adapter import GrootPolicy, GrootRtc
@@ -55,11 +51,8 @@ def _rtc(args, case: dict, inputs: dict, policy: GrootPolicy):
 
 def run(args) -> int:
     """Exit status as phyai_ros.predict documents."""
-    from safetensors.torch import save_file
-
     from phyai_ros.models.common.checkpoint_io import read_safetensors_file
-    from phyai_ros.predict import (IMG_PREFIX, InputError, NonFiniteOutput, _compare, _load_noise, _read_tasks,
-                                   _require_finite)
+    from phyai_ros.predict import IMG_PREFIX, InputError, _load_noise, _read_tasks, _require_finite, run_and_save
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -79,23 +72,11 @@ def run(args) -> int:
         noise = policy.make_noise(batch, torch.Generator().manual_seed(args.seed))
     _require_finite(f"--noise {args.noise}" if args.noise else f"--inputs {args.inputs} noise", noise)
     rtc = _rtc(args, case, inputs, policy)
+    ids = _embodiment_ids(case, inputs, batch)
 
-    t0 = time.perf_counter()
-    prepared = policy.prepare(images, state.numpy(), tasks, _embodiment_ids(case, inputs, batch))
-    actions_model = policy.sample_actions(prepared, noise, rtc)
-    actions = policy.decode(actions_model, prepared)
-    if policy.device.type == "cuda":
-        torch.cuda.synchronize()
-    dt_ms = (time.perf_counter() - t0) * 1e3
-    out = {"actions": actions.float().cpu().contiguous(), "actions.model": actions_model.float().cpu().contiguous()}
-    for key, t in out.items():
-        bad = int((~torch.isfinite(t)).sum())
-        if bad:
-            raise NonFiniteOutput(f"the model produced non-finite {key}: {bad} NaN/Inf of {t.numel()} values "
-                                  f"(checkpoint {args.checkpoint}); nothing written to {args.output}")
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    save_file(out, args.output, metadata={"prompts": json.dumps(prepared.prompts),
-                                          "slots": json.dumps(prepared.cameras)})
-    print(f"actions {list(out['actions'].shape)} actions.model {list(out['actions.model'].shape)} "
-          f"({dt_ms:.1f} ms incl. preprocessing, {args.device} {args.dtype}, groot) -> {args.output}")
-    return _compare(out, args) if args.expected else 0
+    def infer():
+        prepared = policy.prepare(images, state.numpy(), tasks, ids)
+        actions_model = policy.sample_actions(prepared, noise, rtc)
+        return ({"actions": policy.decode(actions_model, prepared), "actions.model": actions_model},
+                {"prompts": prepared.prompts, "slots": prepared.cameras})
+    return run_and_save(args, infer, ", groot")

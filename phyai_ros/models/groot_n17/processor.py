@@ -11,7 +11,8 @@ The recipe of LeRobot's pipeline (pack step + VLM encode step), because the chec
   self-attention sees the pad rows, so the side and the token matter).
 
 Resizes: torch's CPU uint8 bicubic kernel (what LeRobot runs on CPU) differs by +-1 grey level from the float
-path that LeRobot takes on CUDA; `resize_mode` picks one ("auto": uint8 kernel on CPU, float elsewhere).
+path that LeRobot takes on CUDA; `resize_mode` picks one ("auto": uint8 kernel for a policy on the CPU, float
+elsewhere: the POLICY's device decides, since frames arrive on the CPU whatever device the model runs on).
 """
 from __future__ import annotations
 
@@ -51,13 +52,21 @@ def min_max_normalize(x: Tensor, lo: Tensor, hi: Tensor, clip: bool) -> Tensor:
 
 
 # ------------------------------------------------------------------ images
+def resolve_resize_mode(mode: str, device) -> str:
+    """'auto' -> what LeRobot's processor runs on ``device``: the uint8 kernel on the CPU, float on CUDA."""
+    if mode not in RESIZE_MODES:
+        raise ValueError(f"resize_mode {mode!r} not in {RESIZE_MODES}")
+    if mode != "auto":
+        return mode
+    return "uint8" if torch.device(device).type == "cpu" else "float"
+
+
 def resize_uint8(x: Tensor, h: int, w: int, mode: str) -> Tensor:
     """uint8 [N, C, H, W] -> [N, C, h, w], bicubic with antialias; unchanged when the size is. 'uint8': torch's
     fixed-point uint8 kernel (CPU only); 'float': float32 interpolate, clamp to [0, 255], round."""
     if tuple(x.shape[-2:]) == (h, w):
         return x
-    if mode == "auto":
-        mode = "uint8" if x.device.type == "cpu" else "float"
+    mode = resolve_resize_mode(mode, x.device)
     if mode == "uint8":
         return F.interpolate(x.contiguous(), size=(h, w), mode="bicubic", align_corners=False, antialias=True)
     y = F.interpolate(x.float(), size=(h, w), mode="bicubic", align_corners=False, antialias=True)
