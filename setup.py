@@ -43,6 +43,7 @@ setup(
         "gpu": ["triton"],
         "flashinfer": ["flashinfer-python"],
         "dev": ["pytest", "ruff==0.17.5"],
+        "serve": ["ray[serve]==2.60.0"],
     },
     entry_points={"console_scripts": [
         "phyai-predict = phyai_ros.predict:main",

@@ -143,10 +143,25 @@ def _check_against_parameters(p: dict, adapter) -> None:
                          "so every slot must be required")
 
 
-def build_policy(p: dict) -> ControlPolicy:
+def build_remote_policy(p: dict, robot_id: str):
+    """``policy.backend: remote``: the serve endpoint's model, checked against the parameters like a local one."""
+    from phyai_ros.serve.client import HttpPolicyClient, RemotePolicy
+    policy = RemotePolicy(HttpPolicyClient(p["policy.endpoint"], p["policy.timeout"]), robot_id, p["model.noise_seed"])
+    if p["model.type"] and p["model.type"] != policy.model_type:
+        raise ValueError(f"model.type {p['model.type']!r}, but {p['policy.endpoint']} serves {policy.model_type!r}")
+    check_rtc_mode(policy.model_type, p["rtc.mode"])
+    _check_against_parameters(p, policy.adapter)
+    if p["model.warmup_runs"]:
+        policy.warmup(p["model.warmup_runs"], policy.adapter.state_dim, f"the endpoint {p['policy.endpoint']}")
+    return policy
+
+
+def build_policy(p: dict, robot_id: str = "") -> ControlPolicy:
     """Parameters -> checkpoint reader -> adapter -> runner -> bridge (warmed up when model.warmup_runs > 0).
     ``model.type`` empty: the checkpoint's config.json type; given: the loader checks it against the
-    checkpoint."""
+    checkpoint. ``policy.backend: remote``: the bridge to a serve endpoint instead (robot_id: the node's name)."""
+    if p.get("policy.backend", "onboard") == "remote":
+        return build_remote_policy(p, robot_id)
     checkpoint = _checkpoint_folder(p)
     model_type = p["model.type"] or checkpoint_type(checkpoint)
     check_rtc_mode(model_type, p["rtc.mode"])

@@ -128,7 +128,7 @@ class _InferenceJob:
                  cover_end_ns: Optional[int], remaining: int, epoch: int, cold: bool):
         self.loop, self.snapshot, self.rtc, self.t0_ns = loop, snapshot, rtc, t0_ns
         self.cover_end_ns, self.remaining, self.epoch, self.cold = cover_end_ns, remaining, epoch, cold
-        self.result = self.error = None
+        self.result = self.error = self.server = None
         self.snapshot_mono_ns = loop.clock.monotonic()
         self.start_mono_ns = self.end_mono_ns = 0
 
@@ -137,6 +137,7 @@ class _InferenceJob:
         self.start_mono_ns = clk.monotonic()
         try:
             self.result = self.loop.policy(self.snapshot, self.rtc)
+            self.server = getattr(self.result, "server_timing", None)   # a remote policy's split (ServerTiming)
         except Exception as e:  # noqa: BLE001 - a policy failure must not kill the loop
             self.error = e
         self.end_mono_ns = clk.monotonic()
@@ -401,7 +402,8 @@ class ControlLoop:
                     stamp_ns=snap.stamp_ns, recv_ns=snap.anchor_recv_ns, snapshot_ns=snap.taken_ns,
                     ready_ns=self.clock.now(), cover_end_ns=job.cover_end_ns,
                     mono_ns=(job.snapshot_mono_ns, job.start_mono_ns, job.end_mono_ns, self.clock.monotonic()),
-                    rate=self.clock_rate.rate(), remaining_at_trigger=job.remaining, cold=job.cold)
+                    rate=self.clock_rate.rate(), server=job.server, remaining_at_trigger=job.remaining,
+                    cold=job.cold)
                 chunk = ActionChunk(
                     seq=self._next_seq, t0_ns=job.t0_ns, dt_ns=self.dt_ns, actions=actions, d=d,
                     n_prefix=rtc.n if rtc is not None else 0, rtc_mode=rtc.mode if rtc is not None else "off",

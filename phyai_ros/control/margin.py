@@ -70,6 +70,15 @@ OK, WARN, ERROR = 0, 1, 2
 
 
 @dataclass(frozen=True)
+class ServerTiming:
+    """What a remote policy's server reports for one call (its monotonic durations, ns): the time the request
+    waited in its batch queue and the batch's inference.  The rest of the call is serialization + network."""
+
+    queue_ns: int
+    inference_ns: int
+
+
+@dataclass(frozen=True)
 class LatencyRecord:
     """Instants (int ns, stamp clock) of one chunk's critical path; durations in seconds."""
 
@@ -84,18 +93,24 @@ class LatencyRecord:
     remaining_at_trigger: int = 0
     inference_wall_ns: int = 0  # monotonic inference time, unscaled
     cold: bool = False
+    wire_ns: int = 0        # remote policy: serialization + network of the call, counted as transfer
+
 
     @classmethod
     def measured(cls, *, stamp_ns: int, recv_ns: int, snapshot_ns: int, ready_ns: int,
                  cover_end_ns: Optional[int], mono_ns: Tuple[int, int, int, int], rate: float = 1.0,
-                 **kw) -> "LatencyRecord":
+                 server: Optional["ServerTiming"] = None, **kw) -> "LatencyRecord":
         """From stamp-clock instants, the monotonic instants (snapshot, start, end, ready) and
-        the stamp clock's rate relative to the monotonic clock."""
+        the stamp clock's rate relative to the monotonic clock.  ``server``: a remote policy's own
+        timings, which split its call into queue (the server's), inference and wire (transfer)."""
         m_snap, m_start, m_end, m_ready = mono_ns
+        call = m_end - m_start
+        s_queue = min(max(server.queue_ns, 0), call) if server is not None else 0
+        s_inf = min(max(server.inference_ns, 0), call - s_queue) if server is not None else call
         return cls(stamp_ns=stamp_ns, recv_ns=recv_ns, snapshot_ns=snapshot_ns, ready_ns=ready_ns,
-                   cover_end_ns=cover_end_ns, queue_ns=int(round((m_start - m_snap) * rate)),
-                   inference_ns=int(round((m_end - m_start) * rate)),
-                   actuate_ns=int(round((m_ready - m_end) * rate)), inference_wall_ns=m_end - m_start, **kw)
+                   cover_end_ns=cover_end_ns, queue_ns=int(round((m_start - m_snap + s_queue) * rate)),
+                   inference_ns=int(round(s_inf * rate)), wire_ns=int(round((call - s_queue - s_inf) * rate)),
+                   actuate_ns=int(round((m_ready - m_end) * rate)), inference_wall_ns=s_inf, **kw)
 
     @property
     def startup(self) -> bool:
@@ -107,7 +122,7 @@ class LatencyRecord:
 
     @property
     def transfer(self) -> float:
-        return (self.snapshot_ns - self.recv_ns) / 1e9
+        return (self.snapshot_ns - self.recv_ns + self.wire_ns) / 1e9
 
     @property
     def queue(self) -> float:
@@ -123,7 +138,8 @@ class LatencyRecord:
 
     @property
     def critical(self) -> float:
-        return (self.snapshot_ns - self.stamp_ns + self.queue_ns + self.inference_ns + self.actuate_ns) / 1e9
+        return (self.snapshot_ns - self.stamp_ns + self.wire_ns + self.queue_ns + self.inference_ns
+                + self.actuate_ns) / 1e9
 
     @property
     def noninf(self) -> float:

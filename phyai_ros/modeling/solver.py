@@ -151,8 +151,9 @@ def build_rtc_tensors(prev_left_over: Tensor, inference_delay: int, execution_ho
 
 
 def rtc_guided_velocity(x_t: Tensor, v: Tensor, t: Tensor, y: Tensor, weights: Tensor, g: Tensor) -> Tensor:
-    """Identity-Jacobian RTC step: v - g * (Y - (x_t - t v)) * W. All tensors, no host sync."""
-    err = (y - (x_t - t * v)) * weights[:, None]
+    """Identity-Jacobian RTC step: v - g * (Y - (x_t - t v)) * W. All tensors, no host sync. weights [H] (one
+    request) or [B, H] (a served batch: each row its own frozen prefix; a zero row is RTC off)."""
+    err = (y - (x_t - t * v)) * weights[..., None]
     return v - g * err
 
 

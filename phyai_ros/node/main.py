@@ -84,7 +84,7 @@ class PolicyNode(Node):
         self._last_counters: dict[str, int] = {}
 
         t = time.monotonic()
-        self.policy = build_policy(self.p)
+        self.policy = build_policy(self.p, robot_id=self.get_fully_qualified_name())
         self.p = resolved_parameters(self.p, self.policy)   # model.type and control.horizon: the checkpoint's
         self.get_logger().info(f"policy {self.p['model.id']} ({self.p['model.type']}, H = {self.p['control.horizon']}) "
                                f"ready in {time.monotonic() - t:.1f} s ({self.p['model.device']}, {self.p['model.dtype']})")

@@ -56,6 +56,13 @@ SPECS: dict[str, Spec] = {
                                  "every fused kernel that builds here, torch otherwise"),
     "model.warmup_runs": Spec(2, "inferences run before the node starts acting (graph capture, cold start)",
                               range=(0, 100)),
+    # Where the policy runs: in this process, or on a serve endpoint (phyai_ros.serve; robot id = node name).
+    "policy.backend": Spec("onboard", "onboard: the model runs in this node; remote: snapshots go to "
+                                      "policy.endpoint (Ray Serve) over HTTP and chunks come back",
+                           choices=("onboard", "remote")),
+    "policy.endpoint": Spec("http://127.0.0.1:8000", "the serve endpoint (remote backend)"),
+    "policy.timeout": Spec(1.0, "a remote call not answered within this (s) is an inference error",
+                           range=(0.001, 60.0)),
     # Cameras: parallel arrays, one entry per policy camera slot, in slot order.
     "cameras.slots": Spec(["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"],
                           "policy camera slot names, in the model's slot order"),

@@ -111,7 +111,7 @@ class FlowRunner:
                 state=torch.zeros(batch, self.state_dim, device=dev, dtype=f32),
                 noise=torch.zeros(batch, self.chunk_size, self.action_dim, device=dev, dtype=f32),
                 rtc_y=torch.zeros(batch, self.chunk_size, self.action_dim, device=dev, dtype=f32),
-                rtc_weights=torch.zeros(self.chunk_size, device=dev, dtype=f32),
+                rtc_weights=torch.zeros(batch, self.chunk_size, device=dev, dtype=f32),   # per row: served batches
                 rtc_guidance=torch.zeros(self.num_steps, device=dev, dtype=f32),
             )
             self._buckets[key] = b

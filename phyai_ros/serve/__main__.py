@@ -1,0 +1,57 @@
+"""Start the served policy: ``python -m phyai_ros.serve --checkpoint DIR --tokenizer FILE [--port 8000]``.
+
+Starts (or joins, with ``--address``) a Ray instance, runs the application with one replica per GPU (CPU
+replicas without CUDA) and serves HTTP until interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from .engine import ServeConfig
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m phyai_ros.serve", description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--tokenizer", default="")
+    ap.add_argument("--norm-stats", default="")
+    ap.add_argument("--type", default="", help="model type (empty: the checkpoint's)")
+    ap.add_argument("--model-id", default="")
+    ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--token-bucket", type=int, default=0)
+    ap.add_argument("--max-batch-size", type=int, default=32)
+    ap.add_argument("--batch-wait-ms", type=float, default=5.0, help="serve.batch's bounded wait")
+    ap.add_argument("--replicas", type=int, default=0, help="0: one per GPU (1 without CUDA)")
+    ap.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per CPU replica")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
+    return ap.parse_args(argv)
+
+
+def config_from_args(a: argparse.Namespace) -> ServeConfig:
+    return ServeConfig(checkpoint=a.checkpoint, tokenizer=a.tokenizer, norm_stats=a.norm_stats, model_type=a.type,
+                       model_id=a.model_id, device=a.device, dtype=a.dtype, cuda_graphs=not a.no_cuda_graphs,
+                       token_bucket=a.token_bucket, max_batch_size=a.max_batch_size,
+                       batch_wait_s=a.batch_wait_ms / 1e3)
+
+
+def main(argv=None) -> None:
+    from ray import serve
+
+    from .app import run_local
+    a = parse_args(argv)
+    endpoint = run_local(config_from_args(a), a.port, a.host, a.replicas, a.num_cpus, address=a.address)
+    print(f"serving {a.checkpoint} at {endpoint}/ (GET /info); Ctrl-C stops", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()
+
+
+if __name__ == "__main__":
+    main()

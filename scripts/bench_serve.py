@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""In-process runner vs the same runner served on Ray Serve: Q(B) = B / T_sync(B) at B = 1, 8, 32 (served
+through the rollout client's DeploymentHandle), and the serving path's added latency at batch 1 (p50 of HTTP
+and of the handle, minus the in-process p50).
+
+    .venv/bin/python scripts/bench_serve.py                       # CPU: the small fixture pi0.5 (fp32)
+    python3 scripts/bench_serve.py --checkpoint DIR --tokenizer FILE --dtype bfloat16   # GPU: a real model
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+from ray import serve  # noqa: E402
+
+from phyai_ros.serve.app import run_local  # noqa: E402
+from phyai_ros.serve.client import HttpPolicyClient  # noqa: E402
+from phyai_ros.serve.engine import BatchEngine, ServeConfig  # noqa: E402
+from phyai_ros.serve.rollout import RolloutClient  # noqa: E402
+from phyai_ros.serve.wire import Request  # noqa: E402
+
+
+def requests(engine: BatchEngine, n: int, seed: int = 0) -> list:
+    rng = np.random.default_rng(seed)
+    size = engine.adapter.image_size or 224
+    return [Request(f"robot_{i}", {c: rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+                                   for c in engine.adapter.camera_names},
+                    rng.normal(size=engine.adapter.state_dim).astype(np.float32), "pick up the cup", i)
+            for i in range(n)]
+
+
+def p50(fn, runs: int) -> float:
+    fn()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", default="")
+    ap.add_argument("--tokenizer", default="")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--replicas", type=int, default=1)
+    ap.add_argument("--batch-wait-ms", type=float, default=2.0)
+    ap.add_argument("--port", type=int, default=8000)
+    a = ap.parse_args()
+    if not a.checkpoint:
+        from phyai_ros.fixtures import make_small_checkpoint, require_tokenizer
+        a.checkpoint = str(make_small_checkpoint(Path(tempfile.mkdtemp()) / "pi05"))
+        a.tokenizer = str(require_tokenizer())
+    batches = [int(b) for b in a.batches.split(",")]
+    cfg = ServeConfig(a.checkpoint, a.tokenizer, dtype=a.dtype, max_batch_size=max(batches),
+                      batch_wait_s=a.batch_wait_ms / 1e3)
+    engine = BatchEngine(cfg)
+    print(f"model {engine.model_type} on {cfg.resolved_device} ({a.dtype}); {a.runs} runs per point, p50")
+    inputs = {b: requests(engine, b) for b in batches}   # made once: only the policy path is timed
+    local = {b: p50(lambda b=b: engine.run(inputs[b]), a.runs) for b in batches}
+
+    ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    try:
+        url = run_local(cfg, port=a.port, num_replicas=a.replicas)
+        rollout, http = RolloutClient(), HttpPolicyClient(url, timeout=120)
+        served = {b: p50(lambda b=b: rollout.submit(inputs[b]), a.runs) for b in batches}
+        one = requests(engine, 1)[0]
+        http_1 = p50(lambda: http.infer(one), a.runs * 2)
+        handle_1 = served.get(1) or p50(lambda: rollout.submit([one]), a.runs * 2)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    print(f"{'B':>4} {'Q in-process /s':>16} {'Q served /s':>12} {'served/in-process':>18} {'T_amort served ms':>18}")
+    for b in batches:
+        print(f"{b:>4} {b / local[b]:>16.2f} {b / served[b]:>12.2f} {local[b] / served[b]:>18.3f} "
+              f"{served[b] / b * 1e3:>18.2f}")
+    base = local.get(1) or p50(lambda: engine.run([one]), a.runs)   # noqa: B023
+    print(f"batch 1 latency p50: in-process {base * 1e3:.2f} ms, handle {handle_1 * 1e3:.2f} ms "
+          f"(+{(handle_1 - base) * 1e3:.2f} ms), HTTP {http_1 * 1e3:.2f} ms (+{(http_1 - base) * 1e3:.2f} ms); "
+          f"serve.batch wait {a.batch_wait_ms:g} ms included")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The node with ``policy.backend: remote`` over real DDS, against the policy served by Ray Serve on loopback:
+chunks flow, the margin's queue and transfer segments carry the measured remote timings, and an endpoint that
+stops answering (a slow replica past ``policy.timeout``, then a server that is gone) is counted as inference
+errors while the node keeps running, its deadline policy acts and its watchdog reports ERROR."""
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray import serve  # noqa: E402
+
+from node_harness import (FakeRobot, NodeProcess, diagnostics_status, make_small_checkpoint,  # noqa: E402
+                          require_tokenizer)
+from phyai_ros.serve.app import run_local  # noqa: E402
+from phyai_ros.serve.engine import ServeConfig  # noqa: E402
+from ros_helpers import REPO  # noqa: E402
+
+pytestmark = pytest.mark.ros
+BATCH_WAIT_S = 0.12   # a lone robot's request waits this long on the server for company: a real queue time
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _watchdog_error_since(robot: FakeRobot, since: float) -> bool:
+    return any(r.t > since and (st := diagnostics_status(r.msg, "control margin")) is not None and st.level[0] == 2
+               for r in robot.diagnostics)
+
+
+def test_remote_backend_over_serve(tmp_path):
+    tokenizer = require_tokenizer()
+    ckpt = make_small_checkpoint(tmp_path / "pi05")
+    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": f"{REPO}:{REPO / 'test'}"}})
+    node = robot = None
+    try:
+        url = run_local(ServeConfig(str(ckpt), str(tokenizer), device="cpu", batch_wait_s=BATCH_WAIT_S, slow_s=3.0,
+                                    slow_task="slow task"), port=_free_port(), num_replicas=1, num_cpus=0.5)
+        node = NodeProcess(ckpt, tokenizer, overrides={"policy.backend": "remote", "policy.endpoint": url,
+                                                       "policy.timeout": 1.0, "model.warmup_runs": 1,
+                                                       "control.deadline_policy": "hold_last"})
+        robot = FakeRobot(node.params)
+        assert robot.wait_for_node(timeout=90), node.output()
+        robot.set_instruction("pick up the cup")
+        assert robot.spin_until(lambda: len(robot.margins) >= 4, timeout=90), node.output()
+
+        for r in robot.margins:
+            m = r.msg
+            assert m.latency_queue >= 0.8 * BATCH_WAIT_S, m          # the server's batch queue, measured
+            assert m.latency_transfer > 0 and m.latency_inference > 0
+            if m.budget == m.budget:   # not a startup chunk: the margin is the budget less the five segments
+                total = (m.latency_observe + m.latency_transfer + m.latency_queue + m.latency_inference
+                         + m.latency_actuate)
+                assert m.margin == pytest.approx(m.budget - total, abs=2e-6)
+        chunk = robot.chunks[-1].msg
+        assert any(abs(chunk.inference_latency - r.msg.latency_inference) < 1e-6 for r in robot.margins)
+
+        # A replica slower than policy.timeout: every call times out -> counted, deadline policy, watchdog.
+        errors = robot.fresh_counters().get("inference_errors", 0)
+        since = time.monotonic()
+        robot.set_instruction("slow task")
+        assert robot.wait_counter("inference_errors", errors, timeout=30), node.output()
+        assert robot.spin_until(lambda: _watchdog_error_since(robot, since), timeout=30), node.output()
+        counters = robot.fresh_counters()
+        assert counters.get("run_outs", 0) >= 1 and counters.get("deadline_policy_ticks", 0) > 0, counters
+        assert "did not answer within 1.000 s" in node.output(), node.output()
+
+        # Back to a normal task: chunks flow again (bounded: the slow batches drain first).
+        seq = robot.last_seq()
+        robot.set_instruction("pick up the cup")
+        assert robot.wait_chunks_after(seq, count=2, timeout=60), node.output()
+
+        # The server gone: refused connections are counted too, and the node keeps running.
+        serve.shutdown()
+        errors = robot.fresh_counters().get("inference_errors", 0)
+        assert robot.wait_counter("inference_errors", errors + 1, timeout=30), node.output()
+        assert node.alive, node.output()
+    finally:
+        if robot is not None:
+            robot.close()
+        if node is not None:
+            node.stop()
+        serve.shutdown()
+        ray.shutdown()
