@@ -88,3 +88,44 @@ def test_remote_backend_over_serve(tmp_path):
             node.stop()
         serve.shutdown()
         ray.shutdown()
+
+
+def test_the_same_bag_onboard_and_remote(tmp_path):
+    """One recorded session replayed through the node twice, onboard and remote: every input message is
+    accounted for both times, and the margin monitor shows the difference where it is: the remote run's
+    queue segment carries the server's batch wait, so its margins are smaller by about that much."""
+    import numpy as np
+
+    from phyai_ros.replay.demo_bag import DemoBagConfig, make_demo_bag
+    from phyai_ros.testing import PolicyNode, replay
+    tokenizer = require_tokenizer()
+    ckpt = make_small_checkpoint(tmp_path / "pi05")
+    bag = make_demo_bag(tmp_path / "bag", DemoBagConfig(duration=8.0, state_rate_hz=20.0, storage="mcap"))
+    overrides = {"control.horizon": 20}
+    results = {}
+    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": f"{REPO}:{REPO / 'test'}"}})
+    try:
+        url = run_local(ServeConfig(str(ckpt), str(tokenizer), device="cpu", batch_wait_s=BATCH_WAIT_S),
+                        port=_free_port(), num_replicas=1, num_cpus=0.5)
+        for backend, extra in (("onboard", {}), ("remote", {"policy.backend": "remote", "policy.endpoint": url})):
+            with PolicyNode(checkpoint=ckpt, tokenizer=tokenizer, overrides={**overrides, **extra},
+                            stepped=False) as node:
+                results[backend] = replay(bag.path, node, mode="realtime")
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    queue = {}
+    for backend, result in results.items():
+        acc = result.accounting
+        assert result.complete and acc.ok, (backend, acc.problems)
+        assert {t: row["played"] for t, row in acc.per_topic.items()} == bag.counts
+        margins = [m for m in result.margin_values if not m.expired]
+        assert len(margins) >= 4, backend
+        queue[backend] = float(np.median([m.latency_queue for m in margins]))
+        for m in margins:
+            total = m.latency_observe + m.latency_transfer + m.latency_queue + m.latency_inference + m.latency_actuate
+            if m.budget == m.budget:
+                assert m.margin == pytest.approx(m.budget - total, abs=2e-6)
+    print(f"queue p50 onboard {queue['onboard'] * 1e3:.1f} ms, remote {queue['remote'] * 1e3:.1f} ms")
+    assert queue["remote"] >= queue["onboard"] + 0.8 * BATCH_WAIT_S, queue
