@@ -2,7 +2,8 @@
 
     y = x * rsqrt(mean(x^2) + eps) * (1 + w)
 
-computed in fp32 and cast back to x's dtype (as HF/openpi ``GemmaRMSNorm``).
+computed in fp32 and cast back to x's dtype (as HF/openpi ``GemmaRMSNorm``).  ``weight_offset=0``
+gives Qwen's RMSNorm (``x * rsqrt(...) * w``, GR00T's backbone), the same kernel with the plain weight.
 
 ``add_rms_norm`` fuses the pre-norm residual add.  The new residual is
 ``x + residual`` rounded to the activation dtype -- exactly what the unfused
@@ -28,10 +29,11 @@ MAX_WIDTH = 65536  # one row is held in registers (single pass)
 
 
 # --------------------------------------------------------------------------- reference
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_offset: float = 1.0
+                 ) -> torch.Tensor:
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * (1.0 + weight.float())).to(x.dtype)
+    return (y * (weight_offset + weight.float())).to(x.dtype)
 
 
 def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
@@ -46,7 +48,7 @@ if HAVE_TRITON:
     @triton.jit
     def _rms_norm_kernel(X, R, W, Y, RO, n_rows, n_cols, sx, sr, sy, sro, eps,
                          HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         PDL: tl.constexpr):
+                         PDL: tl.constexpr, UNIT_OFFSET: tl.constexpr = True):
         wait_for_producer(PDL)
         pid = tl.program_id(0)
         rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -62,7 +64,9 @@ if HAVE_TRITON:
         ms = tl.sum(xf * xf, axis=1) / n_cols
         rstd = tl.rsqrt(ms + eps)
         w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
-        y = xf * rstd[:, None] * (1.0 + w[None, :])
+        if UNIT_OFFSET:  # Gemma: 1 + w; Qwen: w
+            w = 1.0 + w
+        y = xf * rstd[:, None] * w[None, :]
         tl.store(Y + rows[:, None] * sy + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -92,7 +96,9 @@ def _check_out(out: Optional[torch.Tensor], like: torch.Tensor, name: str) -> to
     return out
 
 
-def _run(x, residual, weight, eps, out, residual_out):
+def _run(x, residual, weight, eps, out, residual_out, weight_offset=1.0):
+    if weight_offset not in (0.0, 1.0):
+        raise ValueError(f"weight_offset must be 1 (Gemma) or 0 (Qwen), got {weight_offset}")
     check_tensors(("x", x), ("residual", residual), ("weight", weight))
     n_cols = x.shape[-1]
     if weight.dim() != 1 or weight.shape[0] != n_cols:
@@ -116,21 +122,21 @@ def _run(x, residual, weight, eps, out, residual_out):
         _rms_norm_kernel[grid](
             x2, r2, weight, y2, ro2, n_rows, n_cols,
             x2.stride(0), r2.stride(0), y2.stride(0), ro2.stride(0), float(eps),
-            HAS_RES=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+            HAS_RES=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n, UNIT_OFFSET=weight_offset == 1.0,
             num_warps=num_warps, **pdl(x.device))
     return out, residual_out
 
 
 # --------------------------------------------------------------------------- wrappers
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
-             out: Optional[torch.Tensor] = None) -> torch.Tensor:
+             out: Optional[torch.Tensor] = None, weight_offset: float = 1.0) -> torch.Tensor:
     """Gemma RMSNorm of x [..., W] with weight [W]; fp32 math, output in x.dtype.
 
     x: fp32/fp16/bf16, last dim contiguous (rows may be strided for 2-D x);
     weight: any float dtype (upcast to fp32).  ``out`` (optional, x's shape and
-    dtype) may alias x.
+    dtype) may alias x. ``weight_offset``: 1 Gemma (1 + w), 0 Qwen (plain w).
     """
-    y, _ = _run(x, None, weight, eps, out, None)
+    y, _ = _run(x, None, weight, eps, out, None, weight_offset)
     return y
 
 

@@ -4,6 +4,10 @@
     cos, sin [B, T, D]              rotary tables (halves duplicated, rotate-half convention)
     -> q [B, Hq, T, D], k [B, Hkv, T, D] rotated and head-major, v a strided view of qkv
 
+With ``q_norm`` / ``k_norm`` (Qwen3's per-head RMSNorm of q and k, plain weight [D]) each head is normalised
+before it is rotated, in the same pass: GR00T's Qwen3-VL LLM (mRoPE: the interleaving lives in the cos / sin
+tables, the rotation is this one). Its vision tower (2-D RoPE, no norm) uses it as it is.
+
 Unfused this is a split, two transposes and, per tensor, a negate, a concat, two
 multiplies and an add (about ten kernels per layer); here it is one launch.
 Math in fp32, one rounding to the output dtype (eager bf16 rounds each step, so
@@ -11,11 +15,12 @@ results can differ by ~1 ulp). Reference: ``qkv_rope_ref``.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
 from ._common import HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, tl, triton, wait_for_producer
+from .rms_norm import rms_norm_ref
 
 __all__ = ["available", "qkv_rope", "qkv_rope_ref"]
 
@@ -28,9 +33,12 @@ def split_heads(qkv: torch.Tensor, hq: int, hkv: int, d: int):
             v.view(b, t, hkv, d).transpose(1, 2))
 
 
-def qkv_rope_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int
+def qkv_rope_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int,
+                 q_norm: Optional[torch.Tensor] = None, k_norm: Optional[torch.Tensor] = None, eps: float = 1e-6
                  ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v = split_heads(qkv, hq, hkv, d)
+    if q_norm is not None:
+        q, k = rms_norm_ref(q, q_norm, eps, weight_offset=0.0), rms_norm_ref(k, k_norm, eps, weight_offset=0.0)
 
     def rope(x):
         half = d // 2
@@ -44,7 +52,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _qkv_rope_kernel(QKV, COS, SIN, Q, K, T, HQ, HKV, sqb, sqt, scb, sct, sob_q, soh_q, sot_q,
-                         sob_k, soh_k, sot_k, HALF: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                         sob_k, soh_k, sot_k, QN, KN, eps, HALF: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr, NORM: tl.constexpr = False):
         wait_for_producer(PDL)
         pid = tl.program_id(0)              # one program per (b, t, head) of q and k
         heads = HQ + HKV
@@ -57,6 +66,16 @@ if HAVE_TRITON:
         src = QKV + b * sqb + t * sqt + h * (2 * HALF)
         x1 = tl.load(src + offs, mask=m, other=0.0).to(tl.float32)
         x2 = tl.load(src + HALF + offs, mask=m, other=0.0).to(tl.float32)
+        if NORM:  # Qwen3 q / k RMSNorm of the head (plain weight), fp32
+            rstd = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
+            if h < HQ:
+                w1 = tl.load(QN + offs, mask=m, other=0.0).to(tl.float32)
+                w2 = tl.load(QN + HALF + offs, mask=m, other=0.0).to(tl.float32)
+            else:
+                w1 = tl.load(KN + offs, mask=m, other=0.0).to(tl.float32)
+                w2 = tl.load(KN + HALF + offs, mask=m, other=0.0).to(tl.float32)
+            x1 = x1 * rstd * w1
+            x2 = x2 * rstd * w2
         cs = COS + b * scb + t * sct
         sn = SIN + b * scb + t * sct
         c1 = tl.load(cs + offs, mask=m, other=0.0).to(tl.float32)
@@ -73,10 +92,17 @@ if HAVE_TRITON:
         tl.store(dst + HALF + offs, o2.to(Q.dtype.element_ty), mask=m)
 
 
-def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int
+def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int,
+             q_norm: Optional[torch.Tensor] = None, k_norm: Optional[torch.Tensor] = None, eps: float = 1e-6
              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One launch: q, k rotated into new [B, H, T, D] tensors; v returned as a view of qkv."""
-    check_tensors(("qkv", qkv), ("cos", cos), ("sin", sin))
+    """One launch: q, k (RMS-normalised per head first when q_norm / k_norm [D] are given) rotated into new
+    [B, H, T, D] tensors; v returned as a view of qkv. cos / sin may be float32 for a bf16 qkv."""
+    check_tensors(("qkv", qkv), ("cos", cos), ("sin", sin), ("q_norm", q_norm), ("k_norm", k_norm))
+    if (q_norm is None) != (k_norm is None) or (q_norm is not None and (q_norm.shape != (d,)
+                                                                        or k_norm.shape != (d,))):
+        raise ValueError(f"q_norm and k_norm: both [{d}] or both None, got "
+                         f"{None if q_norm is None else tuple(q_norm.shape)} / "
+                         f"{None if k_norm is None else tuple(k_norm.shape)}")
     if not HAVE_TRITON:
         raise RuntimeError("triton is not importable here; use qkv_rope_ref")
     b, t, n = qkv.shape
@@ -90,6 +116,7 @@ def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, h
     _qkv_rope_kernel[(b * t * (hq + hkv),)](
         qkv, cos, sin, q, k, t, hq, hkv, qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        cos if q_norm is None else q_norm, cos if k_norm is None else k_norm, float(eps), NORM=q_norm is not None,
         HALF=half, BLOCK=max(16, next_power_of_2(half)), num_warps=1 if half <= 64 else 2,
         **pdl(qkv.device))
     return q, k, split_heads(qkv, hq, hkv, d)[2]

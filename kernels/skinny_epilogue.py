@@ -16,6 +16,9 @@ the GEMM just wrote. Here they become the GEMM's epilogue:
   statistics. The GEMM output itself is never rounded, so in bf16 these differ from the unfused path by
   about one ulp of the residual in a few elements.
 
+* ``linear_add_layer_norm`` (GR00T's DiT, 41 rows): the same with a bias and a LayerNorm, h_new = h + (y +
+  bias) rounded once (as kernels/layer_norm.py's add_layer_norm) and the LayerNorm of that rounded value.
+
 Modulation of the gated form is per batch item ([B, W] rows, item = row // tokens_per_item).
 Reference functions: ``linear_geglu_ref``, ``linear_add_rms_norm_ref``, ``linear_gated_ada_rms_norm_ref``.
 """
@@ -28,11 +31,13 @@ import torch
 from ._common import HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, tl, triton, wait_for_producer
 from .ada_rms_norm import _check_mod, _tokens, gated_residual_ada_rms_norm_ref
 from .geglu import geglu_ref
+from .layer_norm import add_layer_norm_ref
 from .rms_norm import add_rms_norm_ref
 from .skinny_linear import gemm_launch, linear_ref, skinny_partials, skinny_rows, split_plan
 
-__all__ = ["available", "linear_geglu", "linear_add_rms_norm", "linear_gated_ada_rms_norm",
-           "linear_geglu_ref", "linear_add_rms_norm_ref", "linear_gated_ada_rms_norm_ref"]
+__all__ = ["available", "linear_geglu", "linear_add_rms_norm", "linear_gated_ada_rms_norm", "linear_add_layer_norm",
+           "linear_geglu_ref", "linear_add_rms_norm_ref", "linear_gated_ada_rms_norm_ref",
+           "linear_add_layer_norm_ref"]
 
 MAX_WIDTH = 16384  # the norm epilogue holds one output row in registers
 
@@ -51,6 +56,12 @@ def linear_gated_ada_rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, residua
                                   scale: torch.Tensor, shift: torch.Tensor, tokens_per_item: Optional[int] = None,
                                   eps: float = 1e-6) -> Tuple[torch.Tensor, torch.Tensor]:
     return gated_residual_ada_rms_norm_ref(residual, linear_ref(x, weight), gate, scale, shift, tokens_per_item, eps)
+
+
+def linear_add_layer_norm_ref(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                              ln_w: torch.Tensor, ln_b: torch.Tensor, eps: float = 1e-5
+                              ) -> Tuple[torch.Tensor, torch.Tensor]:
+    return add_layer_norm_ref(h, linear_ref(x, weight), bias, ln_w, ln_b, eps)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -141,6 +152,29 @@ if HAVE_TRITON:
         tl.store(Y + row * sy + cols, out.to(Y.dtype.element_ty), mask=mask)
 
 
+    @triton.jit
+    def _sum_splits_layer_norm_kernel(P, C, H, W, B, HO, Y, N, SPLITS, spk, spm, sh, sho, sy, eps,
+                                      BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+        """One row: h_new = h + (sum of the partials + bias) rounded to HO's dtype; y = LayerNorm(h_new)."""
+        wait_for_producer(PDL)
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK_N)
+        mask = cols < N
+        y = tl.load(C + cols, mask=mask, other=0.0).to(tl.float32)
+        for s in range(0, SPLITS):
+            y += tl.load(P + s * spk + row * spm + cols, mask=mask, other=0.0)
+        h = tl.load(H + row * sh + cols, mask=mask, other=0.0).to(tl.float32)
+        h = (h + y).to(HO.dtype.element_ty)
+        tl.store(HO + row * sho + cols, h, mask=mask)
+        hf = h.to(tl.float32)
+        mean = tl.sum(hf, axis=0) / N
+        hc = tl.where(mask, hf - mean, 0.0)
+        rstd = tl.rsqrt(tl.sum(hc * hc, axis=0) / N + eps)
+        out = hc * rstd * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        out += tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(Y + row * sy + cols, out.to(Y.dtype.element_ty), mask=mask)
+
+
 # --------------------------------------------------------------------------- wrappers
 def linear_geglu(x: torch.Tensor, gate_up_w: torch.Tensor, *, block_n: int = 64, block_k: int = 128,
                  num_warps: int = 4, num_stages: int = 3, splits: Optional[int] = None,
@@ -228,3 +262,30 @@ def linear_gated_ada_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: t
     dtype, row-strided views allowed; the item of a row is row // tokens_per_item (None: rows // B)."""
     normed, new_res = _norm_epilogue(x, weight, residual, (gate, scale, shift), None, tokens_per_item, eps, tiling)
     return new_res, normed
+
+
+def linear_add_layer_norm(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                          ln_w: torch.Tensor, ln_b: torch.Tensor, eps: float = 1e-5, **tiling
+                          ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """h_new = h + (x @ weight^T + bias) (rounded once to x.dtype); returns (h_new, layer_norm(h_new, ln_w,
+    ln_b)) -- the order of layers' ``linear_add_layer_norm``. x [..., K] (<= 64 rows), weight [N, K] of x's
+    dtype, h with x's rows of [N] in x.dtype, bias / ln_w / ln_b [N] of any float dtype."""
+    n = weight.shape[0]
+    x2 = skinny_rows(x, weight, n)
+    m = x2.shape[0]
+    check_tensors(("h", h), ("bias", bias), ("ln_w", ln_w), ("ln_b", ln_b))
+    for name, t in (("bias", bias), ("ln_w", ln_w), ("ln_b", ln_b)):
+        if t.shape != (n,):
+            raise ValueError(f"{name} must be [{n}], got {tuple(t.shape)}")
+    block_n = next_power_of_2(n)
+    if block_n > MAX_WIDTH:
+        raise ValueError(f"output width {n} > {MAX_WIDTH} not supported (one row per program)")
+    h2 = _residual_rows(h, m, n, x.dtype)
+    part = skinny_partials(x2, weight, **tiling)
+    new_h = torch.empty(h.shape, dtype=x.dtype, device=x.device)
+    normed = torch.empty(h.shape, dtype=x.dtype, device=x.device)
+    ho2, y2 = new_h.view(m, n), normed.view(m, n)
+    _sum_splits_layer_norm_kernel[(m,)](part, bias, h2, ln_w, ln_b, ho2, y2, n, part.shape[0], part.stride(0),
+                                        part.stride(1), h2.stride(0), ho2.stride(0), y2.stride(0), float(eps),
+                                        BLOCK_N=block_n, num_warps=4 if block_n <= 2048 else 8, **pdl(x.device))
+    return new_h, normed

@@ -278,6 +278,18 @@ def print_table(res: dict) -> None:
     print(f"\nstart-up to first chunk: {res['startup']}")
 
 
+def drop_candidates(selector, spec: str) -> None:
+    """Remove ``op:prefix`` candidates (never an op's last one, its reference), before any policy derives its
+    selector (derived selectors share the candidate lists)."""
+    import phyai_ros.layers.dispatch  # noqa: F401  registers the candidates
+    for item in filter(None, spec.split(",")):
+        op, prefix = item.split(":")
+        if op not in selector.candidates:
+            raise SystemExit(f"--drop-candidates: unknown op {op!r} (known: {sorted(selector.candidates)})")
+        cands = selector.candidates[op]
+        cands[:] = [c for c in cands[:-1] if not c.name.startswith(prefix)] + cands[-1:]
+
+
 def main() -> None:
     global DEVICE, DTYPE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -291,6 +303,9 @@ def main() -> None:
     ap.add_argument("--reuse-checkpoint", action="store_true")
     ap.add_argument("--skip-startup", action="store_true")
     ap.add_argument("--no-profile", dest="profile", action="store_false")
+    ap.add_argument("--drop-candidates", default="", metavar="OP:PREFIX,...",
+                    help="A/B of single kernels: remove the selector candidates of OP whose name starts with PREFIX "
+                         "(e.g. linear_gelu_tanh:triton,linear_add_layer_norm:skinny)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "bench_groot.json")
     ap.add_argument("--first-chunk", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -302,9 +317,11 @@ def main() -> None:
         print(json.dumps(first_chunk(args.root)))
         return
     from phyai_ros.layers.selector import SELECTOR
+    drop_candidates(SELECTOR, args.drop_candidates)
     res = {"bench": "groot_n17_runner", "config": args.config, "dtype": str(DTYPE).replace("torch.", ""),
            "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
            "ops": SELECTOR.forced or os.environ.get("PHYAI_OP_PROFILE", "default"), "date": time.strftime("%Y-%m-%d"),
+           "dropped_candidates": args.drop_candidates or None,
            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]), "lerobot_reference": LEROBOT_REF}
     res["ceilings"] = ceilings() if DEVICE == "cuda" else {"gemm_tflops": 1.0, "copy_tbps": 0.05}
     if args.reuse_checkpoint and (args.root / "checkpoint_1view" / "model.safetensors").is_file():

@@ -561,3 +561,127 @@ def test_programmatic_dependent_launch_only_where_it_exists(monkeypatch):
     assert _common.pdl(torch.device("cpu")) == {"PDL": False}
     monkeypatch.setenv("PHYAI_PDL", "0")
     assert _common.pdl(torch.device("cuda", 0)) == {"PDL": False}
+
+
+# --------------------------------------------------------------------------- GR00T N1.7 (DiT 41 rows x 1536, Qwen3-VL)
+from phyai_ros.kernels import rope as rp  # noqa: E402
+from phyai_ros.kernels import skinny_linear as sl  # noqa: E402
+
+DIT_ROWS, DIT_W = 41, 1536   # state token + 40 actions; the DiT's width (its MLP is 4x)
+
+
+@needs_triton
+@pytest.mark.parametrize("n,k,act,splits", [(DIT_W, DIT_W, None, None), (3 * DIT_W, DIT_W, None, 1),
+                                            (4 * DIT_W, DIT_W, "gelu_tanh", None), (DIT_W, DIT_W, "gelu_tanh", 3)])
+def test_skinny_linear_bias_and_gelu_at_dit_shapes(n, k, act, splits):
+    """Bias (and GELU-tanh) as the epilogue of the GEMM (one split) or of the split-K sum (several)."""
+    x, w = _gemm(DIT_ROWS, k, n, seed=n + k)
+    b = _rand(n, scale=0.5, seed=5)
+    out = sl.skinny_linear(x, w, b, act, splits=splits)
+    assert out.shape == (1, DIT_ROWS, n)
+    torch.testing.assert_close(out, sl.linear_ref(x, w, b, act), **TOL)
+
+
+@needs_triton
+@pytest.mark.parametrize("k,splits", [(DIT_W, None), (4 * DIT_W, None), (DIT_W, 1)])
+def test_linear_add_layer_norm_at_dit_shapes(k, splits):
+    """The DiT's to_out / ff.net.2: h + (x W^T + b), then the LayerNorm (unit affine there; a real one here)."""
+    x, w = _gemm(DIT_ROWS, k, DIT_W, seed=k)
+    h, b = _rand(1, DIT_ROWS, DIT_W, scale=3.0, seed=7), _rand(DIT_W, scale=0.5, seed=8)
+    ln_w, ln_b = _rand(DIT_W, scale=0.5, seed=9) + 1, _rand(DIT_W, scale=0.5, seed=10)
+    got = se.linear_add_layer_norm(h, x, w, b, ln_w, ln_b, 1e-5, splits=splits)
+    want = se.linear_add_layer_norm_ref(h, x, w, b, ln_w, ln_b, 1e-5)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, **TOL)
+
+
+@needs_triton
+def test_skinny_bias_epilogues_reject_bad_inputs():
+    x, w = _gemm(7, 64, 32, seed=0)
+    with pytest.raises(ValueError, match="bias"):
+        sl.skinny_linear(x, w, _rand(31))
+    with pytest.raises(ValueError, match="act"):
+        sl.skinny_linear(x, w, None, "relu")
+    h, v = _rand(1, 7, 32), _rand(32)
+    with pytest.raises(ValueError, match="ln_b"):
+        se.linear_add_layer_norm(h, x, w, v, v, v[:16])
+    with pytest.raises(ValueError, match="residual"):
+        se.linear_add_layer_norm(h[:, :6], x, w, v, v, v)
+
+
+@needs_triton
+@pytest.mark.parametrize("rows,width", [(103, 2048), (5, 128)])
+def test_qwen_rms_norm_plain_weight(rows, width):
+    """weight_offset=0: Qwen's RMSNorm (times w), the LLM's width and its per-head q / k width."""
+    x, w = _rand(rows, width, scale=2.0), _rand(width, scale=0.5, seed=3)
+    got = rn.rms_norm(x, w, 1e-6, weight_offset=0.0)
+    xf = x.double()
+    want = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()).float()
+    torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(rn.rms_norm_ref(x, w, 1e-6, weight_offset=0.0), want, **TOL)
+    with pytest.raises(ValueError, match="weight_offset"):
+        rn.rms_norm(x, w, 1e-6, weight_offset=0.5)
+
+
+def _mrope_tables(b, t, d, seed):
+    """cos / sin [B, T, d] from three position rows interleaved as Qwen3-VL's mRoPE does."""
+    from phyai_ros.models.groot_n17.config import TextConfig
+    from phyai_ros.models.groot_n17.qwen3vl import mrope_cos_sin
+    cfg = TextConfig(vocab_size=0, width=0, mlp_dim=0, num_heads=16, num_kv_heads=8, head_dim=d, depth=0,
+                     rms_eps=1e-6, rope_theta=5e6, mrope_section=(24, 20, 20))   # Cosmos-Reason2-2B's RoPE
+    pos = torch.randint(0, 300, (3, b, t), generator=torch.Generator().manual_seed(seed))
+    return (x.to(DEVICE) for x in mrope_cos_sin(cfg, pos))
+
+
+@needs_triton
+@pytest.mark.parametrize("b,t", [(1, 7), (2, 5)])
+def test_qkv_norm_rope_qwen3_llm(b, t):
+    """The LLM's QKV output (16 q, 8 kv heads of 128): per-head RMSNorm (plain weights) then interleaved-mRoPE
+    rotation, against the fp32 reference and against normalising and rotating by hand."""
+    hq, hkv, d = 16, 8, 128
+    qkv = _rand(b, t, (hq + 2 * hkv) * d, scale=2.0, seed=t)
+    cos, sin = _mrope_tables(b, t, d, seed=b)
+    qn, kn = _rand(d, scale=0.5, seed=1) + 1, _rand(d, scale=0.5, seed=2) + 1
+    q, k, v = rp.qkv_rope(qkv, cos, sin, hq, hkv, d, qn, kn, 1e-6)
+    rq, rk, rv = rp.qkv_rope_ref(qkv, cos, sin, hq, hkv, d, qn, kn, 1e-6)
+    torch.testing.assert_close(q, rq, **TOL)
+    torch.testing.assert_close(k, rk, **TOL)
+    assert torch.equal(v, rv) and q.shape == (b, hq, t, d) and k.shape == (b, hkv, t, d)
+    k0 = qkv[0, 0, hq * d:(hq + 1) * d]                           # kv head 0 of token 0 by hand
+    k0 = k0 * torch.rsqrt(k0.pow(2).mean() + 1e-6) * kn
+    rot = torch.cat((-k0[d // 2:], k0[:d // 2]))
+    torch.testing.assert_close(k[0, 0, 0], k0 * cos[0, 0] + rot * sin[0, 0], **TOL)
+
+
+@needs_triton
+def test_qkv_rope_qwen3_vision_fp32_tables_bf16():
+    """The vision tower: 16 heads of 64, no norm, 2-D RoPE tables in float32 for bf16 activations: one
+    rounding of the fp32 rotation."""
+    n_img, t, h, d = 2, 16, 16, 64
+    qkv = _rand(n_img, t, 3 * h * d, seed=4).to(torch.bfloat16)
+    ang = _rand(n_img, t, d // 2, scale=3.0, seed=6)
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+    q, k, v = rp.qkv_rope(qkv, cos, sin, h, h, d)
+    rq, rk, _ = rp.qkv_rope_ref(qkv.float(), cos, sin, h, h, d)
+    assert q.dtype == torch.bfloat16
+    torch.testing.assert_close(q.float(), rq, rtol=2 ** -8, atol=1e-2)
+    torch.testing.assert_close(k.float(), rk, rtol=2 ** -8, atol=1e-2)
+    with pytest.raises(ValueError, match="q_norm"):
+        rp.qkv_rope(qkv, cos, sin, h, h, d, _rand(d).to(torch.bfloat16), None)
+
+
+@needs_triton
+@pytest.mark.parametrize("n", [DIT_W, 96])
+def test_auto_tiling_of_the_dit_candidates(n):
+    """The selector's default for the DiT GEMMs (no profile entry): one K split where the N blocks fill the
+    device, split-K otherwise (here 4 'SMs': N = 1536 and N = 96); both agree with fp32 torch."""
+    from phyai_ros.layers import dispatch
+    x, w = _gemm(DIT_ROWS, DIT_W, n, seed=n)
+    b, h = _rand(n, scale=0.5, seed=2), _rand(1, DIT_ROWS, n, scale=3.0, seed=3)
+    torch.testing.assert_close(dispatch._auto_tiling(dispatch._triton_linear_gelu_tanh, x, w, b),
+                               sl.linear_ref(x, w, b, "gelu_tanh"), **TOL)
+    torch.testing.assert_close(dispatch._auto_tiling(dispatch._triton_linear, x, w, b), sl.linear_ref(x, w, b), **TOL)
+    one, zero = torch.ones(n, device=DEVICE), torch.zeros(n, device=DEVICE)
+    got = dispatch._auto_tiling(dispatch._triton_skinny_add_layer_norm, h, x, w, b, one, zero, 1e-5)
+    for a, e in zip(got, se.linear_add_layer_norm_ref(h, x, w, b, one, zero, 1e-5)):
+        torch.testing.assert_close(a, e, **TOL)

@@ -356,3 +356,108 @@ def test_dependent_chain_under_pdl_in_a_cuda_graph():
         want = reference()
         torch.cuda.synchronize()
         assert _rel(out[1], want[1]) < 1e-2 and _rel(out[0], want[0]) < 2e-2, i
+
+
+# --------------------------------------------------------------------------- GR00T N1.7 (DiT 41 x 1536; Qwen3-VL)
+GROOT_TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2 ** -7, atol=1e-4)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k,act", [(4608, 1536, None), (1536, 1536, None), (6144, 1536, "gelu_tanh"),
+                                     (1536, 6144, None)])
+@pytest.mark.parametrize("splits", [None, 1])
+def test_groot_skinny_linear_bias_gelu(n, k, act, splits, dtype):
+    """The DiT's GEMMs on 41 rows with bias (and GELU-tanh) in the epilogue: one rounding of the fp32 result."""
+    from phyai_ros.kernels import skinny_linear as sl
+    x, w = _gemm(41, k, n, dtype)
+    b = _rand(n, dtype=dtype, scale=0.5, seed=7)
+    out = sl.skinny_linear(x, w, b, act, splits=splits)
+    ref = sl.linear_ref(x.float(), w.float(), b.float(), act)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, **GROOT_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [1536, 6144])
+@pytest.mark.parametrize("splits", [None, 1])
+def test_groot_linear_add_layer_norm(k, splits, dtype):
+    """to_out / ff.net.2 + residual + the next (unit) LayerNorm; the norm is checked on the kernel's own
+    rounded residual (see the module doc)."""
+    x, w = _gemm(41, k, 1536, dtype)
+    h = _rand(1, 41, 1536, dtype=dtype, scale=3.0, seed=5)
+    b = _rand(1536, dtype=dtype, scale=0.5, seed=6)
+    one, zero = torch.ones(1536, dtype=dtype, device="cuda"), torch.zeros(1536, dtype=dtype, device="cuda")
+    new_h, normed = se.linear_add_layer_norm(h, x, w, b, one, zero, 1e-5, splits=splits)
+    ref_h, _ = se.linear_add_layer_norm_ref(h.float(), x.float(), w.float(), b.float(), one, zero, 1e-5)
+    torch.testing.assert_close(new_h.float(), ref_h, **GROOT_TOL[dtype])
+    torch.testing.assert_close(normed.float(), ln.layer_norm_ref(new_h.float(), one, zero, 1e-5), **GROOT_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_groot_qwen_norms_and_rope(dtype):
+    """Qwen3-VL at Cosmos-Reason2-2B's shapes: RMSNorm with the plain weight (103 x 2048), the LLM's q / k norm
+    + mRoPE (16 q / 8 kv heads of 128, bf16 tables) and the vision tower's 2-D RoPE (16 heads of 64 over 256
+    patches, fp32 tables)."""
+    from phyai_ros.kernels import rope
+    x, w = _rand(103, 2048, dtype=dtype, scale=2.0), _rand(2048, scale=0.5, seed=1)
+    _check_vs_fp32(rn.rms_norm(x, w, 1e-6, weight_offset=0.0), rn.rms_norm_ref(x.float(), w, 1e-6, 0.0), dtype)
+    for t, hq, hkv, d, norm, tables in [(103, 16, 8, 128, True, dtype), (256, 16, 16, 64, False, torch.float32)]:
+        qkv = _rand(1, t, (hq + 2 * hkv) * d, dtype=dtype, scale=2.0, seed=t)
+        ang = _rand(1, t, d // 2, scale=3.0, seed=3)
+        cos, sin = (f(torch.cat([ang, ang], -1)).to(tables) for f in (torch.cos, torch.sin))
+        qn, kn = (_rand(d, dtype=dtype, scale=0.3, seed=s) + 1 if norm else None for s in (4, 5))
+        got = rope.qkv_rope(qkv, cos, sin, hq, hkv, d, qn, kn, 1e-6)
+        f32 = lambda a: None if a is None else a.float()  # noqa: E731
+        want = rope.qkv_rope_ref(qkv.float(), cos.float(), sin.float(), hq, hkv, d, f32(qn), f32(kn), 1e-6)
+        for a, e in zip(got[:2], want[:2]):
+            torch.testing.assert_close(a.float(), e, **GROOT_TOL[dtype])
+
+
+def test_groot_dit_mlp_chain_under_pdl_in_a_cuda_graph():
+    """A DiT MLP sublayer as the loop runs it: GEMM + bias + GELU, then GEMM + bias + residual + LayerNorm,
+    with PDL and weight prefetch, replayed in a CUDA graph on fresh inputs each time: equals the torch chain."""
+    from phyai_ros.kernels import skinny_linear as sl
+    dt, T, W, I = torch.bfloat16, 41, 1536, 6144
+    x_in, h_in = torch.zeros(1, T, W, dtype=dt, device="cuda"), torch.zeros(1, T, W, dtype=dt, device="cuda")
+    w_up, w_dn = _rand(I, W, dtype=dt, scale=W ** -0.5, seed=2), _rand(W, I, dtype=dt, scale=I ** -0.5, seed=3)
+    b_up, b_dn = _rand(I, dtype=dt, scale=0.5, seed=4), _rand(W, dtype=dt, scale=0.5, seed=5)
+    one, zero = torch.ones(W, dtype=dt, device="cuda"), torch.zeros(W, dtype=dt, device="cuda")
+
+    def chain():
+        m = sl.skinny_linear(x_in, w_up, b_up, "gelu_tanh", block_n=32, num_stages=4, prefetch=True)
+        return se.linear_add_layer_norm(h_in, m, w_dn, b_dn, one, zero, 1e-5, block_n=32, block_k=256,
+                                        prefetch=True)
+
+    def reference():
+        m = sl.linear_ref(x_in.float(), w_up.float(), b_up.float(), "gelu_tanh").to(dt)
+        return se.linear_add_layer_norm_ref(h_in, m, w_dn, b_dn, one, zero, 1e-5)
+
+    chain()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain()
+    for i in range(20):
+        x_in.copy_(_rand(1, T, W, dtype=dt, seed=100 + i))
+        h_in.copy_(_rand(1, T, W, dtype=dt, scale=4.0, seed=200 + i))
+        graph.replay()
+        want = reference()
+        torch.cuda.synchronize()
+        assert _rel(out[0], want[0]) < 1e-2 and _rel(out[1], want[1]) < 2e-2, i
+
+
+def test_groot_selector_picks_the_skinny_kernels():
+    """Without a profile the DiT's 41-row GEMMs with bias go to the skinny kernels (the cuBLAS bias epilogue
+    only as fallback), and the LLM's 103 rows stay on the library GEMM."""
+    from phyai_ros.layers.dispatch import _selector
+    from phyai_ros.layers.selector import shape_key
+    x, w = _gemm(41, 1536, 6144, torch.bfloat16)
+    b = _rand(6144, dtype=torch.bfloat16, seed=1)
+    sel, dev = _selector(), x.device
+    assert sel.choose("linear_gelu_tanh", shape_key(x, w), dev, (x, w, b)).name.startswith("triton")
+    assert sel.choose("linear", shape_key(x, w), dev, (x, w, b)).name.startswith("triton")
+    h, wo = _rand(1, 41, 1536, dtype=torch.bfloat16), w[:1536, :1536].contiguous()
+    args = (h, x, wo, b[:1536], b[:1536], b[:1536], 1e-5)
+    assert sel.choose("linear_add_layer_norm", shape_key(x, wo), dev, args).name.startswith("skinny")
+    xl = _rand(1, 103, 1536, dtype=torch.bfloat16)
+    assert sel.choose("linear", shape_key(xl, w), dev, (xl, w, b)).name == "torch"

@@ -57,6 +57,22 @@ def _torch_qkv_rope(qkv, cos, sin, hq, hkv, d):
     return ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin), v
 
 
+def _torch_qkv_norm_rope(qkv, cos, sin, hq, hkv, d, q_norm, k_norm, eps):
+    """Qwen3-VL: per-head RMSNorm (plain weight) of q and k where given, then RoPE in float32 (cos / sin may
+    be float32 tables for a bf16 qkv), cast back to qkv's dtype."""
+    b, t, _ = qkv.shape
+    q, k, v = (p.view(b, t, -1, d) for p in qkv.split((hq * d, hkv * d, hkv * d), dim=-1))
+    if q_norm is not None:
+        q, k = ops.rms_norm(q, q_norm, eps, 0.0), ops.rms_norm(k, k_norm, eps, 0.0)
+    cos, sin = cos.float(), sin.float()
+    rot = lambda x: ops.apply_rope(x.transpose(1, 2).float(), cos, sin).to(qkv.dtype)  # noqa: E731
+    return rot(q), rot(k), v.transpose(1, 2)
+
+
+def _torch_linear_gelu_tanh(x, weight, bias):
+    return ops.gelu_tanh(ops.linear(x, weight, bias))
+
+
 def _torch_geglu(gate_up):
     m = gate_up.shape[-1] // 2
     return ops.gelu_tanh_mul(gate_up[..., :m], gate_up[..., m:])
@@ -112,9 +128,9 @@ def _triton_gated_ada(h, y, gate, scale, shift, eps):
                                        eps=eps)
 
 
-def _triton_rms(x, weight, eps):
+def _triton_rms(x, weight, eps, weight_offset=1.0):
     from phyai_ros.kernels.rms_norm import rms_norm
-    return rms_norm(x if x.is_contiguous() else x.contiguous(), weight, eps)
+    return rms_norm(x if x.is_contiguous() else x.contiguous(), weight, eps, weight_offset=weight_offset)
 
 
 def _triton_add_rms(x, residual, weight, eps):
@@ -133,18 +149,36 @@ def _triton_linear_add_layer_norm(h, x, weight, bias, ln_weight, ln_bias, eps):
     return add_layer_norm(h, ops.linear(x, weight), bias, ln_weight, ln_bias, eps)
 
 
-def _triton_qkv_rope(qkv, cos, sin, hq, hkv, d):
+def _triton_qkv_rope(qkv, cos, sin, hq, hkv, d, q_norm=None, k_norm=None, eps=1e-6):
     from phyai_ros.kernels.rope import qkv_rope
-    return qkv_rope(qkv, cos, sin, hq, hkv, d)
+    return qkv_rope(qkv, cos, sin, hq, hkv, d, q_norm, k_norm, eps)
 
 
 def _triton_linear(x, weight, bias=None, **tiling):
     from phyai_ros.kernels.skinny_linear import skinny_linear
-    return skinny_linear(x, weight, **tiling)
+    return skinny_linear(x, weight, bias, **tiling)
+
+
+def _triton_linear_gelu_tanh(x, weight, bias, **tiling):
+    from phyai_ros.kernels.skinny_linear import skinny_linear
+    return skinny_linear(x, weight, bias, "gelu_tanh", **tiling)
 
 
 def _skinny_shape(x, weight, bias=None):
-    return bias is None and x.numel() // x.shape[-1] <= 64 and x.dtype == weight.dtype
+    """Few rows (the expert's / DiT's tokens), x's dtype; a bias, if any, one [N] vector (added in the
+    epilogue)."""
+    return (x.numel() // x.shape[-1] <= 64 and x.dtype == weight.dtype
+            and (bias is None or bias.shape == weight.shape[:1]))
+
+
+def _triton_skinny_add_layer_norm(h, x, weight, bias, ln_weight, ln_bias, eps, **tiling):
+    from phyai_ros.kernels.skinny_epilogue import linear_add_layer_norm
+    return linear_add_layer_norm(h, x, weight, bias, ln_weight, ln_bias, eps, **tiling)
+
+
+def _skinny_add_layer_norm(h, x, weight, bias, *rest):
+    """Few rows, a residual h of the GEMM output's rows and dtype."""
+    return _skinny_shape(x, weight, bias) and h.dtype == x.dtype and h.shape == (*x.shape[:-1], weight.shape[0])
 
 
 def _triton_linear_geglu(x, gate_up_w, **tiling):
@@ -186,9 +220,34 @@ SKINNY_TILINGS = {
 }
 
 
-def _skinny_candidates(fn, supports) -> list:
-    return [Candidate(name, functools.partial(fn, **tiling), _CUDA, available=_triton_ok, supports=supports)
-            for name, tiling in SKINNY_TILINGS.items()]
+def _auto_tiling(fn, *args, **kw):
+    """Launch shape from (N, SMs), for GR00T's DiT GEMMs (41 rows) where no profile has an entry yet: on the
+    H200 pi0.5's profile picked block_n 32 at every analogous shape, one K split where the N blocks alone fill
+    the GPU (N >= 32 x SMs), else 256-wide K blocks split over the SMs. Not measured on GR00T itself."""
+    from phyai_ros.kernels._common import num_sms
+    x, weight = args[0], args[1]
+    if fn is _triton_skinny_add_layer_norm:
+        x, weight = args[1], args[2]
+    wide = -(-weight.shape[0] // 32) >= num_sms(x.device)
+    tiling = {"block_n": 32, "splits": 1, "num_stages": 4} if wide else {"block_n": 32, "block_k": 256}
+    return fn(*args, **kw, **tiling)
+
+
+def _auto_candidate(fn, supports, prefix: str = "triton") -> Candidate:
+    return Candidate(prefix + "_auto", functools.partial(_auto_tiling, fn), _CUDA, available=_triton_ok,
+                     supports=supports)
+
+
+def _skinny_with_bias(x, weight, bias=None):
+    """The bias-epilogue GEMMs only (GR00T), so that the default of pi0's bias-free GEMMs stays as it was."""
+    return bias is not None and _skinny_shape(x, weight, bias)
+
+
+def _skinny_candidates(fn, supports, prefix: str = "triton") -> list:
+    """One candidate per launch shape, named ``prefix`` + the tiling's suffix ("triton_n32" -> "skinny_n32"
+    where an op already has a "triton" candidate)."""
+    return [Candidate(prefix + name[len("triton"):], functools.partial(fn, **tiling), _CUDA, available=_triton_ok,
+                      supports=supports) for name, tiling in SKINNY_TILINGS.items()]
 
 
 def _skinny_residual(x, weight, residual, *rest):
@@ -258,11 +317,19 @@ PREFIX_ATTENTION_TILINGS = {"triton": {}, "triton_s1": {"num_splits": 1},
 
 _REGISTRY = {
     # Few-row GEMMs (the action expert's tokens): a weight-streaming kernel; the library GEMM otherwise.
-    "linear": [*_skinny_candidates(_triton_linear, _skinny_shape), Candidate("torch", ops.linear)],
+    "linear": [_auto_candidate(_triton_linear, _skinny_with_bias), *_skinny_candidates(_triton_linear, _skinny_shape),
+               Candidate("torch", ops.linear)],
     "layer_norm": [Candidate("triton", _triton_layer_norm, _CUDA, available=_triton_ok),
                    Candidate("torch", ops.layer_norm)],
-    "linear_add_layer_norm": [Candidate("triton", _triton_linear_add_layer_norm, _CUDA, available=_triton_ok),
+    # Few rows (GR00T's DiT): the GEMM streams its weights and a row kernel adds bias + residual and normalises;
+    # many rows (SigLIP): the library GEMM, then the fused add + LayerNorm kernel.
+    "linear_add_layer_norm": [_auto_candidate(_triton_skinny_add_layer_norm, _skinny_add_layer_norm, "skinny"),
+                              *_skinny_candidates(_triton_skinny_add_layer_norm, _skinny_add_layer_norm, "skinny"),
+                              Candidate("triton", _triton_linear_add_layer_norm, _CUDA, available=_triton_ok),
                               Candidate("torch", _torch_linear_add_layer_norm)],
+    "linear_gelu_tanh": [_auto_candidate(_triton_linear_gelu_tanh, _skinny_shape),
+                         *_skinny_candidates(_triton_linear_gelu_tanh, _skinny_shape),
+                         Candidate("torch", _torch_linear_gelu_tanh)],
     "rms_norm": [Candidate("triton", _triton_rms, _CUDA, available=_triton_ok), Candidate("torch", ops.rms_norm)],
     "add_rms_norm": [Candidate("triton", _triton_add_rms, _CUDA, available=_triton_ok),
                      Candidate("torch", _torch_add_rms_norm)],
@@ -272,6 +339,8 @@ _REGISTRY = {
                            Candidate("torch", _torch_gated_ada)],
     "qkv_rope": [Candidate("triton", _triton_qkv_rope, _CUDA, available=_triton_ok),
                  Candidate("torch", _torch_qkv_rope)],
+    "qkv_norm_rope": [Candidate("triton", _triton_qkv_rope, _CUDA, available=_triton_ok),
+                      Candidate("torch", _torch_qkv_norm_rope)],
     "geglu": [Candidate("triton", _triton_geglu, _CUDA, available=_triton_ok), Candidate("torch", _torch_geglu)],
     # A skinny GEMM with the elementwise op after it as its epilogue; elsewhere the sub-ops one by one.
     "linear_geglu": [*_skinny_candidates(_triton_linear_geglu, _skinny_shape),
@@ -321,8 +390,9 @@ def linear_add_layer_norm(h: Tensor, x: Tensor, weight: Tensor, bias: Tensor, ln
                          ln_bias, eps)
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return _selector().call("rms_norm", shape_key(x), x.device, x, weight, eps)
+def rms_norm(x: Tensor, weight: Tensor, eps: float, weight_offset: float = 1.0) -> Tensor:
+    """Gemma RMSNorm (times 1 + weight); weight_offset=0: Qwen's (times weight)."""
+    return _selector().call("rms_norm", shape_key(x), x.device, x, weight, eps, weight_offset)
 
 
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Tuple[Tensor, Tensor]:
@@ -343,6 +413,20 @@ def gated_ada_rms_norm(h: Tensor, y: Tensor, gate: Tensor, scale: Tensor, shift:
 def qkv_rope(qkv: Tensor, cos: Tensor, sin: Tensor, hq: int, hkv: int, d: int) -> Tuple[Tensor, Tensor, Tensor]:
     """Fused QKV output [B, T, (hq + 2 hkv) d] -> rotated q [B, hq, T, d], rotated k and v [B, hkv, T, d]."""
     return _selector().call("qkv_rope", shape_key(qkv), qkv.device, qkv, cos, sin, hq, hkv, d)
+
+
+def qkv_norm_rope(qkv: Tensor, cos: Tensor, sin: Tensor, hq: int, hkv: int, d: int, q_norm: Optional[Tensor] = None,
+                  k_norm: Optional[Tensor] = None, eps: float = 1e-6) -> Tuple[Tensor, Tensor, Tensor]:
+    """Qwen3-VL's attention input: fused QKV output [B, T, (hq + 2 hkv) d] -> q [B, hq, T, d], k and v
+    [B, hkv, T, d]; q and k RMS-normalised per head (plain weights [d], the LLM; None: the vision tower), then
+    rotated with cos / sin [B, T, d] (float32 allowed) in float32."""
+    return _selector().call("qkv_norm_rope", shape_key(qkv), qkv.device, qkv, cos, sin, hq, hkv, d, q_norm,
+                            k_norm, eps)
+
+
+def linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """gelu_tanh(linear(x, weight, bias)): the DiT's / VL adapter's MLP up-projection, GELU as the epilogue."""
+    return _selector().call("linear_gelu_tanh", shape_key(x, weight), x.device, x, weight, bias)
 
 
 def geglu(gate_up: Tensor) -> Tensor:

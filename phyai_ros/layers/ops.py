@@ -32,11 +32,12 @@ def embedding(ids: Tensor, table: Tensor) -> Tensor:
     return F.embedding(ids, table)
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """Gemma RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + weight), in float32, cast back to x.dtype."""
+def rms_norm(x: Tensor, weight: Tensor, eps: float, weight_offset: float = 1.0) -> Tensor:
+    """Gemma RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + weight), in float32, cast back to x.dtype;
+    weight_offset=0: Qwen's RMSNorm (times the plain weight)."""
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * (1.0 + weight.float())).to(x.dtype)
+    return (y * (weight_offset + weight.float())).to(x.dtype)
 
 
 def ada_rms_norm(x: Tensor, scale: Tensor, shift: Tensor, eps: float) -> Tensor:

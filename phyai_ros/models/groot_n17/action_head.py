@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from phyai_ros.layers import dispatch, ops
+from phyai_ros.layers import dispatch
 
 from .checkpoint import DIT, HEAD, VLSA
 from .config import HeadConfig
@@ -46,7 +46,12 @@ def category_mlp(x: Tensor, w: Weights, name: str, ids: Tensor) -> Tensor:
 
 
 def feed_forward(x: Tensor, w: Weights, b: str) -> Tensor:
-    return linear(ops.gelu_tanh(linear(x, w, b + "ff.net.0.proj")), w, b + "ff.net.2")
+    return linear(gelu_up(x, w, b), w, b + "ff.net.2")
+
+
+def gelu_up(x: Tensor, w: Weights, b: str) -> Tensor:
+    """gelu_tanh(ff.net.0.proj(x)): one skinny kernel (GELU in its epilogue) where the selector has one."""
+    return dispatch.linear_gelu_tanh(x, w[b + "ff.net.0.proj.weight"], w.get(b + "ff.net.0.proj.bias"))
 
 
 def heads(x: Tensor, n: int) -> Tensor:
@@ -203,7 +208,7 @@ def dit(w: Weights, h: HeadConfig, x: Tensor, table: StepTable, ctx: HeadContext
         a = attention(q, kv[0], kv[1], ctx.masks.get(i))
         x, normed = dispatch.linear_add_layer_norm(x, a, w[b + "attn1.to_out.0.weight"], w[b + "attn1.to_out.0.bias"],
                                                    one, zero, ATTN_EPS)
-        f = ops.gelu_tanh(linear(normed, w, b + "ff.net.0.proj"))
+        f = gelu_up(normed, w, b)
         eps = ATTN_EPS if i + 1 < h.dit_layers else OUT_EPS
         x, normed = dispatch.linear_add_layer_norm(x, f, w[b + "ff.net.2.weight"], w[b + "ff.net.2.bias"], one,
                                                    zero, eps)

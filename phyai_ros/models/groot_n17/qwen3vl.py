@@ -26,7 +26,9 @@ Trace = Optional[Dict[str, Tensor]]
 
 # ------------------------------------------------------------------ shared pieces
 def linear(x: Tensor, w: Weights, name: str) -> Tensor:
-    return F.linear(x, w[name + ".weight"], w.get(name + ".bias"))
+    """Through the selector: few rows (the DiT's 41 tokens) stream the weights in a skinny kernel, bias in its
+    epilogue; many rows run the library GEMM."""
+    return dispatch.linear(x, w[name + ".weight"], w.get(name + ".bias"))
 
 
 _UNIT: Dict[tuple, Tuple[Tensor, Tensor]] = {}
@@ -50,21 +52,8 @@ def layer_norm(x: Tensor, w: Optional[Weights], name: Optional[str], eps: float)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """Qwen RMSNorm: normalized in float32, cast back, times weight (not 1 + weight)."""
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * y.to(x.dtype)
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """RoPE in float32 (rotate_half convention), result in x's dtype."""
-    xf = x.float()
-    return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
+    """Qwen RMSNorm: normalized in float32, times weight (not 1 + weight), through the selector (one kernel)."""
+    return dispatch.rms_norm(x, weight, eps, weight_offset=0.0)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None) -> Tensor:
@@ -127,11 +116,11 @@ def vision_attention(x: Tensor, w: Weights, name: str, v: VisionConfig, cos: Ten
                      n_images: int) -> Tensor:
     """Self-attention within each image: all images have one size (the processor makes them so), so they run
     as one batch of n_images."""
-    n = x.shape[0]
-    qkv = linear(x, w, name + ".qkv").view(n, 3, v.num_heads, v.head_dim)
-    q, k = apply_rope(qkv[:, 0], cos[:, None], sin[:, None]), apply_rope(qkv[:, 1], cos[:, None], sin[:, None])
-    shape = (n_images, n // n_images, v.num_heads, v.head_dim)
-    out = attention(q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), qkv[:, 2].view(shape).transpose(1, 2))
+    n, per = x.shape[0], x.shape[0] // n_images
+    qkv = linear(x, w, name + ".qkv").view(n_images, per, -1)
+    q, k, val = dispatch.qkv_norm_rope(qkv, cos.view(n_images, per, -1), sin.view(n_images, per, -1),
+                                       v.num_heads, v.num_heads, v.head_dim)
+    out = attention(q, k, val)
     return linear(out.reshape(n, v.width), w, name + ".proj")
 
 
@@ -223,13 +212,8 @@ def mrope_cos_sin(t: TextConfig, positions: Tensor) -> Tuple[Tensor, Tensor]:
 
 def text_attention(x: Tensor, w: Weights, b: str, t: TextConfig, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
     """mask additive [B, 1, L, L]; q, k, v from one GEMM (fuse_projections' qkv_proj)."""
-    bsz, length, _ = x.shape
-    q, k, v = linear(x, w, b + "qkv_proj").split((t.num_heads * t.head_dim, t.num_kv_heads * t.head_dim,
-                                                  t.num_kv_heads * t.head_dim), dim=-1)
-    q = rms_norm(q.view(bsz, length, t.num_heads, t.head_dim), w[b + "q_norm.weight"], t.rms_eps).transpose(1, 2)
-    k = rms_norm(k.view(bsz, length, t.num_kv_heads, t.head_dim), w[b + "k_norm.weight"], t.rms_eps).transpose(1, 2)
-    v = v.view(bsz, length, t.num_kv_heads, t.head_dim).transpose(1, 2)
-    q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
+    q, k, v = dispatch.qkv_norm_rope(linear(x, w, b + "qkv_proj"), cos, sin, t.num_heads, t.num_kv_heads,
+                                     t.head_dim, w[b + "q_norm.weight"], w[b + "k_norm.weight"], t.rms_eps)
     return linear(attention(q, k, v, mask), w, b + "o_proj")
 
 
