@@ -66,7 +66,8 @@ def test_profiled_only_candidates_run_only_where_a_profile_names_them():
     assert sel.call("op", "k", cpu, 1) == 3
     sel.profile = {"cpu": {"op": {"k": "fused"}}}
     assert sel.call("op", "k", cpu, 1) == 2 and sel.call("op", "other", cpu, 1) == 3
-    assert not any(c.profiled_only for c in dispatch.SELECTOR.candidates["linear"])
+    # the pi family's skinny tilings stay defaults; GR00T's bias-epilogue candidate is profiled-only
+    assert [c.name for c in dispatch.SELECTOR.candidates["linear"] if c.profiled_only] == ["triton_auto"]
     assert dispatch.SELECTOR.candidates["rope_attention_with_prefix"][-1].name == "unfused"
 
 
@@ -191,7 +192,8 @@ def test_siglip_runs_the_fused_layer_norms(monkeypatch):
     sel.recording = {}
     torch.testing.assert_close(enc(pixels), want, rtol=1e-5, atol=1e-5)
     assert not sel.disabled
-    assert {sel.choose(op, key, pixels.device).name for op, key in sel.recording if op in fused} == {"triton"}
+    assert {sel.choose(op, key, pixels.device, args).name
+            for (op, key), (args, _) in sel.recording.items() if op in fused} == {"triton"}
 
 
 @needs_interpreter
@@ -223,8 +225,12 @@ def test_skinny_candidate_declines_shapes_it_cannot_take():
     w = torch.zeros(8, 4)
     assert dispatch._skinny_shape(torch.zeros(50, 4), w)
     assert not dispatch._skinny_shape(torch.zeros(65, 4), w)
-    assert not dispatch._skinny_shape(torch.zeros(50, 4), w, torch.zeros(8))
+    assert dispatch._skinny_shape(torch.zeros(50, 4), w, torch.zeros(8))          # a [N] bias: the epilogue adds it
+    assert not dispatch._skinny_shape(torch.zeros(50, 4), w, torch.zeros(4))
     assert not dispatch._skinny_shape(torch.zeros(50, 4, dtype=torch.float64), w)
+    # the pi family's bias-free tilings never take a bias; GR00T's bias candidate takes only a bias
+    assert not dispatch._skinny_without_bias(torch.zeros(50, 4), w, torch.zeros(8))
+    assert not dispatch._skinny_with_bias(torch.zeros(50, 4), w)
 
 
 @pytest.mark.gpu

@@ -446,18 +446,20 @@ def test_groot_dit_mlp_chain_under_pdl_in_a_cuda_graph():
         assert _rel(out[0], want[0]) < 1e-2 and _rel(out[1], want[1]) < 2e-2, i
 
 
-def test_groot_selector_picks_the_skinny_kernels():
-    """Without a profile the DiT's 41-row GEMMs with bias go to the skinny kernels (the cuBLAS bias epilogue
-    only as fallback), and the LLM's 103 rows stay on the library GEMM."""
+def test_groot_selector_keeps_the_dit_gemms_on_the_library_by_default():
+    """Without a profile the DiT's 41-row GEMMs with bias stay on the library GEMM (the skinny kernels were
+    slower in the loop on the H200: they are profiled-only), while the pi family's bias-free expert GEMMs keep
+    their skinny default; the LLM's 103 rows stay on the library GEMM."""
     from phyai_ros.layers.dispatch import _selector
     from phyai_ros.layers.selector import shape_key
     x, w = _gemm(41, 1536, 6144, torch.bfloat16)
     b = _rand(6144, dtype=torch.bfloat16, seed=1)
     sel, dev = _selector(), x.device
-    assert sel.choose("linear_gelu_tanh", shape_key(x, w), dev, (x, w, b)).name.startswith("triton")
-    assert sel.choose("linear", shape_key(x, w), dev, (x, w, b)).name.startswith("triton")
+    assert sel.choose("linear_gelu_tanh", shape_key(x, w), dev, (x, w, b)).name == "torch"
+    assert sel.choose("linear", shape_key(x, w), dev, (x, w, b)).name == "torch"
+    assert sel.choose("linear", shape_key(x, w), dev, (x, w, None)).name.startswith("triton")
     h, wo = _rand(1, 41, 1536, dtype=torch.bfloat16), w[:1536, :1536].contiguous()
     args = (h, x, wo, b[:1536], b[:1536], b[:1536], 1e-5)
-    assert sel.choose("linear_add_layer_norm", shape_key(x, wo), dev, args).name.startswith("skinny")
+    assert sel.choose("linear_add_layer_norm", shape_key(x, wo), dev, args).name == "triton"
     xl = _rand(1, 103, 1536, dtype=torch.bfloat16)
     assert sel.choose("linear", shape_key(xl, w), dev, (xl, w, b)).name == "torch"

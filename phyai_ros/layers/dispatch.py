@@ -234,8 +234,10 @@ def _auto_tiling(fn, *args, **kw):
 
 
 def _auto_candidate(fn, supports, prefix: str = "triton") -> Candidate:
+    """Profiled-only: on the H200 (2026-12-01, same call) GR00T's 4-step loop ran 7.24 ms with these as the
+    default and 6.91 ms on the library GEMM (docs/benchmarks.md), so a device profile must show them faster."""
     return Candidate(prefix + "_auto", functools.partial(_auto_tiling, fn), _CUDA, available=_triton_ok,
-                     supports=supports)
+                     supports=supports, profiled_only=True)
 
 
 def _skinny_with_bias(x, weight, bias=None):
@@ -243,11 +245,16 @@ def _skinny_with_bias(x, weight, bias=None):
     return bias is not None and _skinny_shape(x, weight, bias)
 
 
-def _skinny_candidates(fn, supports, prefix: str = "triton") -> list:
+def _skinny_without_bias(x, weight, bias=None):
+    """The pi family's expert GEMMs (no bias): the skinny tilings are their default."""
+    return bias is None and _skinny_shape(x, weight)
+
+
+def _skinny_candidates(fn, supports, prefix: str = "triton", profiled_only: bool = False) -> list:
     """One candidate per launch shape, named ``prefix`` + the tiling's suffix ("triton_n32" -> "skinny_n32"
     where an op already has a "triton" candidate)."""
     return [Candidate(prefix + name[len("triton"):], functools.partial(fn, **tiling), _CUDA, available=_triton_ok,
-                      supports=supports) for name, tiling in SKINNY_TILINGS.items()]
+                      supports=supports, profiled_only=profiled_only) for name, tiling in SKINNY_TILINGS.items()]
 
 
 def _skinny_residual(x, weight, residual, *rest):
@@ -317,18 +324,20 @@ PREFIX_ATTENTION_TILINGS = {"triton": {}, "triton_s1": {"num_splits": 1},
 
 _REGISTRY = {
     # Few-row GEMMs (the action expert's tokens): a weight-streaming kernel; the library GEMM otherwise.
-    "linear": [_auto_candidate(_triton_linear, _skinny_with_bias), *_skinny_candidates(_triton_linear, _skinny_shape),
+    "linear": [_auto_candidate(_triton_linear, _skinny_with_bias),
+               *_skinny_candidates(_triton_linear, _skinny_without_bias),
                Candidate("torch", ops.linear)],
     "layer_norm": [Candidate("triton", _triton_layer_norm, _CUDA, available=_triton_ok),
                    Candidate("torch", ops.layer_norm)],
     # Few rows (GR00T's DiT): the GEMM streams its weights and a row kernel adds bias + residual and normalises;
     # many rows (SigLIP): the library GEMM, then the fused add + LayerNorm kernel.
     "linear_add_layer_norm": [_auto_candidate(_triton_skinny_add_layer_norm, _skinny_add_layer_norm, "skinny"),
-                              *_skinny_candidates(_triton_skinny_add_layer_norm, _skinny_add_layer_norm, "skinny"),
+                              *_skinny_candidates(_triton_skinny_add_layer_norm, _skinny_add_layer_norm, "skinny",
+                                                  profiled_only=True),
                               Candidate("triton", _triton_linear_add_layer_norm, _CUDA, available=_triton_ok),
                               Candidate("torch", _torch_linear_add_layer_norm)],
     "linear_gelu_tanh": [_auto_candidate(_triton_linear_gelu_tanh, _skinny_shape),
-                         *_skinny_candidates(_triton_linear_gelu_tanh, _skinny_shape),
+                         *_skinny_candidates(_triton_linear_gelu_tanh, _skinny_shape, profiled_only=True),
                          Candidate("torch", _torch_linear_gelu_tanh)],
     "rms_norm": [Candidate("triton", _triton_rms, _CUDA, available=_triton_ok), Candidate("torch", ops.rms_norm)],
     "add_rms_norm": [Candidate("triton", _triton_add_rms, _CUDA, available=_triton_ok),
