@@ -1,7 +1,8 @@
 """pip-installable core of phyai_ros: ``pip install .`` works without ROS.
 
 It installs the Python package: runtime, models, layers with the Triton kernels (the top-level ``kernels/``
-folder becomes ``phyai_ros.kernels``, as CMakeLists.txt installs it), control loop, ``predict`` and the replay
+folder becomes ``phyai_ros.kernels``, as CMakeLists.txt installs it) and the shipped operator profiles
+(``profiles/*.json`` as ``phyai_ros/profiles``), control loop, ``predict`` and the replay
 tools, for offline evaluation, benchmarks and cloud rollouts.  The ROS node (``phyai_ros.node``) also needs
 ROS 2 Jazzy and the messages rosidl generates, which only the colcon build (package.xml, ament_cmake) makes:
 on the robot use README "On the robot"; without ROS, importing the node raises one clear
@@ -12,7 +13,7 @@ Extras:
               and the messages from colcon
   bags        rosbags and friends: demo bags, replay scans, HTML reports (phyai-report)
   gpu         triton for the fused kernels (without it the layers fall back to torch)
-  flashinfer  FlashInfer, for operator candidates beyond the project's own kernels
+  flashinfer  FlashInfer 0.6.3: attention / RMSNorm / GeGLU candidates a device profile may pick
   dev         pytest and the pinned ruff that scripts/test.sh runs
 """
 import xml.etree.ElementTree as ET
@@ -34,14 +35,18 @@ setup(
     description="Onboard real-time execution of physical-AI robot policies (pi0.5, pi0): core without ROS",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=find_packages(include=["phyai_ros", "phyai_ros.*"]) + ["phyai_ros.kernels"],
-    package_dir={"phyai_ros.kernels": "kernels"},
+    packages=find_packages(include=["phyai_ros", "phyai_ros.*"]) + ["phyai_ros.kernels", "phyai_ros.profiles"],
+    package_dir={"phyai_ros.kernels": "kernels", "phyai_ros.profiles": "profiles"},
+    # The shipped operator profiles (found by device name: phyai_ros.layers.profiles), data only.
+    package_data={"phyai_ros.profiles": ["*.json"]},
     install_requires=["numpy", "torch", "safetensors", "sentencepiece", "pyyaml", "jinja2"],
     extras_require={
         "ros": [],
         "bags": ["rosbags", "matplotlib", "opencv-python-headless<5"],
         "gpu": ["triton"],
-        "flashinfer": ["flashinfer-python"],
+        # The versions seen working on the H200 (torch 2.11 + cu130); the backend reads one wrapper internal
+        # (phyai_ros/layers/flashinfer_backend.py) and checks it when planning.
+        "flashinfer": ["flashinfer-python==0.6.3", "apache-tvm-ffi==0.1.15.post2", "nvidia-cudnn-frontend==1.32.0"],
         "dev": ["pytest", "ruff==0.17.5"],
         "serve": ["ray[serve]==2.60.0"],
     },

@@ -35,7 +35,7 @@ from .layer_norm import add_layer_norm_ref
 from .rms_norm import add_rms_norm_ref
 from .skinny_linear import gemm_launch, linear_ref, skinny_partials, skinny_rows, split_plan
 
-__all__ = ["available", "linear_geglu", "linear_add_rms_norm", "linear_gated_ada_rms_norm", "linear_add_layer_norm",
+__all__ = ["available", "norm_from_partials", "geglu_from_partials", "linear_geglu", "linear_add_rms_norm", "linear_gated_ada_rms_norm", "linear_add_layer_norm",
            "linear_geglu_ref", "linear_add_rms_norm_ref", "linear_gated_ada_rms_norm_ref",
            "linear_add_layer_norm_ref"]
 
@@ -210,9 +210,16 @@ def _residual_rows(residual: torch.Tensor, m: int, n: int, dtype: torch.dtype) -
 
 def _norm_epilogue(x, weight, residual, mod, norm_w, tokens_per_item, eps, tiling):
     """GEMM partials, then the row kernel; mod = (gate, scale, shift) [B, N] or None (plain RMSNorm)."""
-    n = weight.shape[0]
-    x2 = skinny_rows(x, weight, n)
-    m = x2.shape[0]
+    x2 = skinny_rows(x, weight, weight.shape[0])
+    return norm_from_partials(skinny_partials(x2, weight, **tiling), x, residual, mod, norm_w, tokens_per_item, eps)
+
+
+def norm_from_partials(part: torch.Tensor, x: torch.Tensor, residual: torch.Tensor, mod, norm_w, tokens_per_item,
+                       eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The residual + norm epilogue over fp32 GEMM partials [S, M, N] (any GEMM that writes them, e.g.
+    kernels/quant_linear.py's): returns (normed, new residual) in x.dtype. mod = (gate, scale, shift) [B, N]
+    (adaRMS) or None (plain RMSNorm with norm_w)."""
+    _, m, n = part.shape
     check_tensors(("residual", residual), ("norm_w", norm_w),
                   *(zip(("gate", "scale", "shift"), mod) if mod else ()))
     block_n = next_power_of_2(n)
@@ -231,7 +238,6 @@ def _norm_epilogue(x, weight, residual, mod, norm_w, tokens_per_item, eps, tilin
             raise ValueError(f"norm weight must be [{n}], got {tuple(norm_w.shape)}")
         gate = scale = shift = norm_w
         tokens = max(m, 1)
-    part = skinny_partials(x2, weight, **tiling)
     new_res = torch.empty(residual.shape, dtype=x.dtype, device=x.device)
     normed = torch.empty(residual.shape, dtype=x.dtype, device=x.device)
     ro2, y2 = new_res.view(m, n), normed.view(m, n)
@@ -242,6 +248,17 @@ def _norm_epilogue(x, weight, residual, mod, norm_w, tokens_per_item, eps, tilin
                                   ADA=bool(mod), BLOCK_N=block_n, num_warps=4 if block_n <= 2048 else 8,
                                   **pdl(x.device))
     return normed, new_res
+
+
+def geglu_from_partials(part: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up from fp32 GEMM partials [S, M, 2I] of a [gate; up] weight -> [..., I] in x.dtype."""
+    s, m, two_i = part.shape
+    i = two_i // 2
+    y = torch.empty(m, i, dtype=x.dtype, device=x.device)
+    block = 1024
+    _sum_splits_geglu_kernel[(triton.cdiv(m * i, block),)](part, y, m, i, s, part.stride(0), two_i, i,
+                                                           BLOCK=block, **pdl(x.device))
+    return y.view(*x.shape[:-1], i)
 
 
 def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor,

@@ -10,6 +10,9 @@ registry, phyai_ros.models) -> its runner -> the bridge.
 """
 from __future__ import annotations
 
+import json
+import logging
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -17,19 +20,26 @@ import numpy as np
 import torch
 
 from phyai_ros.control import ObservationSnapshot, RtcRequest
+from phyai_ros.layers import profiling
+from phyai_ros.layers.profiles import ProfileChoice, cache_file, selector_for, write_profile
 from phyai_ros.layers.selector import SELECTOR, OperatorSelector
 from phyai_ros.models import adapter_class, check_rtc_mode, checkpoint_type
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# model.op_autotune: each candidate timed in a CUDA graph of >= 10 calls replayed 3 times (profile_ops: 20 x 7).
+AUTOTUNE_REPS, AUTOTUNE_REPLAYS = 10, 3
+
+log = logging.getLogger(__name__)
 
 
 class ControlPolicy:
     """policy(snapshot, rtc) -> float32 [H, D] in robot units, for ``ControlLoop``."""
 
     def __init__(self, adapter, selector: Optional[OperatorSelector] = None, noise_seed: int = 0,
-                 model_type: str = ""):
+                 model_type: str = "", op_profile: Optional[ProfileChoice] = None):
         self.adapter = adapter
         self.selector = selector if selector is not None else SELECTOR.derive()
+        self.op_profile = op_profile   # which profile file the selector uses for the policy's device (the log's)
         self.model_type = model_type
         self.generator = torch.Generator().manual_seed(int(noise_seed))
 
@@ -57,12 +67,16 @@ class ControlPolicy:
             noise = self.adapter.make_noise(1, generator=self.generator)
             return self.adapter.predict(images, state, task, noise=noise, rtc=rtc)
 
+    def warmup_observation(self, state_dim: int) -> tuple[dict, np.ndarray]:
+        """The synthetic observation of the warm-up: random 224x224 frames in every slot, a zero state."""
+        rng = np.random.default_rng(0)
+        images = {slot: rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for slot in self.camera_slots}
+        return images, np.zeros(state_dim, dtype=np.float32)
+
     def warmup(self, runs: int, state_dim: int, source: str = "the policy") -> None:
         """Run the whole path on a synthetic observation (cold start, graph capture) before acting, and
         refuse a policy whose chunks are not finite: the loop would drop every one of them after 'ready'."""
-        rng = np.random.default_rng(0)
-        images = {slot: rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for slot in self.camera_slots}
-        state = np.zeros(state_dim, dtype=np.float32)
+        images, state = self.warmup_observation(state_dim)
         with self.selector.active():
             self.adapter.capture_buckets(images, state)
         for _ in range(runs):
@@ -159,7 +173,10 @@ def build_remote_policy(p: dict, robot_id: str):
 def build_policy(p: dict, robot_id: str = "") -> ControlPolicy:
     """Parameters -> checkpoint reader -> adapter -> runner -> bridge (warmed up when model.warmup_runs > 0).
     ``model.type`` empty: the checkpoint's config.json type; given: the loader checks it against the
-    checkpoint. ``policy.backend: remote``: the bridge to a serve endpoint instead (robot_id: the node's name)."""
+    checkpoint. ``policy.backend: remote``: the bridge to a serve endpoint instead (robot_id: the node's name).
+    The policy's selector holds this device's operator profile (``layers.profiles``: model.op_profile, the cache,
+    the shipped ones; ``policy.op_profile`` says which), profiled at start-up where none matched and
+    ``model.op_autotune`` is on."""
     if p.get("policy.backend", "onboard") == "remote":
         return build_remote_policy(p, robot_id)
     checkpoint = _checkpoint_folder(p)
@@ -167,20 +184,96 @@ def build_policy(p: dict, robot_id: str = "") -> ControlPolicy:
     check_rtc_mode(model_type, p["rtc.mode"])
     cls = adapter_class(model_type)
     tokenizer, stats = _model_files(p, checkpoint, cls.needs_files)
-    selector = SELECTOR.derive(p["model.op_profile"] or None)
+    # The device's operator profile: model.op_profile, else the per-user cache, else a shipped one (layers.profiles).
+    selector, choice = selector_for(p["model.device"], p["model.op_profile"] or None)
     adapter = cls.from_files(checkpoint, tokenizer, stats, camera_names=list(p["cameras.slots"]),
                              device=p["model.device"], dtype=DTYPES[p["model.dtype"]])
     _select_embodiment(p, adapter, model_type)
     _check_against_parameters(p, adapter)
     adapter.rtc_max_guidance, adapter.rtc_jacobian = p["rtc.max_guidance"], p["rtc.jacobian"]
-    if p["model.device"] == "cuda":
-        with selector.active():
-            adapter.use_runner(use_graphs=p["model.cuda_graphs"], token_bucket=p["model.token_bucket"])
-    policy = ControlPolicy(adapter, selector, p["model.noise_seed"], model_type)
+    policy = ControlPolicy(adapter, selector, p["model.noise_seed"], model_type, op_profile=choice)
+    autotune = p["model.op_autotune"] and not selector.forced   # PHYAI_OPS=torch: nothing to choose
+    if autotune and choice.origin == "none":
+        policy.op_profile = autotune_profile(policy, p)   # before any graph is captured with default choices
+    source = f"the checkpoint '{checkpoint}' (normalization stats '{stats or checkpoint}')"
+    _start_runner(p, policy)
     if p["model.warmup_runs"]:
-        policy.warmup(p["model.warmup_runs"], adapter.state_dim,
-                      f"the checkpoint '{checkpoint}' (normalization stats '{stats or checkpoint}')")
+        # A cached profile may lack shapes this model calls (written for another model on this device): the
+        # warm-up's calls say which; the missing ones are profiled and the graphs captured again.
+        recheck = autotune and policy.op_profile.origin == "cache"
+        seen = _warmup(policy, p["model.warmup_runs"], source, record=recheck)
+        if recheck and set(seen) - profiled_keys(policy.op_profile):
+            policy.op_profile = autotune_profile(policy, p)
+            _start_runner(p, policy)
+            policy.warmup(p["model.warmup_runs"], adapter.state_dim, source)
     return policy
+
+
+def _start_runner(p: dict, policy: ControlPolicy) -> None:
+    """The runner the node samples through: graphs and prompt buckets on CUDA (the CPU keeps its eager one)."""
+    if p["model.device"] == "cuda":
+        with policy.selector.active():
+            policy.adapter.use_runner(use_graphs=p["model.cuda_graphs"], token_bucket=p["model.token_bucket"])
+
+
+def _warmup(policy: ControlPolicy, runs: int, source: str, record: bool) -> dict:
+    """policy.warmup; record: the (op, shape) calls it made (their arguments), else {}."""
+    if not record:
+        policy.warmup(runs, policy.adapter.state_dim, source)
+        return {}
+    policy.selector.recording = {}
+    try:
+        policy.warmup(runs, policy.adapter.state_dim, source)
+        return policy.selector.recording
+    finally:
+        policy.selector.recording = None
+
+
+def profiled_keys(choice: ProfileChoice) -> set:
+    """The (op, shape key) pairs a profile file covers for the choice's device: chosen or timed."""
+    try:
+        data = json.loads(Path(choice.path).read_text()) if choice.path is not None else {}
+    except (OSError, ValueError):   # gone or rewritten by hand since it was chosen: profile anew
+        return set()
+    keys = set()
+    for section in ("devices", "timings"):
+        for op, table in data.get(section, {}).get(choice.signature, {}).items():
+            keys |= {(op, key) for key in table}
+    return keys
+
+
+def autotune_profile(policy: ControlPolicy, p: dict, cache: Optional[Path] = None) -> ProfileChoice:
+    """``model.op_autotune`` on a device no profile matched (or whose cached profile lacks this model's shapes):
+    record every (op, shape) the policy calls on its warm-up observation, eagerly through every prompt-length
+    bucket (as chosen, then unfused: layers.profiling.record), time the usable candidates of each call that has
+    more than one and is not yet profiled (AUTOTUNE_REPS calls x AUTOTUNE_REPLAYS replays each), use the fastest
+    correct ones and add them to the device's cache file (written atomically; a cache that cannot be written
+    costs only the next start's profiling). Leaves the adapter on an eager runner: start the real one after."""
+    sel, adapter, choice = policy.selector, policy.adapter, policy.op_profile
+    device = torch.device(p["model.device"])
+    t0 = time.perf_counter()
+    if device.type == "cuda":   # the node's prompt buckets, without graphs (the graph warm-up would not call ops)
+        with sel.active():
+            adapter.use_runner(use_graphs=False, token_bucket=p["model.token_bucket"])
+    images, state = policy.warmup_observation(adapter.state_dim)
+    calls = profiling.record(sel, lambda: adapter.capture_buckets(images, state, eager=True))
+    done = profiled_keys(choice) if choice.origin == "cache" else set()
+    todo = {k: v for k, v in calls.items() if k not in done}
+    t1 = time.perf_counter()
+    table, timings = profiling.profile_calls(sel, todo, device, reps=AUTOTUNE_REPS, replays=AUTOTUNE_REPLAYS,
+                                             time_single=False)
+    timed = sum(isinstance(v, dict) for keys in timings.values() for entry in keys.values() for v in entry.values())
+    detail = (f"{len(todo)} new (op, shape) calls of {len(calls)} recorded in {t1 - t0:.1f} s, {timed} candidate "
+              f"timings in {time.perf_counter() - t1:.1f} s")
+    path = choice.path if choice.origin == "cache" else cache_file(choice.signature, cache)
+    try:
+        write_profile(path, choice.signature, table, timings)
+    except OSError as exc:
+        log.warning("op_autotune: cannot write %s (%s); the profile holds for this run only", path, exc)
+        return ProfileChoice(choice.signature, None, "autotune", detail=f"{detail}; not cached: {exc}")
+    autotuned = ProfileChoice(choice.signature, path, "autotune", detail=detail)
+    log.info(autotuned.describe())
+    return autotuned
 
 
 def resolved_parameters(p: dict, policy: ControlPolicy) -> dict:

@@ -185,6 +185,19 @@ def _compare(out, args) -> int:
 
 
 def _run(args) -> int:
+    """With the device's operator profile (PHYAI_OP_PROFILE, else the cached or shipped one for this device, as
+    the node finds it) in a selector of this call's own."""
+    from phyai_ros.layers.profiles import selector_for
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as exc:
+        raise InputError(f"--device {args.device}: {exc}") from None
+    selector, _ = selector_for(device)
+    with selector.active():
+        return _predict(args)
+
+
+def _predict(args) -> int:
     from phyai_ros.models.common.checkpoint_io import read_safetensors_file
 
     _require_range("--tolerance", args.tolerance, 0.0)

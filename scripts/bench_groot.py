@@ -313,14 +313,18 @@ def main() -> None:
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("bench_groot: no CUDA device; nothing to measure (try --device cpu --config tiny)")
         return
+    from phyai_ros.layers.profiles import load_device_profile
+    from phyai_ros.layers.selector import SELECTOR
+    # PHYAI_OP_PROFILE, else this device's cached or shipped profile (found by device name), as the node does.
+    profile = load_device_profile(DEVICE)
     if args.first_chunk:
         print(json.dumps(first_chunk(args.root)))
         return
-    from phyai_ros.layers.selector import SELECTOR
+    print(profile.describe(), flush=True)
     drop_candidates(SELECTOR, args.drop_candidates)
     res = {"bench": "groot_n17_runner", "config": args.config, "dtype": str(DTYPE).replace("torch.", ""),
            "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
-           "ops": SELECTOR.forced or os.environ.get("PHYAI_OP_PROFILE", "default"), "date": time.strftime("%Y-%m-%d"),
+           "ops": SELECTOR.forced or (str(profile.path) if profile.path else "default"), "date": time.strftime("%Y-%m-%d"),
            "dropped_candidates": args.drop_candidates or None,
            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]), "lerobot_reference": LEROBOT_REF}
     res["ceilings"] = ceilings() if DEVICE == "cuda" else {"gemm_tflops": 1.0, "copy_tbps": 0.05}

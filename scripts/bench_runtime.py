@@ -182,13 +182,17 @@ def main() -> None:
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("bench_runtime: no CUDA device; nothing to measure (try --device cpu --config mid)")
         return
+    from phyai_ros.layers.profiles import load_device_profile
+    from phyai_ros.layers.selector import SELECTOR
+    # PHYAI_OP_PROFILE, else this device's cached or shipped profile (found by device name), as the node does.
+    profile = load_device_profile(DEVICE)
     if args.first_chunk:
         print(json.dumps(first_chunk(args.checkpoint, args.tokenizer)))
         return
 
     cfg = config(args.config)
-    from phyai_ros.layers.selector import SELECTOR
-    res: dict = {"ops": SELECTOR.forced or os.environ.get("PHYAI_OP_PROFILE", "default"), "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__, "model": MODEL, "config": args.config,
+    print(profile.describe(), flush=True)
+    res: dict = {"ops": SELECTOR.forced or (str(profile.path) if profile.path else "default"), "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__, "model": MODEL, "config": args.config,
                  "cameras": len(CAMERAS), "prefix_len": cfg.prefix_len(len(CAMERAS)), "steps": cfg.num_steps,
                  "date": time.strftime("%Y-%m-%d")}
     res["ceilings"] = ceilings() if DEVICE == "cuda" else {"gemm_tflops": 1.0, "copy_tbps": 0.05}

@@ -82,6 +82,15 @@ SPECS = [
      dict(num_warps=4)),
     ("geglu", "_geglu_kernel", {}, dict(BLOCK=1024, PDL=True), dict(num_warps=4)),
     ("layer_norm", "_layer_norm_kernel", {}, dict(HAS_ADD=True, BLOCK=2048, PDL=True), dict(num_warps=8)),
+    # quantized expert GEMMs: int8 weights; fp8 weights with fp8 activations quantized in registers; int4 groups
+    ("quant_linear", "_quant_skinny_kernel", {"XS": "*fp32", "W": "*i8", "WS": "*fp32", "P": "*fp32"},
+     dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, INT4=False, AQ=0, PDL=True), dict(num_warps=4, num_stages=3)),
+    ("quant_linear", "_quant_skinny_kernel", {"XS": "*fp32", "W": "*fp8e4nv", "WS": "*fp32", "P": "*fp32"},
+     dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=256, INT4=False, AQ=1, PDL=True), dict(num_warps=4, num_stages=3)),
+    ("quant_linear", "_quant_skinny_kernel", {"XS": "*fp32", "W": "*u8", "WS": "*fp32", "P": "*fp32"},
+     dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, INT4=True, AQ=0, PDL=True), dict(num_warps=4, num_stages=4)),
+    ("quant_linear", "_quantize_rows_kernel", {"XS": "*fp32", "Y": "*fp8e4nv", "S": "*fp32"},
+     dict(BLOCK=16384, STATIC=False, PDL=True), dict(num_warps=8)),
 ]
 FLOAT_ARGS = {"eps", "qk_scale"}
 INT_ARGS = {"M", "N", "K", "I", "D", "S", "G", "T", "HQ", "HKV", "SPLITS"}  # sizes spelt in capitals

@@ -67,6 +67,7 @@ def test_installed_tree_has_what_ros2_run_and_launch_need(installed):
     assert os.access(prefix / "lib/phyai_ros/onboard_node", os.X_OK)
     assert (site / "phyai_ros" / "kernels" / "rms_norm.py").is_file()
     assert not (site / "kernels").exists()
+    assert (site / "phyai_ros" / "profiles" / "h200.json").is_file()   # shipped operator profiles
     assert package_py_files(site) == package_py_files(REPO)  # the same files as the source tree and the wheel
 
 

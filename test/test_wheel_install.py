@@ -87,6 +87,9 @@ def run_installed(target: Path, args, cwd: Path) -> subprocess.CompletedProcess:
 def test_wheel_has_the_package_with_its_kernels_and_the_console_scripts(target):
     assert package_py_files(target) == package_py_files(REPO)
     assert not (target / "kernels").exists()
+    # the shipped operator profiles, found by device name from the installed package
+    assert {p.name for p in (target / "phyai_ros" / "profiles").glob("*.json")} == \
+        {p.name for p in (REPO / "profiles").glob("*.json")} != set()
     for name in SCRIPTS:
         assert (target / "bin" / name).is_file(), name
 

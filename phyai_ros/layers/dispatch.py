@@ -7,6 +7,7 @@ reference ops; the Triton wrappers' row layout is adapted here, once. The
 ``linear_*`` ops are a skinny GEMM with the elementwise op after it fused in
 (fewer kernels per expert layer); where that kernel does not apply they run
 "unfused": the sub-ops through their own entry points, each selected as alone.
+A ``QuantizedWeight`` in place of a weight runs the op's quantized twin (layers/quant_dispatch.py).
 """
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ from typing import Optional, Tuple
 import torch
 
 from phyai_ros.kernels import _common as _triton_common
-from phyai_ros.layers import ops
+from phyai_ros.layers import flashinfer_backend, ops
+from phyai_ros.layers.quant_dispatch import QUANT_REGISTRY, qshape_key
+from phyai_ros.layers.quantized import QuantizedWeight
 from phyai_ros.layers.selector import SELECTOR, Candidate, active_selector, shape_key
 
 Tensor = torch.Tensor
+Weight = "Tensor | QuantizedWeight"   # every linear op takes either (a quantized one runs its "q" twin op)
 _CUDA = ("cuda",)
 
 
@@ -373,13 +377,19 @@ _REGISTRY = {
                     for name, tiling in PREFIX_ATTENTION_TILINGS.items()),
                   Candidate("torch", ops.attention)],
 }
-for _op, _cands in _REGISTRY.items():
+for _op, _cands in {**_REGISTRY, **QUANT_REGISTRY}.items():
     for _c in _cands:
         SELECTOR.register(_op, _c)
+# Optional backends (flashinfer): profiled-only candidates inserted before each op's reference, so that only a
+# device profile that measured them faster picks them; where the package is missing nothing changes.
+for _op, _c in flashinfer_backend.candidates():
+    SELECTOR.candidates[_op].insert(len(SELECTOR.candidates[_op]) - 1, _c)
 
 
 # ----------------------------------------------------------------------------- what the models call
-def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+def linear(x: Tensor, weight: Weight, bias: Optional[Tensor] = None) -> Tensor:
+    if isinstance(weight, QuantizedWeight):
+        return _selector().call("qlinear", qshape_key(x, weight), x.device, x, weight, bias)
     return _selector().call("linear", shape_key(x, weight), x.device, x, weight, bias)
 
 
@@ -395,6 +405,9 @@ def linear_add_layer_norm(h: Tensor, x: Tensor, weight: Tensor, bias: Tensor, ln
     the add, then LN), bitwise what SigLIP computed before, while the fused one runs the GEMM without bias and
     adds it in the LN kernel with the residual (one rounding, one kernel instead of four).
     """
+    if isinstance(weight, QuantizedWeight):
+        return _selector().call("qlinear_add_layer_norm", qshape_key(x, weight), x.device, h, x, weight, bias,
+                                ln_weight, ln_bias, eps)
     return _selector().call("linear_add_layer_norm", shape_key(x, weight), x.device, h, x, weight, bias, ln_weight,
                          ln_bias, eps)
 
@@ -435,6 +448,8 @@ def qkv_norm_rope(qkv: Tensor, cos: Tensor, sin: Tensor, hq: int, hkv: int, d: i
 
 def linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """gelu_tanh(linear(x, weight, bias)): the DiT's / VL adapter's MLP up-projection, GELU as the epilogue."""
+    if isinstance(weight, QuantizedWeight):
+        return _selector().call("qlinear_gelu_tanh", qshape_key(x, weight), x.device, x, weight, bias)
     return _selector().call("linear_gelu_tanh", shape_key(x, weight), x.device, x, weight, bias)
 
 
@@ -443,14 +458,19 @@ def geglu(gate_up: Tensor) -> Tensor:
     return _selector().call("geglu", shape_key(gate_up), gate_up.device, gate_up)
 
 
-def linear_geglu(x: Tensor, gate_up_w: Tensor) -> Tensor:
+def linear_geglu(x: Tensor, gate_up_w: Weight) -> Tensor:
     """geglu(linear(x, gate_up_w)) for the fused [gate; up] weight [2I, K] -> [..., I]."""
+    if isinstance(gate_up_w, QuantizedWeight):
+        return _selector().call("qlinear_geglu", qshape_key(x, gate_up_w), x.device, x, gate_up_w)
     return _selector().call("linear_geglu", shape_key(x, gate_up_w), x.device, x, gate_up_w)
 
 
 def linear_add_rms_norm(x: Tensor, weight: Tensor, residual: Tensor, norm_w: Tensor, eps: float
                         ) -> Tuple[Tensor, Tensor]:
     """add_rms_norm(linear(x, weight), residual, norm_w, eps): (rms_norm(r), r) for r = residual + x @ W^T."""
+    if isinstance(weight, QuantizedWeight):
+        return _selector().call("qlinear_add_rms_norm", qshape_key(x, weight), x.device, x, weight, residual, norm_w,
+                                eps)
     return _selector().call("linear_add_rms_norm", shape_key(x, weight), x.device, x, weight, residual, norm_w, eps)
 
 
@@ -458,6 +478,9 @@ def linear_gated_ada_rms_norm(x: Tensor, weight: Tensor, h: Tensor, gate: Tensor
                               eps: float) -> Tuple[Tensor, Tensor]:
     """gated_ada_rms_norm(h, linear(x, weight), gate, scale, shift, eps): (r, ada_rms_norm(r)) for
     r = h + (x @ W^T) * gate."""
+    if isinstance(weight, QuantizedWeight):
+        return _selector().call("qlinear_gated_ada_rms_norm", qshape_key(x, weight, gate), x.device, x, weight, h,
+                                gate, scale, shift, eps)
     return _selector().call("linear_gated_ada_rms_norm", shape_key(x, weight, gate), x.device, x, weight, h, gate,
                          scale, shift, eps)
 

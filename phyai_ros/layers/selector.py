@@ -4,7 +4,8 @@ Each op the layers use has an ordered list of candidates (fused Triton kernels,
 plain torch). A candidate is *usable* where its backend imports and runs on the
 tensor's device, and, while a CUDA graph is being captured, only if it is
 capture-safe. Which usable candidate runs comes from a per-device profile
-(written by ``scripts/profile_ops.py`` on the target, e.g. a Jetson Thor) keyed by
+(written by ``scripts/profile_ops.py`` on the target, e.g. a Jetson Thor, or by the
+node's ``model.op_autotune``; found per device by ``phyai_ros.layers.profiles``) keyed by
 op and shape; without an entry the first usable candidate in preference order
 runs. A candidate that raises is disabled for that key and the call falls back
 to the next one, so a platform whose Triton cannot build a kernel still runs
@@ -13,7 +14,9 @@ last candidate is its reference and always usable: "torch", or, for a fused op,
 "unfused" (its sub-ops, each selected on its own).
 
 ``PHYAI_OPS=torch`` forces the torch candidates everywhere (A/B measurements);
-fused ops then run "unfused", i.e. their torch sub-ops.
+fused ops then run "unfused", i.e. their torch sub-ops. ``PHYAI_OP_PROFILE=FILE`` loads a profile into
+``SELECTOR``; ``PHYAI_OP_PROFILE=none`` makes every selector run without one (no cached or shipped profile
+either: the defaults, for A/B measurements).
 
 ``SELECTOR`` is the default (scripts, tests, anything outside a policy). A policy owns a selector of its
 own (``SELECTOR.derive(profile)``: same candidates, its own profile and fallbacks) and makes it the active
@@ -68,6 +71,7 @@ class OperatorSelector:
     disabled: set = field(default_factory=set)           # (op, key, name) that raised
     forced: Optional[str] = None                          # a candidate name to use everywhere, if usable
     recording: Optional[dict] = None                      # (op, key) -> (args, kwargs) seen, for profiling
+    sources: list = field(default_factory=list)           # (path, device signatures) of each profile file loaded
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def derive(self, profile_path=None) -> "OperatorSelector":
@@ -75,7 +79,7 @@ class OperatorSelector:
         given profile file, and fallbacks of its own."""
         own = OperatorSelector(candidates=self.candidates, forced=self.forced,
                                profile={sig: {op: dict(t) for op, t in table.items()}
-                                        for sig, table in self.profile.items()})
+                                        for sig, table in self.profile.items()}, sources=list(self.sources))
         if profile_path:
             own.load_profile(profile_path)
         return own
@@ -96,6 +100,7 @@ class OperatorSelector:
         data = json.loads(Path(path).read_text())
         for signature, table in data.get("devices", {}).items():
             self.profile.setdefault(signature, {}).update(table)
+        self.sources.append((str(path), frozenset(data.get("devices", {}))))
 
     def usable(self, op: str, key: str, device: torch.device) -> list[Candidate]:
         capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
@@ -140,5 +145,5 @@ def active_selector() -> Optional[OperatorSelector]:
 
 
 SELECTOR = OperatorSelector(forced="torch" if os.environ.get("PHYAI_OPS") == "torch" else None)
-if os.environ.get("PHYAI_OP_PROFILE"):
+if os.environ.get("PHYAI_OP_PROFILE", "none") != "none":   # "none": no profile at all (layers.profiles)
     SELECTOR.load_profile(os.environ["PHYAI_OP_PROFILE"])

@@ -2,8 +2,9 @@
 
 Why its own module: pi0 and pi0.5 both embed camera images this way. q/k/v are one fused GEMM; the patch
 embedding and the unmasked attention go through phyai_ros.layers.ops (conv / SDPA, the reference's own
-choices, which keeps the image tokens bitwise equal to it on CPU), so the runtime can swap in kernels. Each
-residual add goes through dispatch with its output GEMM and the LayerNorm after it, which a fused kernel runs as
+choices, which keeps the image tokens bitwise equal to it on CPU), so the runtime can swap in kernels. The
+linear layers go through dispatch (a quantized weight runs its kernels there); each residual add goes through
+dispatch with its output GEMM and the LayerNorm after it, which a fused kernel runs as
 one pass over the tokens on the GPU.
 """
 from __future__ import annotations
@@ -67,11 +68,11 @@ class SiglipEncoder(nn.Module):
         first = self.layers[0]
         y = dispatch.layer_norm(h, first.ln1_w, first.ln1_b, eps)
         for layer, (ln_w, ln_b) in zip(self.layers, next_ln):
-            qkv = ops.linear(y, layer.qkv_w, layer.qkv_b).view(n, t, 3, nh, hd)
+            qkv = dispatch.linear(y, layer.qkv_w, layer.qkv_b).view(n, t, 3, nh, hd)
             q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # strided views, no copy
             # SDPA writes its output token-major, so merging the heads back is a view, not a copy.
             a = ops.attention_unmasked(q, k, v).transpose(1, 2).reshape(n, t, nh * hd)
             h, y = dispatch.linear_add_layer_norm(h, a, layer.o_w, layer.o_b, layer.ln2_w, layer.ln2_b, eps)
-            m = ops.gelu_tanh(ops.linear(y, layer.fc1_w, layer.fc1_b))
+            m = dispatch.linear_gelu_tanh(y, layer.fc1_w, layer.fc1_b)
             h, y = dispatch.linear_add_layer_norm(h, m, layer.fc2_w, layer.fc2_b, ln_w, ln_b, eps)
         return y

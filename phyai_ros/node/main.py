@@ -88,6 +88,12 @@ class PolicyNode(Node):
         self.p = resolved_parameters(self.p, self.policy)   # model.type and control.horizon: the checkpoint's
         self.get_logger().info(f"policy {self.p['model.id']} ({self.p['model.type']}, H = {self.p['control.horizon']}) "
                                f"ready in {time.monotonic() - t:.1f} s ({self.p['model.device']}, {self.p['model.dtype']})")
+        if getattr(self.policy, "op_profile", None) is not None:   # onboard: which operator profile it runs
+            self.get_logger().info(self.policy.op_profile.describe())
+        model = getattr(getattr(self.policy, "adapter", None), "model", None)
+        if model is not None:   # onboard: the scheme its checkpoint's manifest set (phyai_ros/quant)
+            from phyai_ros.quant.model import describe
+            self.get_logger().info(describe(model))
 
         self._make_publishers()
         self.loop = ControlLoop(control_config(self.p, self.policy.image_input_size), self.policy,

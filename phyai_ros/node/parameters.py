@@ -53,7 +53,13 @@ SPECS: dict[str, Spec] = {
                                   "graph per length, all captured at start-up); 0 keeps the full budget",
                                range=(0, 1024)),
     "model.op_profile": Spec("", "operator profile JSON written by scripts/profile_ops.py on this device; empty: "
-                                 "every fused kernel that builds here, torch otherwise"),
+                                 "this device's cached profile (model.op_autotune), else a shipped one found by "
+                                 "device name (profiles/*.json), else every fused kernel that builds here"),
+    "model.op_autotune": Spec(False, "when no operator profile has a table for this device (or its cached one lacks "
+                                     "shapes this model calls): profile the (op, shape) calls of the warm-up "
+                                     "(each usable candidate: a CUDA graph of 10 calls, 3 replays; Triton compiles "
+                                     "kernel variants it has not built on this machine) and cache the choices per "
+                                     "device for the next start"),
     "model.warmup_runs": Spec(2, "inferences run before the node starts acting (graph capture, cold start)",
                               range=(0, 100)),
     # Where the policy runs: in this process, or on a serve endpoint (phyai_ros.serve; robot id = node name).

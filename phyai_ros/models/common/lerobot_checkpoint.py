@@ -28,9 +28,11 @@ def strip_image_prefix(name: str) -> str:
     return name[len(IMAGE_PREFIX):] if name.startswith(IMAGE_PREFIX) else name
 
 
-def read_lerobot_checkpoint(ckpt_dir, policy_type: str) -> Tuple[Path, dict, Dict[str, torch.Tensor]]:
-    """A LeRobot policy folder -> (folder, its config.json, its tensors with key aliases normalized); clear
-    errors for a missing folder or file, and for a checkpoint of another policy type."""
+def read_lerobot_checkpoint(ckpt_dir, policy_type: str, weights: bool = True
+                            ) -> Tuple[Path, dict, Dict[str, torch.Tensor]]:
+    """A LeRobot policy folder -> (folder, its config.json, its tensors with key aliases normalized; none
+    without ``weights``); clear errors for a missing folder or file, and for a checkpoint of another policy
+    type."""
     ckpt_dir = require_file(ckpt_dir)
     if not ckpt_dir.is_dir():
         raise NotADirectoryError(f"checkpoint path is not a directory: {ckpt_dir}")
@@ -38,6 +40,8 @@ def read_lerobot_checkpoint(ckpt_dir, policy_type: str) -> Tuple[Path, dict, Dic
     if lr.get("type", policy_type) != policy_type:
         raise CheckpointError(f"checkpoint {ckpt_dir}: config.json says type {lr.get('type')} but model.type "
                               f"(the policy type asked for) is {policy_type}")
+    if not weights:
+        return ckpt_dir, lr, {}
     sd = normalize_key_aliases(read_safetensors(ckpt_dir))
     found = type_of_weights(sd)
     if found not in (None, policy_type):

@@ -81,9 +81,10 @@ class GrootNodePolicy(GrootPolicy):
         self.runner = GrootRunner(self.stages, use_graphs=use_graphs)
         return self.runner
 
-    def capture_buckets(self, images: Mapping[str, object], state) -> list:
-        """Capture the warm-up observation's graphs at start-up (nothing to do without graphs)."""
-        if not self.runner.use_graphs:
+    def capture_buckets(self, images: Mapping[str, object], state, eager: bool = False) -> list:
+        """Capture the warm-up observation's graphs at start-up (nothing to do without graphs, unless eager: the
+        operator autotune records what the same observation calls)."""
+        if not self.runner.use_graphs and not eager:
             return []
         inputs = self.prepare(images, np.asarray(state, dtype=np.float32)[None], ["warm up"])
         self.runner.run(self.stages.observation(inputs), self._noise(None, 1))

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from phyai_ros.quant.checkpoint import load_quantized_model, read_manifest
 from phyai_ros.models.common.checkpoint_io import (CheckpointError, gemma_key_shapes, load_gemma_layers,
                                                    read_json, require_finite, validate_keys)
 from phyai_ros.models.common.lerobot_checkpoint import (find_model_dims, flow_overrides, gemma_from_shapes,
@@ -69,6 +70,13 @@ class Pi0Checkpoint:
 
 
 def load_pi0_checkpoint(ckpt_dir, device="cpu", dtype: torch.dtype = torch.float32, dims=None) -> Pi0Checkpoint:
+    manifest = read_manifest(ckpt_dir)
+    if manifest is not None:  # a quantized folder (phyai_ros/quant/checkpoint.py): sizes from its model_dims
+        ckpt_dir, lr, _ = read_lerobot_checkpoint(ckpt_dir, "pi0", weights=False)
+        cfg = resolve_config(ckpt_dir, {}, lr, dims)
+        model = load_quantized_model(ckpt_dir, Pi0Model(cfg, dtype=dtype, device=device), manifest)
+        cams, state_dim, action_dim = parse_features(lr)
+        return Pi0Checkpoint(model, cfg, cams, state_dim, action_dim, lr)
     ckpt_dir, lr, sd = read_lerobot_checkpoint(ckpt_dir, "pi0")
     cfg = resolve_config(ckpt_dir, sd, lr, dims)
     expected = lerobot_key_shapes(cfg)

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from phyai_ros.quant.checkpoint import load_quantized_model, read_manifest
 from phyai_ros.models.common.checkpoint_io import (CheckpointError, gemma_key_shapes, load_gemma_layers,
                                                    read_json, require_finite, validate_keys)
 from phyai_ros.models.common.lerobot_checkpoint import (IMAGE_PREFIX, find_model_dims, flow_overrides,
@@ -81,6 +82,13 @@ class Pi05Checkpoint:
 def load_pi05_checkpoint(ckpt_dir, device="cpu", dtype: torch.dtype = torch.float32,
                          dims: Union[None, str, Path, dict, Pi05Config] = None) -> Pi05Checkpoint:
     """Load a LeRobot-layout pi0.5 checkpoint directory into a Pi05Model on `device` in `dtype`."""
+    manifest = read_manifest(ckpt_dir)
+    if manifest is not None:  # a quantized folder (phyai_ros/quant/checkpoint.py): sizes from its model_dims
+        ckpt_dir, lr, _ = read_lerobot_checkpoint(ckpt_dir, "pi05", weights=False)
+        cfg = resolve_config(ckpt_dir, {}, lr, dims)
+        model = load_quantized_model(ckpt_dir, Pi05Model(cfg, dtype=dtype, device=device), manifest)
+        cams, state_dim, action_dim = parse_features(lr)
+        return Pi05Checkpoint(model, cfg, cams, state_dim, action_dim, lr)
     ckpt_dir, lr, sd = read_lerobot_checkpoint(ckpt_dir, "pi05")
     cfg = resolve_config(ckpt_dir, sd, lr, dims)
     expected = lerobot_key_shapes(cfg)

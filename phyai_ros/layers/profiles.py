@@ -1,0 +1,176 @@
+"""Where a device's operator profile comes from, so that a node performs without a hand-made one.
+
+A profile file is ``{"devices": {signature: {op: {shape key: candidate}}}, "timings": {...}}`` (what
+``scripts/profile_ops.py`` and the node's ``model.op_autotune`` write); its tables are keyed by device signature
+(``selector.device_signature``, e.g. "cuda:sm90:NVIDIA H200"). For one device, the first of these that has a table
+for its signature is used:
+
+1. explicit: the file given by the node's ``model.op_profile`` (or ``PHYAI_OP_PROFILE``, which the module selector
+   loads at import);
+2. cache: the per-user file of this device, ``$PHYAI_PROFILE_CACHE/<signature>.json`` (default
+   ``${XDG_CACHE_HOME:-~/.cache}/phyai_ros/profiles``), written by ``model.op_autotune`` on a device nothing
+   matched;
+3. shipped: ``profiles/*.json`` of the package (installed as ``phyai_ros/profiles``; in a checkout the top-level
+   ``profiles/`` folder; ``$PHYAI_PROFILES_DIR`` instead where set), in name order.
+
+``PHYAI_OP_PROFILE=none`` turns the search off (the selector's defaults: an A/B baseline); an explicit file given
+to ``selector_for`` still counts.
+
+Only the winner is loaded: precedence is per device, so an explicit file for the Thor leaves an H200 to its cached
+or shipped profile (with a warning that the explicit one has no table for it).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from phyai_ros.layers.selector import SELECTOR, OperatorSelector, device_signature
+
+log = logging.getLogger(__name__)
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class ProfileChoice:
+    """Which profile file a selector uses for one device (path None: none matched; origin says why)."""
+
+    signature: str
+    path: Optional[Path]
+    origin: str                 # "explicit", "cache", "shipped", "autotune", or "none"
+    looked_in: tuple = ()       # the places searched, for the message when none matched
+    detail: str = ""            # autotune: what was profiled, in how long
+
+    def describe(self) -> str:
+        how = f"{self.origin}: {self.detail}" if self.detail else self.origin
+        if self.path is not None:
+            return f"operator profile for {self.signature}: {self.path} ({how})"
+        if self.origin == "autotune":
+            return f"operator profile for {self.signature}: profiled at start-up ({self.detail})"
+        where = "; ".join(str(p) for p in self.looked_in) or "nowhere"
+        return (f"no operator profile for {self.signature} (looked in {where}): every fused kernel that builds "
+                "here, torch otherwise")
+
+
+def shipped_dir() -> Optional[Path]:
+    """The package's profiles: ``phyai_ros/profiles`` when installed (wheel, colcon), else a checkout's
+    top-level ``profiles/`` (next to ``kernels/``, as ``phyai_ros.kernels`` is mapped)."""
+    if os.environ.get("PHYAI_PROFILES_DIR"):
+        return Path(os.environ["PHYAI_PROFILES_DIR"])
+    for d in (_PACKAGE / "profiles", _PACKAGE.parent / "profiles"):
+        if d.is_dir() and (d.parent / "kernels").is_dir():
+            return d
+    return None
+
+
+def cache_dir() -> Path:
+    """``$PHYAI_PROFILE_CACHE``, else ``${XDG_CACHE_HOME:-~/.cache}/phyai_ros/profiles``."""
+    if os.environ.get("PHYAI_PROFILE_CACHE"):
+        return Path(os.environ["PHYAI_PROFILE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "phyai_ros" / "profiles"
+
+
+def cache_file(signature: str, directory: Optional[Path] = None) -> Path:
+    """The cache file of one device: its signature with every character outside [A-Za-z0-9._-] as '_'."""
+    return Path(directory or cache_dir()) / (re.sub(r"[^A-Za-z0-9._-]+", "_", signature) + ".json")
+
+
+def signatures_in(path: Path) -> frozenset:
+    """The device signatures a profile file has tables for (empty for an unreadable file, with a warning)."""
+    try:
+        return frozenset(json.loads(Path(path).read_text()).get("devices", {}))
+    except (OSError, ValueError, AttributeError) as exc:
+        log.warning("operator profile %s unreadable, skipped: %s", path, exc)
+        return frozenset()
+
+
+def find_profile(signature: str, cache: Optional[Path] = None, shipped: Optional[Path] = None) -> ProfileChoice:
+    """The cached profile of this device, else the first shipped one with a table for it (not the explicit
+    file: ``selector_for`` handles that). cache / shipped: the folders (default ``cache_dir()`` / ``shipped_dir()``;
+    shipped may be None for none)."""
+    cached = cache_file(signature, cache)
+    if cached.is_file() and signature in signatures_in(cached):
+        return ProfileChoice(signature, cached, "cache")
+    shipped = shipped_dir() if shipped is None else shipped
+    looked = (cached,) + ((shipped,) if shipped is not None else ())
+    if shipped is not None and shipped.is_dir():
+        for path in sorted(shipped.glob("*.json")):
+            if signature in signatures_in(path):
+                return ProfileChoice(signature, path, "shipped")
+    return ProfileChoice(signature, None, "none", looked)
+
+
+def selector_for(device, explicit=None, base: Optional[OperatorSelector] = None, cache: Optional[Path] = None,
+                 shipped: Optional[Path] = None) -> tuple[OperatorSelector, ProfileChoice]:
+    """A policy's selector for ``device`` (derived from ``base``, the module's SELECTOR by default) with the
+    device's profile by the precedence above. ``explicit``: a profile file (the node's ``model.op_profile``;
+    missing: FileNotFoundError); the base's own files (``PHYAI_OP_PROFILE``) count as explicit too."""
+    base = SELECTOR if base is None else base
+    device = torch.device(device)
+    sel = base.derive(explicit)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return sel, ProfileChoice("cuda (not available)", None, "none")
+    signature = device_signature(device)
+    given = [path for path, sigs in sel.sources if signature in sigs]
+    if given:
+        choice = ProfileChoice(signature, Path(given[-1]), "explicit")
+    elif os.environ.get("PHYAI_OP_PROFILE") == "none":
+        choice = ProfileChoice(signature, None, "none", ("nowhere: PHYAI_OP_PROFILE=none",))
+    else:
+        if sel.sources:
+            log.warning("operator profile %s has no table for %s; looking for a cached or shipped one",
+                        ", ".join(p for p, _ in sel.sources), signature)
+        choice = find_profile(signature, cache, shipped)
+        if choice.path is not None:
+            sel.load_profile(choice.path)
+    log.info(choice.describe())
+    return sel, choice
+
+
+def load_device_profile(device, selector: Optional[OperatorSelector] = None, **where) -> ProfileChoice:
+    """For a process that runs one model (benchmarks, scripts): load the device's profile into ``selector``
+    (the module SELECTOR by default) by the same precedence, and say which."""
+    selector = SELECTOR if selector is None else selector
+    own, choice = selector_for(device, base=selector, **where)
+    selector.profile, selector.sources = own.profile, own.sources
+    return choice
+
+
+def write_profile(path: Path, signature: str, table: dict, timings: dict, merge: bool = True) -> Path:
+    """Write a profile file atomically: into a temporary file in the same folder, flushed, then renamed over
+    ``path``, so a reader (another node starting) sees the old file or the new one, never a part, and a failure
+    leaves the old one. merge: the device's table and timings go over what the file already holds (other
+    devices, other shapes); otherwise the file holds this device's alone."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"devices": {}, "timings": {}}
+    if merge and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            log.warning("operator profile %s unreadable: rewritten", path)
+    for section, new in (("devices", table), ("timings", timings)):
+        device = data.setdefault(section, {}).setdefault(signature, {})
+        for op, keys in new.items():
+            device.setdefault(op, {}).update(keys)
+    text = json.dumps(data, indent=1)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

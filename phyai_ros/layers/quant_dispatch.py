@@ -1,0 +1,190 @@
+"""Operator candidates for linear layers whose weight is a ``QuantizedWeight``.
+
+``dispatch`` routes every linear op to its quantized twin ("linear" -> "qlinear", "linear_geglu" ->
+"qlinear_geglu", ...) when the weight is quantized, so the models call the same functions either way. The
+candidates, in preference order:
+
+* few rows (the expert's / DiT's tokens): ``kernels/quant_linear.py``'s weight-streaming GEMM, one candidate per
+  launch shape, its fp32 partials summed by the same epilogue kernels the bf16 path fuses (bias / GELU, GeGLU,
+  residual + RMSNorm / adaRMS);
+* many rows, W8A8: ``torch._scaled_mm`` on fp8 tensor cores (Hopper, Ada, Blackwell incl. Thor) after a row kernel
+  quantizes the activations;
+* the reference: dequantize and run the float GEMM (always usable; the fallback on any device).
+
+The profile key carries the scheme's tag, so a device profile picks per scheme and shape.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from phyai_ros.kernels import _common as _triton_common
+from phyai_ros.layers import ops
+from phyai_ros.layers.quantized import QuantizedWeight, observe
+from phyai_ros.layers.selector import Candidate, shape_key
+
+Tensor = torch.Tensor
+_CUDA = ("cuda",)
+
+# Launch shapes of the quantized weight-streaming GEMM (block_k is the group size for int4).
+QUANT_TILINGS = {
+    "triton": {},
+    "triton_n32": {"block_n": 32, "num_stages": 4},
+    "triton_n32_k256": {"block_n": 32, "block_k": 256},
+    "triton_n64_k256": {"block_n": 64, "block_k": 256},
+    "triton_n16_k256": {"block_n": 16, "block_k": 256},
+    "triton_n32_s1": {"block_n": 32, "splits": 1, "num_stages": 4},
+    "triton_n128_w8": {"block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
+}
+
+QUANT_OPS = {"linear": "qlinear", "linear_geglu": "qlinear_geglu", "linear_add_rms_norm": "qlinear_add_rms_norm",
+             "linear_gated_ada_rms_norm": "qlinear_gated_ada_rms_norm",
+             "linear_add_layer_norm": "qlinear_add_layer_norm", "linear_gelu_tanh": "qlinear_gelu_tanh"}
+
+
+def qshape_key(x: Tensor, weight: QuantizedWeight, *more: Tensor) -> str:
+    """'1x50x1024,2560x1024|bfloat16|w8a16-int8': x's (and ``more``'s) shapes, the weight's, the scheme."""
+    dims, dtype = shape_key(x, *more).split("|")
+    n, k = weight.shape
+    return f"{dims},{n}x{k}|{dtype}|{weight.scheme.tag}"
+
+
+def _kargs(w: QuantizedWeight):
+    return w.q, w.scale, w.group, w.act_quant, w.act_scale
+
+
+def _triton_ok() -> bool:
+    return _triton_common.HAVE_TRITON
+
+
+# ----------------------------------------------------------------------------- references
+def torch_qlinear(x: Tensor, w: QuantizedWeight, bias=None) -> Tensor:
+    """Dequantize-and-GEMM in x's dtype (8-bit values are exact there; the per-channel scales multiply the
+    product), activations fake-quantized to fp8 first for W8A8."""
+    from phyai_ros.kernels.quant_linear import quantize_activations_ref
+    dt = x.dtype
+    if w.group:
+        return F.linear(x, w.dequantize(dt), bias)
+    xs = None
+    if w.act_quant:
+        static = None if observe(w, x) or w.act_quant == "dynamic" else w.act_scale
+        xq, xs = quantize_activations_ref(x.reshape(-1, x.shape[-1]), static)
+        x = xq.to(dt).view(x.shape)
+    y = F.linear(x, w.q.to(dt)).float() * w.scale
+    if xs is not None:
+        y = y * xs.view(*x.shape[:-1], 1)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(dt)
+
+
+def _unfused_geglu(x, w):
+    from phyai_ros.layers import dispatch
+    return dispatch.geglu(dispatch.linear(x, w))
+
+
+def _unfused_add_rms(x, w, residual, norm_w, eps):
+    from phyai_ros.layers import dispatch
+    return dispatch.add_rms_norm(dispatch.linear(x, w), residual, norm_w, eps)
+
+
+def _unfused_gated_ada(x, w, h, gate, scale, shift, eps):
+    from phyai_ros.layers import dispatch
+    return dispatch.gated_ada_rms_norm(h, dispatch.linear(x, w), gate, scale, shift, eps)
+
+
+def _torch_add_layer_norm(h, x, w, bias, ln_w, ln_b, eps):
+    from phyai_ros.layers import dispatch
+    h = h + dispatch.linear(x, w, bias)
+    return h, ops.layer_norm(h, ln_w, ln_b, eps)
+
+
+def _unfused_gelu_tanh(x, w, bias):
+    from phyai_ros.layers import dispatch
+    return ops.gelu_tanh(dispatch.linear(x, w, bias))
+
+
+# ----------------------------------------------------------------------------- kernels
+def _few_rows(x, w, *rest) -> bool:
+    return x.numel() // x.shape[-1] <= 64 and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _few_rows_per_item(x, w, h, gate, scale, shift, eps) -> bool:
+    return _few_rows(x, w) and all(t.dim() == 3 and t.shape[1] == 1 for t in (gate, scale, shift))
+
+
+def _triton_qlinear(x, w, bias=None, act=None, **tiling):
+    from phyai_ros.kernels.quant_linear import quant_linear
+    return quant_linear(x, *_kargs(w), bias=bias, act=act, **tiling)
+
+
+def _triton_qgeglu(x, w, **tiling):
+    from phyai_ros.kernels.quant_linear import quant_partials
+    from phyai_ros.kernels.skinny_epilogue import geglu_from_partials
+    return geglu_from_partials(quant_partials(x, *_kargs(w), **tiling), x)
+
+
+def _triton_qadd_rms(x, w, residual, norm_w, eps, **tiling):
+    from phyai_ros.kernels.quant_linear import quant_partials
+    from phyai_ros.kernels.skinny_epilogue import norm_from_partials
+    return norm_from_partials(quant_partials(x, *_kargs(w), **tiling), x, residual, None, norm_w, None, eps)
+
+
+def _triton_qgated_ada(x, w, h, gate, scale, shift, eps, **tiling):
+    from phyai_ros.kernels.quant_linear import quant_partials
+    from phyai_ros.kernels.skinny_epilogue import norm_from_partials
+    n = h.shape[-1]
+    g, sc, sh = (t.reshape(-1, n) for t in (gate, scale, shift))
+    normed, new_h = norm_from_partials(quant_partials(x, *_kargs(w), **tiling), x, h, (g, sc, sh), None,
+                                       h.numel() // n // g.shape[0], eps)
+    return new_h, normed
+
+
+def _triton_qadd_layer_norm(h, x, w, bias, ln_w, ln_b, eps):
+    """The quantized GEMM without its bias (any candidate), then the add + LayerNorm kernel adds bias and h."""
+    from phyai_ros.kernels.layer_norm import add_layer_norm
+    from phyai_ros.layers import dispatch
+    return add_layer_norm(h, dispatch.linear(x, w), bias, ln_w, ln_b, eps)
+
+
+def _scaled_mm_ok() -> bool:
+    return torch.cuda.is_available() and hasattr(torch, "_scaled_mm") and \
+        torch.cuda.get_device_capability() >= (8, 9) and _triton_ok()
+
+
+def _scaled_mm_fits(x, w, bias=None) -> bool:
+    n, k = w.shape
+    return (w.scheme.weight_format == "fp8" and w.act_quant is not None and x.dtype == torch.bfloat16
+            and n % 16 == 0 and k % 16 == 0)
+
+
+def _scaled_mm_qlinear(x, w, bias=None):
+    """fp8 x fp8 on tensor cores with row-wise scales (activations per token, weights per channel)."""
+    from phyai_ros.kernels.quant_linear import quantize_rows
+    k = x.shape[-1]
+    xq, xs = quantize_rows(x.reshape(-1, k), w.act_scale if w.act_quant == "static" else None)
+    y = torch._scaled_mm(xq, w.q.t(), scale_a=xs[:, None], scale_b=w.scale[None, :],
+                         bias=None if bias is None else bias.to(x.dtype), out_dtype=x.dtype)
+    return y.view(*x.shape[:-1], w.shape[0])
+
+
+def _tiled(name: str, fn, supports) -> list:
+    return [Candidate(name + suffix[len("triton"):], functools.partial(fn, **tiling), _CUDA, available=_triton_ok,
+                      supports=supports) for suffix, tiling in QUANT_TILINGS.items()]
+
+
+QUANT_REGISTRY = {
+    "qlinear": [*_tiled("triton", _triton_qlinear, _few_rows),
+                Candidate("scaled_mm", _scaled_mm_qlinear, _CUDA, available=_scaled_mm_ok, supports=_scaled_mm_fits),
+                Candidate("torch", torch_qlinear)],
+    "qlinear_geglu": [*_tiled("triton", _triton_qgeglu, _few_rows), Candidate("unfused", _unfused_geglu)],
+    "qlinear_add_rms_norm": [*_tiled("triton", _triton_qadd_rms, _few_rows), Candidate("unfused", _unfused_add_rms)],
+    "qlinear_gated_ada_rms_norm": [*_tiled("triton", _triton_qgated_ada, _few_rows_per_item),
+                                   Candidate("unfused", _unfused_gated_ada)],
+    "qlinear_add_layer_norm": [Candidate("triton", _triton_qadd_layer_norm, _CUDA, available=_triton_ok),
+                               Candidate("torch", _torch_add_layer_norm)],
+    "qlinear_gelu_tanh": [*_tiled("triton", functools.partial(_triton_qlinear, act="gelu_tanh"), _few_rows),
+                          Candidate("unfused", _unfused_gelu_tanh)],
+}

@@ -1,0 +1,126 @@
+"""Stage model: what a change measured on the H200 means on the robot's Jetson Thor, before anyone has a Thor.
+
+Per stage (vision, prefix, denoising loop; ``roofline.flow_stage_costs``) the logical FLOPs and bytes give a
+roofline floor on a device, max(FLOPs at their tensor-core rates, bytes / bandwidth). The measured H200 time of a
+stage against its floor on the H200 is the stage's *efficiency* (floor / measured, both bf16). The projection to
+another device is that device's floor for the stage (in the chosen weight formats) divided by the same
+efficiency: it assumes the kernels reach the same fraction of the roofline there as on the H200. Two more
+columns bracket it: the pure floor (efficiency 1: no implementation is faster), and "floor + H200 gap" (the
+H200's time beyond its floor carried over unchanged, as if it were a fixed latency cost: kernel launches and
+gaps, which a bandwidth-bound stage on Thor may partly hide).
+
+Where the assumptions bite: the H200 loop is latency-bound (many short kernels), not bandwidth-bound, so its low
+efficiency divided into Thor's bandwidth floor is pessimistic for the loop; and efficiencies are measured in
+bf16, so a quantized scheme's projection assumes its kernels reach the bf16 kernels' fraction of the roofline.
+
+Device figures (dense tensor-core FLOP/s, memory bandwidth):
+- H200, spec: NVIDIA H200 datasheet, BF16 1,979 TFLOPS and FP8 3,958 TFLOPS *with sparsity* (dense: half, 989
+  and 1,979), HBM3e 4.8 TB/s. Measured on this project's H200 on 2026-12-01 by ``scripts/bench_runtime.py``'s
+  ceilings (an 8192^3 bf16 GEMM, a 4 GiB copy): ~760-790 TFLOP/s and ~4.25-4.27 TB/s (docs/device_runs/
+  2026-12-01-refactor/bench_*.json), i.e. ~79% and ~89% of spec.
+- Jetson Thor (Blackwell, sm_110, 20 SMs): 273 GB/s LPDDR5X (NVIDIA's Jetson AGX Thor / T5000 figure); bf16
+  dense ~257 TFLOP/s as the project's notes state (../shared/research/peers-and-facts.md), which is NVIDIA's
+  headline 2,070 FP4 TFLOPS (sparse) halved three times (sparse -> dense, FP4 -> FP8 -> BF16); FP8 dense twice
+  bf16 (~514) is an assumption from Blackwell's tensor-core ratios, not a published or measured Thor figure.
+Projections use spec figures on both devices (the efficiency is relative to the spec roofline), since Thor's
+achievable ceilings are unmeasured.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from phyai_ros.runtime.roofline import BF16, PARTS, WeightFormat, flow_stage_costs
+
+STAGES = ("vision", "prefix", "loop")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Dense tensor-core peaks per rate (FLOP/s) and memory bandwidth (B/s), with where they come from."""
+    name: str
+    peak: Mapping[str, float]
+    bandwidth: float
+    source: str = ""
+
+
+H200 = DeviceSpec("H200", {"bf16": 989e12, "fp8": 1979e12}, 4.8e12,
+                  "NVIDIA H200 datasheet: 1,979 / 3,958 TFLOPS bf16 / fp8 with sparsity (dense: half); 4.8 TB/s")
+H200_MEASURED = DeviceSpec("H200 (measured ceilings)", {"bf16": 780e12, "fp8": 1560e12}, 4.28e12,
+                           "bench_runtime.py ceilings 2026-12-01 (bf16 GEMM, copy); fp8 = 2x bf16 assumed")
+THOR = DeviceSpec("Jetson Thor", {"bf16": 257e12, "fp8": 514e12}, 273e9,
+                  "273 GB/s LPDDR5X (NVIDIA); bf16 dense ~257 TFLOP/s (project notes: 2,070 FP4 sparse / 8); "
+                  "fp8 = 2x bf16 assumed")
+DEVICES = {"h200": H200, "h200-measured": H200_MEASURED, "thor": THOR}
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Measured seconds per stage at batch 1 (bf16, CUDA graphs, 3 cameras, full prompt budget)."""
+    vision: float
+    prefix: float
+    loop: float
+    source: str = ""
+
+    def get(self, stage: str) -> float:
+        return getattr(self, stage)
+
+
+# The newest per-stage figures, H200, 2026-12-01 (commit 244862a, profiles/h200.json, 300 runs, batch 1):
+# pi0.5 from docs/benchmarks.md "Before and after the restructuring (issue 12)"; pi0 from the same run's
+# docs/device_runs/2026-12-01-refactor/bench_pi0.json.
+MEASURED_H200 = {
+    "pi05": StageTimes(2.14e-3, 6.85e-3, 8.08e-3, "docs/benchmarks.md (issue 12 'after'), H200, 2026-12-01"),
+    "pi0": StageTimes(2.14e-3, 5.85e-3, 7.98e-3,
+                      "docs/device_runs/2026-12-01-refactor/bench_pi0.json, H200, 2026-12-01"),
+}
+
+
+@dataclass(frozen=True)
+class StageProjection:
+    stage: str
+    measured_s: float      # on the source device, bf16
+    source_floor_s: float  # the source device's floor, bf16
+    floor_s: float         # the target's floor in the chosen formats
+    bound: str             # what bounds the target floor: "compute" or "memory"
+    gap_s: float           # measured - source floor (the time beyond the roofline on the source)
+
+    @property
+    def efficiency(self) -> float:
+        return self.source_floor_s / self.measured_s
+
+    @property
+    def projected_s(self) -> float:
+        """Target floor / the source's efficiency (same fraction of the roofline on both)."""
+        return self.floor_s / self.efficiency
+
+    @property
+    def floor_plus_gap_s(self) -> float:
+        return self.floor_s + self.gap_s
+
+
+def formats_for(scheme: WeightFormat, parts=PARTS) -> dict:
+    """part -> format: ``scheme`` for the named parts, bf16 for the others."""
+    return {part: (scheme if part in parts else BF16) for part in PARTS}
+
+
+def project(cfg, measured: StageTimes, formats: Optional[Mapping[str, WeightFormat]] = None,
+            source: DeviceSpec = H200, target: DeviceSpec = THOR, batch: int = 1, n_cameras: int = 3,
+            state_token: bool = False) -> dict:
+    """stage -> StageProjection of ``cfg`` (pi0: state_token=True) from ``measured`` bf16 times on ``source``
+    to ``target`` with the parts' weight ``formats`` (None: all bf16)."""
+    bf16 = flow_stage_costs(cfg, batch, n_cameras, state_token=state_token)
+    costs = flow_stage_costs(cfg, batch, n_cameras, state_token=state_token, formats=formats)
+    out = {}
+    for stage in STAGES:
+        c = costs[stage]
+        src_floor = bf16[stage].floor_at(source.peak, source.bandwidth)
+        compute, memory = c.compute_s(target.peak), c.bytes / target.bandwidth
+        out[stage] = StageProjection(stage, measured.get(stage), src_floor, max(compute, memory),
+                                     "compute" if compute >= memory else "memory", measured.get(stage) - src_floor)
+    return out
+
+
+def total(proj: dict, what: str) -> float:
+    """Sum over the stages of one StageProjection attribute (e.g. "projected_s")."""
+    return sum(getattr(p, what) for p in proj.values())
