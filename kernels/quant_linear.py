@@ -26,10 +26,11 @@ from typing import Optional
 
 import torch
 
-from ._common import HAVE_TRITON, available, num_sms, pdl, require_triton, tl, triton, wait_for_producer
+from ._common import (HAVE_TRITON, available, interpret_mode, num_sms, pdl, require_triton, tl, triton,
+                      wait_for_producer)
 
 __all__ = ["available", "FP8_MAX", "pack_int4", "unpack_int4", "dequantize", "quantize_activations_ref",
-           "quant_linear_ref", "quant_partials", "quant_linear", "quantize_rows", "ACT_QUANT"]
+           "quant_linear_ref", "quant_partials", "quant_linear", "quant_linear_geglu", "quantize_rows", "ACT_QUANT"]
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 ACT_QUANT = (None, "dynamic", "static")   # activation quantization of W8A8 (None: weight-only)
@@ -95,6 +96,8 @@ def quant_linear_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, grou
 
 # --------------------------------------------------------------------------- kernel
 if HAVE_TRITON:
+    from .geglu import gelu_tanh_f32
+    from .skinny_linear import bias_act
 
     @triton.jit
     def _fake_fp8(a, s):
@@ -111,11 +114,45 @@ if HAVE_TRITON:
         return tl.where(tl.abs(v) < 0.015625, subnormal, normal)
 
     @triton.jit
-    def _quant_skinny_kernel(X, XS, W, WS, P, M, N, K, k_per_split, sxm, swn, sws, spk, spm,
+    def _dequant_tile_dot(acc, X, xrow_mask, wrows, nmask, WS, wsrow, k0, K, sxm, offs_m,
+                          BLOCK_K: tl.constexpr, INT4: tl.constexpr, CDT: tl.constexpr, FP8_DOT: tl.constexpr):
+        """acc += x[:, k0:k0+BLOCK_K] @ w[rows, same]^T for one K block (int4: one group, scaled here; 8-bit:
+        unscaled, the per-channel scale is applied to the finished sum)."""
+        if INT4:
+            HALF: tl.constexpr = BLOCK_K // 2
+            offs_h = tl.arange(0, HALF)
+            gm = k0 < K
+            xrow = X + offs_m[:, None] * sxm + k0 + offs_h[None, :]
+            a_lo = tl.load(xrow, mask=xrow_mask[:, None] & gm, other=0.0).to(tl.float32).to(CDT)
+            a_hi = tl.load(xrow + HALF, mask=xrow_mask[:, None] & gm, other=0.0).to(tl.float32).to(CDT)
+            b = tl.load(wrows + k0 // 2 + offs_h[None, :], mask=nmask[:, None] & gm, other=0).to(tl.int32)
+            # via fp32: exact (and int -> bf16 is not, under the interpreter)
+            w_lo = ((b & 15) - 8).to(tl.float32).to(CDT)
+            w_hi = ((b >> 4) - 8).to(tl.float32).to(CDT)
+            part = tl.dot(a_lo, tl.trans(w_lo), input_precision="ieee")
+            part += tl.dot(a_hi, tl.trans(w_hi), input_precision="ieee")
+            s = tl.load(WS + wsrow + k0 // BLOCK_K, mask=nmask & gm, other=0.0)
+            acc += part * s[None, :]
+        else:
+            k = k0 + tl.arange(0, BLOCK_K)
+            km = k < K
+            a = tl.load(X + offs_m[:, None] * sxm + k[None, :], mask=xrow_mask[:, None] & km[None, :], other=0.0)
+            w = tl.load(wrows + k[None, :], mask=nmask[:, None] & km[None, :], other=0.0)
+            if FP8_DOT:   # fp8 activations and weights: the fp8 tensor-core product, fp32 accumulation
+                acc += tl.dot(a, tl.trans(w))
+            else:
+                acc += tl.dot(a.to(tl.float32).to(CDT), tl.trans(w.to(tl.float32).to(CDT)), input_precision="ieee")
+        return acc
+
+    @triton.jit
+    def _quant_skinny_kernel(X, XS, W, WS, P, Y, B, M, N, K, k_per_split, sxm, swn, sws, spk, spm, sym,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             INT4: tl.constexpr, AQ: tl.constexpr, PDL: tl.constexpr):
-        """fp32 partials P[pid_k] = x[:, K slice] @ w[n block, K slice]^T, scaled (see module docstring).
-        INT4: BLOCK_K is the group size and every split is whole groups. AQ: 0 none, 1 dynamic, 2 static."""
+                             INT4: tl.constexpr, XQ: tl.constexpr, FP8_DOT: tl.constexpr, F32: tl.constexpr,
+                             GEGLU: tl.constexpr,
+                             DIRECT: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, PDL: tl.constexpr):
+        """x [M, K] (XQ: fp8 with per-row scales XS) times a quantized weight's rows, over this program's K slice.
+        GEGLU: rows n (gate) and N + n (up) of a [gate; up] weight, N = I. DIRECT (one split): the epilogue
+        (bias, GELU / GeGLU) and Y in its dtype; else fp32 partials P[pid_k] (GEGLU: gate at n, up at N + n)."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_m = tl.arange(0, BLOCK_M)
@@ -123,54 +160,39 @@ if HAVE_TRITON:
         mmask = offs_m < M
         nmask = offs_n < N
         k0 = pid_k * k_per_split
-        wrows = W + offs_n[:, None].to(tl.int64) * swn
-        cdt = X.dtype.element_ty
-        if AQ != 0:
-            cdt = tl.bfloat16 if X.dtype.element_ty == tl.bfloat16 else tl.float32
+        CDT: tl.constexpr = tl.float32 if F32 else tl.bfloat16
+        rows = offs_n[:, None].to(tl.int64) * swn
+        wsrow = offs_n * sws
+        up = N.to(tl.int64) * swn
         wait_for_producer(PDL)
-        xs = tl.full((BLOCK_M,), 1.0, tl.float32)
-        if AQ == 1:  # the row's amax over all of K (not only this split's)
-            amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
-            for kk in range(0, K, BLOCK_K):
-                k = kk + tl.arange(0, BLOCK_K)
-                a = tl.load(X + offs_m[:, None] * sxm + k[None, :], mask=mmask[:, None] & (k < K)[None, :], other=0.0)
-                amax = tl.maximum(amax, tl.max(tl.abs(a.to(tl.float32)), axis=1))
-            xs = tl.maximum(amax / 448.0, 1e-12)
-        if AQ == 2:
-            xs = xs * tl.load(XS)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if INT4:
-            HALF: tl.constexpr = BLOCK_K // 2
-            offs_h = tl.arange(0, HALF)
-            for kk in range(0, k_per_split, BLOCK_K):
-                kg = k0 + kk
-                gm = kg < K
-                xrow = X + offs_m[:, None] * sxm + kg + offs_h[None, :]
-                a_lo = tl.load(xrow, mask=mmask[:, None] & gm, other=0.0)
-                a_hi = tl.load(xrow + HALF, mask=mmask[:, None] & gm, other=0.0)
-                b = tl.load(wrows + kg // 2 + offs_h[None, :], mask=nmask[:, None] & gm, other=0).to(tl.int32)
-                w_lo = ((b & 15) - 8).to(tl.float32).to(cdt)  # via fp32: exact (and int -> bf16 is not, under
-                w_hi = ((b >> 4) - 8).to(tl.float32).to(cdt)  # the interpreter)
-                part = tl.dot(a_lo, tl.trans(w_lo), input_precision="ieee")
-                part += tl.dot(a_hi, tl.trans(w_hi), input_precision="ieee")
-                s = tl.load(WS + offs_n * sws + kg // BLOCK_K, mask=nmask & gm, other=0.0)
-                acc += part * s[None, :]
-        else:
-            offs_k = tl.arange(0, BLOCK_K)
-            for kk in range(0, k_per_split, BLOCK_K):
-                k = k0 + kk + offs_k
-                km = k < K
-                a = tl.load(X + offs_m[:, None] * sxm + k[None, :], mask=mmask[:, None] & km[None, :], other=0.0)
-                if AQ != 0:
-                    a = _fake_fp8(a, xs[:, None]).to(cdt)
-                w = tl.load(wrows + k[None, :], mask=nmask[:, None] & km[None, :], other=0.0).to(tl.float32).to(cdt)
-                acc += tl.dot(a, tl.trans(w), input_precision="ieee")
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kk in range(0, k_per_split, BLOCK_K):
+            acc = _dequant_tile_dot(acc, X, mmask, W + rows, nmask, WS, wsrow, k0 + kk, K, sxm, offs_m, BLOCK_K,
+                                    INT4, CDT, FP8_DOT)
+            if GEGLU:
+                acc_u = _dequant_tile_dot(acc_u, X, mmask, W + up + rows, nmask, WS, wsrow + N * sws, k0 + kk, K,
+                                          sxm, offs_m, BLOCK_K, INT4, CDT, FP8_DOT)
+        if not INT4:
             acc = acc * tl.load(WS + offs_n, mask=nmask, other=0.0)[None, :]
-        if AQ != 0:
-            acc = acc * xs[:, None]
-        dst = P + pid_k * spk + offs_m[:, None] * spm + offs_n[None, :]
-        tl.store(dst, acc, mask=mmask[:, None] & nmask[None, :])
-
+            if GEGLU:
+                acc_u = acc_u * tl.load(WS + N + offs_n, mask=nmask, other=0.0)[None, :]
+        if XQ:
+            xs = tl.load(XS + offs_m, mask=mmask, other=0.0)[:, None]
+            acc = acc * xs
+            acc_u = acc_u * xs
+        mask = mmask[:, None] & nmask[None, :]
+        if DIRECT:
+            if GEGLU:
+                out = gelu_tanh_f32(acc) * acc_u
+            else:
+                out = bias_act(acc, B, offs_n, nmask, HAS_BIAS, ACT)
+            tl.store(Y + offs_m[:, None] * sym + offs_n[None, :], out.to(Y.dtype.element_ty), mask=mask)
+        else:
+            dst = P + pid_k * spk + offs_m[:, None] * spm + offs_n[None, :]
+            tl.store(dst, acc, mask=mask)
+            if GEGLU:
+                tl.store(dst + N, acc_u, mask=mask)
 
     @triton.jit
     def _quantize_rows_kernel(X, XS, Y, S, K, sxm, sym, BLOCK: tl.constexpr, STATIC: tl.constexpr,
@@ -205,13 +227,12 @@ def quantize_rows(x2: torch.Tensor, static_scale: Optional[torch.Tensor] = None)
 MAX_ROWS = 64
 
 
-def _check(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, group: int, act_quant: Optional[str]):
+def _check(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, group: int, act_quant: Optional[str], n: int):
     require_triton()
     if act_quant not in ACT_QUANT:
         raise ValueError(f"act_quant must be one of {ACT_QUANT}, got {act_quant!r}")
     int4 = q.dtype == torch.uint8
     k = x.shape[-1]
-    n = q.shape[0]
     if q.dtype not in (torch.int8, torch.float8_e4m3fn, torch.uint8):
         raise TypeError(f"quantized weight dtype {q.dtype}: int8, float8_e4m3fn or packed uint8 (int4)")
     if int4:
@@ -223,20 +244,28 @@ def _check(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, group: int, ac
     elif q.shape != (n, k) or scale.shape != (n,):
         raise ValueError(f"8-bit weight [{n}, {k}] with scales [{n}] expected, got {tuple(q.shape)} / "
                          f"{tuple(scale.shape)}")
+    if act_quant and q.dtype != torch.float8_e4m3fn:
+        raise ValueError("fp8 activations go with fp8 weights (W8A8)")
     x2 = x.reshape(-1, k)
     if x2.shape[0] > MAX_ROWS or x2.stride(-1) != 1 or q.stride(-1) != 1 or scale.dtype != torch.float32:
         raise ValueError(f"<= {MAX_ROWS} rows with contiguous rows and float32 scales expected")
     return x2, int4
 
 
-def quant_partials(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, group: int = 0,
-                   act_quant: Optional[str] = None, act_scale: Optional[torch.Tensor] = None, *,
-                   block_n: int = 64, block_k: int = 128, num_warps: int = 4, num_stages: int = 3,
-                   splits: Optional[int] = None) -> torch.Tensor:
-    """fp32 split-K partials [splits, M, N] of x [..., K] (<= 64 rows) times a quantized weight^T."""
-    x2, int4 = _check(x, q, scale, group, act_quant)
+def _launch(x, q, scale, group, act_quant, act_scale, *, geglu=False, direct=None, bias=None, act=None,
+            block_n: int = 64, block_k: int = 128, num_warps: int = 4, num_stages: int = 3,
+            splits: Optional[int] = None):
+    """One GEMM launch -> (Y, None) where ``direct`` and the launch has one K split, else (None, fp32 partials).
+    W8A8: the activations are quantized to fp8 once first (``quantize_rows``)."""
+    from .skinny_linear import ACTS
+    n = q.shape[0] // 2 if geglu else q.shape[0]
+    if geglu and q.shape[0] % 2:
+        raise ValueError(f"a [gate; up] weight has an even number of rows, got {q.shape[0]}")
+    x2, int4 = _check(x, q[:n], scale[:n], group, act_quant, n)
     m, k = x2.shape
-    n = q.shape[0]
+    xs = scale
+    if act_quant:   # fp8 activations, once per call (dynamic: per-row amax; static: the calibrated scale)
+        x2, xs = quantize_rows(x2, act_scale if act_quant == "static" else None)
     if int4:
         block_k = group
     n_blocks = triton.cdiv(n, block_n)
@@ -244,26 +273,54 @@ def quant_partials(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, group:
         splits = max(1, min(2 * num_sms(x.device) // n_blocks, k // (2 * block_k)))
     k_per = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
     s = triton.cdiv(k, k_per)
-    part = torch.empty(s, m, n, dtype=torch.float32, device=x.device)
-    xs = act_scale if act_quant == "static" else scale
-    _quant_skinny_kernel[(n_blocks, s)](x2, xs, q, scale, part, m, n, k, k_per, x2.stride(0), q.stride(0),
-                                        scale.stride(0), part.stride(0), n,
-                                        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k,
-                                        INT4=int4, AQ=ACT_QUANT.index(act_quant), num_warps=num_warps,
-                                        num_stages=num_stages, **pdl(x.device))
-    return part
+    write = bool(direct) and s == 1
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if write else None
+    part = None if write else torch.empty(s, m, 2 * n if geglu else n, dtype=torch.float32, device=x.device)
+    f32 = x.dtype == torch.float32 or interpret_mode()   # the interpreter's bf16 dots are wrong: fp32 there
+    _quant_skinny_kernel[(n_blocks, s)](
+        x2, xs, q, scale, part if part is not None else y, y if y is not None else part,
+        bias if bias is not None else scale, m, n, k, k_per, x2.stride(0), q.stride(0), scale.stride(0),
+        part.stride(0) if part is not None else 0, part.stride(1) if part is not None else 0, n,
+        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k, INT4=int4,
+        XQ=bool(act_quant), FP8_DOT=bool(act_quant) and not f32, F32=f32, GEGLU=geglu, DIRECT=write, HAS_BIAS=bias is not None and write,
+        ACT=ACTS.index(act) if write else 0, num_warps=num_warps, num_stages=num_stages, **pdl(x.device))
+    return y, part
+
+
+def quant_partials(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, group: int = 0,
+                   act_quant: Optional[str] = None, act_scale: Optional[torch.Tensor] = None, **tiling) -> torch.Tensor:
+    """fp32 split-K partials [splits, M, N] of x [..., K] (<= 64 rows) times a quantized weight^T (the
+    residual + norm epilogues of skinny_epilogue.py sum them)."""
+    return _launch(x, q, scale, group, act_quant, act_scale, direct=False, **tiling)[1]
 
 
 def quant_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, group: int = 0,
                  act_quant: Optional[str] = None, act_scale: Optional[torch.Tensor] = None,
                  bias: Optional[torch.Tensor] = None, act: Optional[str] = None, **tiling) -> torch.Tensor:
-    """act(x @ w^T + bias) for a quantized weight -> [..., N] in x.dtype (act None or "gelu_tanh")."""
+    """act(x @ w^T + bias) for a quantized weight -> [..., N] in x.dtype (act None or "gelu_tanh"); one kernel
+    where the launch has one K split, else the split sum applies the epilogue."""
     from .skinny_linear import ACTS, _sum_splits_kernel
-    part = quant_partials(x, q, scale, group, act_quant, act_scale, **tiling)
-    s, m, n = part.shape
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    block = 1024
-    _sum_splits_kernel[(triton.cdiv(m * n, block),)](part, y, part if bias is None else bias, m, n, s,
-                                                     part.stride(0), n, n, BLOCK=block, **pdl(x.device),
-                                                     HAS_BIAS=bias is not None, ACT=ACTS.index(act))
+    if act not in ACTS:
+        raise ValueError(f"act must be one of {ACTS}, got {act!r}")
+    y, part = _launch(x, q, scale, group, act_quant, act_scale, direct=True, bias=bias, act=act, **tiling)
+    n = q.shape[0]
+    if y is None:
+        s, m, _ = part.shape
+        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](part, y, part if bias is None else bias, m, n, s,
+                                                         part.stride(0), n, n, BLOCK=block, **pdl(x.device),
+                                                         HAS_BIAS=bias is not None, ACT=ACTS.index(act))
     return y.view(*x.shape[:-1], n)
+
+
+def quant_linear_geglu(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, group: int = 0,
+                       act_quant: Optional[str] = None, act_scale: Optional[torch.Tensor] = None, **tiling
+                       ) -> torch.Tensor:
+    """gelu_tanh(x @ Wg^T) * (x @ Wu^T) for a quantized [gate; up] weight [2I, K] -> [..., I] in x.dtype; one
+    kernel where the launch has one K split, else the GeGLU sum of skinny_epilogue.py."""
+    from .skinny_epilogue import geglu_from_partials
+    y, part = _launch(x, q, scale, group, act_quant, act_scale, geglu=True, direct=True, **tiling)
+    if y is None:
+        return geglu_from_partials(part, x)
+    return y.view(*x.shape[:-1], q.shape[0] // 2)

@@ -26,8 +26,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv >>
 B="python3 scripts/bench_runtime.py --tokenizer $TOK"
 
 if has tests; then
-  step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_quant_gpu.py \
-    $(ls test/test_flashinfer_gpu.py test/test_op_profiles_gpu.py 2>/dev/null) test/test_kernels_gpu.py
+  step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    ${TESTS:-test/test_quant_gpu.py test/test_flashinfer_gpu.py test/test_op_profiles_gpu.py test/test_kernels_gpu.py}
 fi
 if has accuracy; then
   for m in $MODELS; do

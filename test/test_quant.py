@@ -124,7 +124,12 @@ def test_fused_epilogues_from_quantized_partials(name):
     part = ql.quant_partials(x, gate_up.q, gate_up.scale, gate_up.group, gate_up.act_quant, block_n=32, splits=2)
     y = se.geglu_from_partials(part, x)
     ref = ql.quant_linear_ref(x, gate_up.q, gate_up.scale, gate_up.group, gate_up.act_quant)
-    torch.testing.assert_close(y, ops.gelu_tanh_mul(ref[:, :96], ref[:, 96:]), atol=2e-5, rtol=1e-5)
+    want = ops.gelu_tanh_mul(ref[:, :96], ref[:, 96:])
+    torch.testing.assert_close(y, want, atol=2e-5, rtol=1e-5)
+    for splits in (1, 3):   # one split: GeGLU in the GEMM's epilogue; more: in the split sum
+        y = ql.quant_linear_geglu(x, gate_up.q, gate_up.scale, gate_up.group, gate_up.act_quant, block_n=32,
+                                  splits=splits)
+        torch.testing.assert_close(y, want, atol=2e-5, rtol=1e-5)
     o = _qweight(name, _weight(64, 256, seed=5))
     h = torch.randn(1, 50, 64)
     gate, scale, shift = (torch.randn(1, 1, 64) for _ in range(3))

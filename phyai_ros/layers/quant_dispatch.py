@@ -121,9 +121,8 @@ def _triton_qlinear(x, w, bias=None, act=None, **tiling):
 
 
 def _triton_qgeglu(x, w, **tiling):
-    from phyai_ros.kernels.quant_linear import quant_partials
-    from phyai_ros.kernels.skinny_epilogue import geglu_from_partials
-    return geglu_from_partials(quant_partials(x, *_kargs(w), **tiling), x)
+    from phyai_ros.kernels.quant_linear import quant_linear_geglu
+    return quant_linear_geglu(x, *_kargs(w), **tiling)
 
 
 def _triton_qadd_rms(x, w, residual, norm_w, eps, **tiling):

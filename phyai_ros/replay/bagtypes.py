@@ -10,9 +10,8 @@ full, a partial copy): the complete records before the cut, as ``ros2 bag reinde
 """
 from __future__ import annotations
 
-import importlib
-
 import contextlib
+import importlib
 import functools
 import os
 import re
@@ -20,8 +19,6 @@ import struct
 import sys
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional
-
-from rosbags.typesys import Stores, get_typestore, get_types_from_msg
 
 from phyai_ros import needs_ros
 
@@ -49,6 +46,7 @@ def msg_dir() -> Path:
 @functools.lru_cache(maxsize=1)
 def typestore():
     """Jazzy type store + phyai_ros messages (cached; treat as read-only)."""
+    from rosbags.typesys import Stores, get_typestore, get_types_from_msg   # here: the name helpers need no rosbags
     store = get_typestore(Stores.ROS2_JAZZY)
     d = msg_dir()
     types = {}
