@@ -123,8 +123,8 @@ if HAVE_TRITON:
             offs_h = tl.arange(0, HALF)
             gm = k0 < K
             xrow = X + offs_m[:, None] * sxm + k0 + offs_h[None, :]
-            a_lo = tl.load(xrow, mask=xrow_mask[:, None] & gm, other=0.0).to(tl.float32).to(CDT)
-            a_hi = tl.load(xrow + HALF, mask=xrow_mask[:, None] & gm, other=0.0).to(tl.float32).to(CDT)
+            a_lo = tl.load(xrow, mask=xrow_mask[:, None] & gm, other=0.0).to(CDT)
+            a_hi = tl.load(xrow + HALF, mask=xrow_mask[:, None] & gm, other=0.0).to(CDT)
             b = tl.load(wrows + k0 // 2 + offs_h[None, :], mask=nmask[:, None] & gm, other=0).to(tl.int32)
             # via fp32: exact (and int -> bf16 is not, under the interpreter)
             w_lo = ((b & 15) - 8).to(tl.float32).to(CDT)
@@ -140,8 +140,10 @@ if HAVE_TRITON:
             w = tl.load(wrows + k[None, :], mask=nmask[:, None] & km[None, :], other=0.0)
             if FP8_DOT:   # fp8 activations and weights: the fp8 tensor-core product, fp32 accumulation
                 acc += tl.dot(a, tl.trans(w))
-            else:
-                acc += tl.dot(a.to(tl.float32).to(CDT), tl.trans(w.to(tl.float32).to(CDT)), input_precision="ieee")
+            else:   # int8 via fp32 (exact; int -> bf16 is wrong under the interpreter), fp8 directly
+                if w.dtype == tl.int8:
+                    w = w.to(tl.float32)
+                acc += tl.dot(a.to(CDT), tl.trans(w.to(CDT)), input_precision="ieee")
         return acc
 
     @triton.jit

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Quantized execution on one CUDA device, as recorded in docs/benchmarks.md (issue 15), bf16 from the same call:
-#   STEPS=tests,accuracy,bench (default: all), MODELS="pi05 pi0", SCHEMES="w8a16 w8a8 w4a16".
+#   STEPS=tests,accuracy,prep,bench (default: all), MODELS="pi05 pi0", SCHEMES="w8a16 w8a8 w4a16".
 #   tests:    the GPU tests of the quantized kernels / ops / graphs (and flashinfer's, the profiles', when present)
 #   accuracy: scripts/quant_accuracy.py --full per model (full size, random weights, vs bf16, same noise)
-#   bench:    a random full-size bf16 checkpoint per model, quantized by `python -m phyai_ros.quant --device cuda`
-#             per scheme, each timed by scripts/bench_runtime.py (batch 1 and 32) with the operator profile in
+#   prep:     a random full-size bf16 checkpoint per model, quantized by `python -m phyai_ros.quant --device cuda`
+#             per scheme;
+#   bench:    each timed by scripts/bench_runtime.py (batch 1 and 32) with the operator profile in
 #             force ($PHYAI_OP_PROFILE, else the device's shipped one); PROFILE=1 first profiles the quantized
 #             models' ops (scripts/profile_ops.py) and benches with that profile.
 # Everything lands in $OUT as run.log, the JSON files and one tarball (at most 8 files come back from a device).
@@ -15,7 +16,7 @@ export PHYAI_PARITY_FIXTURES=$PWD/.device_shared/fixtures/lerobot_parity
 TOK=$PHYAI_PARITY_FIXTURES/tokenizer/tokenizer.model
 OUT=${OUT:-/tmp/phyai_out}; mkdir -p "$OUT/json"
 LOG=$OUT/run.log
-STEPS=${STEPS:-tests,accuracy,bench}
+STEPS=${STEPS:-tests,accuracy,prep,bench}
 MODELS=${MODELS:-pi05 pi0}
 SCHEMES=${SCHEMES:-w8a16 w8a8 w4a16}
 ITERS=${ITERS:-100}
@@ -34,7 +35,7 @@ if has accuracy; then
     step "accuracy_$m" 240 python3 scripts/quant_accuracy.py --full --model "$m" --out "$OUT/json/accuracy_$m.json"
   done
 fi
-if has bench; then
+if has prep; then   # the checkpoints alone (e.g. in the background of other steps), then STEPS=bench
   for m in $MODELS; do
     ck=/tmp/ck_$m
     step "ckpt_$m" 120 $B --model "$m" --checkpoint "$ck" --checkpoint-only
@@ -42,6 +43,11 @@ if has bench; then
       step "quantize_${m}_$s" 120 python3 -m phyai_ros.quant --checkpoint "$ck" --output "${ck}_$s" --scheme "$s" \
         --device cuda
     done
+  done
+fi
+if has bench; then
+  for m in $MODELS; do
+    ck=/tmp/ck_$m
     if [ "${PROFILE:-0}" = 1 ]; then
       args=(); for s in bf16 $SCHEMES; do [ "$s" = bf16 ] && args+=(--checkpoint "$ck") || args+=(--checkpoint "${ck}_$s"); done
       step "profile_$m" 240 python3 scripts/profile_ops.py "${args[@]}" --tokenizer "$TOK" --out "$OUT/json/profile_$m.json"
@@ -54,5 +60,4 @@ if has bench; then
     done
   done
 fi
-tar -czf "$OUT/results.tgz" -C "$OUT" json run.log 2>/dev/null
-rm -rf "$OUT/json"
+if [ "${TAR:-1}" = 1 ]; then tar -czf "$OUT/results.tgz" -C "$OUT" json run.log 2>/dev/null && rm -rf "$OUT/json"; fi
