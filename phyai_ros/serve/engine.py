@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from phyai_ros.layers.profiles import selector_for
 from phyai_ros.models import adapter_class, checkpoint_type
 from phyai_ros.modeling.solver import RtcTensors
 from phyai_ros.policies import DTYPES, norm_stats_path
@@ -84,7 +85,10 @@ class BatchEngine:
 
     def __init__(self, cfg: ServeConfig):
         self.cfg = cfg
-        self.model_type, self.adapter = load_adapter(cfg)
+        # The device's operator profile (cached or shipped, found by device name), as the node's policy has.
+        self.selector, self.op_profile = selector_for(cfg.resolved_device)
+        with self.selector.active():
+            self.model_type, self.adapter = load_adapter(cfg)
         self.model_id = cfg.model_id or self.model_type
         self.batched = hasattr(self.adapter, "prepare") and hasattr(self.adapter, "sample_actions")
 
@@ -99,6 +103,10 @@ class BatchEngine:
                 "dtype": self.cfg.dtype, "max_batch_size": self.cfg.max_batch_size}
 
     def run(self, requests: Sequence[Request]) -> list:
+        with self.selector.active():
+            return self._run(requests)
+
+    def _run(self, requests: Sequence[Request]) -> list:
         start = time.monotonic_ns()
         self._drill(requests)
         out: list = [None] * len(requests)
