@@ -53,7 +53,7 @@ def test_remote_backend_over_serve(tmp_path):
         for r in robot.margins:
             m = r.msg
             assert m.latency_queue >= 0.8 * BATCH_WAIT_S, m          # the server's batch queue, measured
-            assert m.latency_transfer > 0 and m.latency_inference > 0
+            assert m.latency_transfer >= 0 and m.latency_inference > 0
             if m.budget == m.budget:   # not a startup chunk: the margin is the budget less the five segments
                 total = (m.latency_observe + m.latency_transfer + m.latency_queue + m.latency_inference
                          + m.latency_actuate)

@@ -258,3 +258,20 @@ def test_static_w8a8_is_calibrated_on_observations(tmp_path):
     # The last VLM layer's attention output and MLP never run (only its K/V are used): left at 1.
     assert manifest["calibration"]["layers_calibrated"] == len(scales) - 3
     assert all(0 < s < 1 for k, s in scales.items() if not k.startswith("vlm_layers.1.") or "qkv" in k)
+
+
+@needs_fixtures
+def test_predict_takes_a_quantized_checkpoint(tmp_path):
+    """`predict` (the offline command) reads the scheme from the folder's manifest like the node does."""
+    import subprocess
+    import sys
+    fx = FIX / "pi05"
+    assert _quantize_cli(fx / "checkpoint", tmp_path / "q", "--scheme", "w8a16", "--weight-format", "fp8") == 0
+    out = subprocess.run([sys.executable, "-m", "phyai_ros.predict", "--checkpoint", str(tmp_path / "q"),
+                          "--tokenizer", str(require_tokenizer()), "--norm-stats", str(fx / "norm_stats.json"),
+                          "--inputs", str(fx / "inputs.safetensors"), "--tasks-json", str(fx / "inputs.json"),
+                          "--noise", "noise", "--output", str(tmp_path / "a.safetensors"),
+                          "--expected", str(fx / "expected.safetensors"), "--tolerance", "0.2"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "max-abs actions vs actions.unnormalized" in out.stdout

@@ -93,7 +93,7 @@ class LatencyRecord:
     remaining_at_trigger: int = 0
     inference_wall_ns: int = 0  # monotonic inference time, unscaled
     cold: bool = False
-    wire_ns: int = 0        # remote policy: serialization + network of the call, counted as transfer
+    wire_ns: int = 0        # remote policy: serialization + network of the call (both ways), inside queue_ns
 
 
     @classmethod
@@ -102,14 +102,17 @@ class LatencyRecord:
                  server: Optional["ServerTiming"] = None, **kw) -> "LatencyRecord":
         """From stamp-clock instants, the monotonic instants (snapshot, start, end, ready) and
         the stamp clock's rate relative to the monotonic clock.  ``server``: a remote policy's own
-        timings, which split its call into queue (the server's), inference and wire (transfer)."""
+        timings, which split its call into inference (the server's) and queue: the server's batch queue plus the
+        call's wire time (serialization + network, both ways). The wire goes to queue, not transfer, because it
+        happens after the snapshot: observe + transfer stay "snapshot taken - anchor stamp", as on board."""
         m_snap, m_start, m_end, m_ready = mono_ns
         call = m_end - m_start
         s_queue = min(max(server.queue_ns, 0), call) if server is not None else 0
         s_inf = min(max(server.inference_ns, 0), call - s_queue) if server is not None else call
+        wire = call - s_queue - s_inf
         return cls(stamp_ns=stamp_ns, recv_ns=recv_ns, snapshot_ns=snapshot_ns, ready_ns=ready_ns,
-                   cover_end_ns=cover_end_ns, queue_ns=int(round((m_start - m_snap + s_queue) * rate)),
-                   inference_ns=int(round(s_inf * rate)), wire_ns=int(round((call - s_queue - s_inf) * rate)),
+                   cover_end_ns=cover_end_ns, queue_ns=int(round((m_start - m_snap + s_queue + wire) * rate)),
+                   inference_ns=int(round(s_inf * rate)), wire_ns=int(round(wire * rate)),
                    actuate_ns=int(round((m_ready - m_end) * rate)), inference_wall_ns=s_inf, **kw)
 
     @property
@@ -122,7 +125,7 @@ class LatencyRecord:
 
     @property
     def transfer(self) -> float:
-        return (self.snapshot_ns - self.recv_ns + self.wire_ns) / 1e9
+        return (self.snapshot_ns - self.recv_ns) / 1e9
 
     @property
     def queue(self) -> float:
@@ -138,8 +141,7 @@ class LatencyRecord:
 
     @property
     def critical(self) -> float:
-        return (self.snapshot_ns - self.stamp_ns + self.wire_ns + self.queue_ns + self.inference_ns
-                + self.actuate_ns) / 1e9
+        return (self.snapshot_ns - self.stamp_ns + self.queue_ns + self.inference_ns + self.actuate_ns) / 1e9
 
     @property
     def noninf(self) -> float:

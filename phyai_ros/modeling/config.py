@@ -32,7 +32,7 @@ class GemmaConfig:
         return asdict(self)
 
 
-# Full-size parts (see shared/research/peers-and-facts.md).
+# Full-size parts (PaliGemma's Gemma-2B and the pi0 / pi0.5 Gemma-300M action expert).
 GEMMA_2B = GemmaConfig()
 GEMMA_300M = GemmaConfig(width=1024, depth=18, mlp_dim=4096)
 

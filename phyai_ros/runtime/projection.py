@@ -19,7 +19,7 @@ Device figures (dense tensor-core FLOP/s, memory bandwidth):
   ceilings (an 8192^3 bf16 GEMM, a 4 GiB copy): ~760-790 TFLOP/s and ~4.25-4.27 TB/s (docs/device_runs/
   2026-12-01-refactor/bench_*.json), i.e. ~79% and ~89% of spec.
 - Jetson Thor (Blackwell, sm_110, 20 SMs): 273 GB/s LPDDR5X (NVIDIA's Jetson AGX Thor / T5000 figure); bf16
-  dense ~257 TFLOP/s as the project's notes state (../shared/research/peers-and-facts.md), which is NVIDIA's
+  dense ~257 TFLOP/s, which is NVIDIA's
   headline 2,070 FP4 TFLOPS (sparse) halved three times (sparse -> dense, FP4 -> FP8 -> BF16); FP8 dense twice
   bf16 (~514) is an assumption from Blackwell's tensor-core ratios, not a published or measured Thor figure.
 Projections use spec figures on both devices (the efficiency is relative to the spec roofline), since Thor's

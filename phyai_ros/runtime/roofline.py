@@ -33,12 +33,12 @@ class WeightFormat:
         return weights * self.bytes_per_weight + scales * self.scale_bytes
 
 
-# Issue 15's schemes. Scale widths are this model's assumption (the quantizer decides): fp32 per-channel scales,
-# bf16 group scales.
+# Issue 15's schemes with the quantizer's scale widths (phyai_ros/layers/quantized.py): fp32 scales per output
+# channel, and fp32 per group of 128 along K for int4.
 BF16 = WeightFormat("bf16", 2)
 W8A16 = WeightFormat("W8A16", 1, scale_bytes=4)                       # int8 / fp8 weights, bf16 GEMM
 W8A8_FP8 = WeightFormat("W8A8-FP8", 1, scale_bytes=4, compute="fp8")  # fp8 weights and activations
-W4A16 = WeightFormat("W4A16", 0.5, scale_bytes=2, group=128)          # int4 weights, group-128 scales
+W4A16 = WeightFormat("W4A16", 0.5, scale_bytes=4, group=128)          # int4 weights, group-128 scales
 SCHEMES = {f.name: f for f in (BF16, W8A16, W8A8_FP8, W4A16)}
 PARTS = ("vision", "prefix", "expert")
 

@@ -3,8 +3,8 @@
 No Ray here: a robot needs only the stdlib HTTP client, numpy and safetensors. ``RemotePolicy`` is what
 ``build_policy`` returns for the remote backend: the same callable as ``ControlPolicy`` (snapshot + RTC request
 -> [H, D] robot units), so the loop's RTC bookkeeping, timer, deadline policy and margin are unchanged; its
-chunks carry the server's timings (``server_timing``), which the loop's latency record splits into queue,
-inference and wire (transfer).
+chunks carry the server's timings (``server_timing``), which the loop's latency record splits into inference
+and queue (the server's batch queue plus the call's wire time).
 """
 from __future__ import annotations
 
