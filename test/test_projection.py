@@ -56,9 +56,9 @@ def test_tiny_config_weight_formats_by_hand():
     assert loop.bytes == 3 * 928 and dict(loop.by_rate) == {"bf16": 3 * 704, "fp8": 3 * 1280}
     assert loop.compute_s(FAST.peak) == pytest.approx(3 * (1280 / 2000 + 704 / 1000))
     assert loop.floor_at(FAST.peak, FAST.bandwidth) == pytest.approx(4.032)
-    # W4A16: 0.5 B per weight plus a 2 B scale per 128 weights, at the bf16 rate.
+    # W4A16: 0.5 B per weight plus a 4 B (fp32, the quantizer's) scale per 128 weights, at the bf16 rate.
     loop = flow_stage_costs(TINY, 1, 1, formats={"expert": W4A16})["loop"]
-    assert loop.bytes == 3 * (160 + 5 + 32 + 256 + 32) and loop.by_rate == ()
+    assert loop.bytes == 3 * (160 + 10 + 32 + 256 + 32) and loop.by_rate == ()
     # Vision in W8A16: 128 weights + 1 scale of 4 B for each of 4*3 + 4 + 8 + 4 = 28 rows; 2384 others in bf16.
     vis = flow_stage_costs(TINY, 1, 1, formats={"vision": W8A16})["vision"]
     assert vis.bytes == 128 + 28 * 4 + 2 * 2384 + 9408 + 64 and vis.flops == 20352
