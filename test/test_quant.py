@@ -275,3 +275,46 @@ def test_predict_takes_a_quantized_checkpoint(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "max-abs actions vs actions.unnormalized" in out.stdout
+
+
+# GR00T N1.7 (phyai_ros/quant/groot.py), measured on its fixture (CPU fp32, 2026-12-01): max-abs of the
+# unnormalized actions relative to the largest |action| of LeRobot's: w8a16 expert 0.50%, w8a8 everything 2.52%,
+# w4a16 g32 expert 6.94% (its 48-wide inputs stay float: K not a multiple of 32). Bounds ~2x those.
+GROOT_BOUNDS = {("w8a16",): 0.01, ("w8a8", "--parts", "vision,prefix,expert"): 0.05,
+                ("w4a16", "--group", "32"): 0.14}
+
+
+@pytest.mark.parametrize("scheme", list(GROOT_BOUNDS))
+def test_groot_quantized_checkpoint_loads_fuses_and_stays_close(tmp_path, scheme):
+    from phyai_ros.fixtures import groot_fixture_dir
+    from phyai_ros.models.common.checkpoint_io import read_safetensors_file
+    from phyai_ros.models.groot_n17.adapter import GrootPolicy
+    from phyai_ros.quant.model import describe
+    g = groot_fixture_dir()
+    if g is None or not (g / "checkpoint").is_dir():
+        pytest.skip("no GR00T N1.7 fixture")
+    assert _quantize_cli(g / "checkpoint", tmp_path / "q", "--scheme", *scheme) == 0
+    manifest = json.loads((tmp_path / "q" / "quantization.json").read_text())
+    policy = GrootPolicy.from_files(tmp_path / "q")    # base model / backbone from the manifest, not relative paths
+    assert describe(policy.weights).startswith(f"quantization {scheme[0]}")
+    fused = [k for k, w in policy.weights.items() if isinstance(w, QuantizedWeight) and "qkv" in k]
+    assert fused, "the adapter fuses quantized q/k/v as it does float ones"
+    inp = read_safetensors_file(g / "inputs.safetensors")
+    meta = json.loads((g / "inputs.json").read_text())
+    images = {k.split("raw.observation.images.")[1]: v.numpy() for k, v in inp.items() if "images." in k}
+    from phyai_ros.models.groot_n17.predict import _embodiment_ids
+    state = inp["raw.observation.state"]
+    x = policy.prepare(images, state.numpy(), meta["tasks"], _embodiment_ids({}, inp, state.shape[0]))
+    out = policy.decode(policy.sample_actions(x, inp["noise"]), x)
+    ref = read_safetensors_file(g / "expected.safetensors")["actions.unnormalized"]
+    rel = ((torch.as_tensor(out).float() - ref).abs().max() / ref.abs().max()).item()
+    assert 0 < rel <= GROOT_BOUNDS[scheme], f"{scheme}: max-abs {rel:.4f} of the action scale ({manifest['layers'][:2]})"
+
+
+def test_groot_refuses_static_scales(tmp_path):
+    from phyai_ros.fixtures import groot_fixture_dir
+    g = groot_fixture_dir()
+    if g is None or not (g / "checkpoint").is_dir():
+        pytest.skip("no GR00T N1.7 fixture")
+    assert _quantize_cli(g / "checkpoint", tmp_path / "s", "--scheme", "w8a8", "--activations", "static",
+                         "--calibration-inputs", str(g / "inputs.safetensors"), "--tokenizer", "x") == 2

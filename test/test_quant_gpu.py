@@ -147,3 +147,33 @@ def test_full_size_quantized_pi05_graphs_match_eager(scheme):
         _rel(graphed, eager) < 1e-3
     bound = {"w8a16-int8": 0.02, "w8a8": 0.05, "w4a16": 0.15}[scheme]
     assert (eager - ref).abs().max().item() / ref.abs().max().item() < bound
+
+
+@pytest.mark.parametrize("scheme", [["w8a16"], ["w8a8", "--parts", "vision,prefix,expert"]])
+def test_groot_quantized_runner_graphs_match_eager(tmp_path, scheme):
+    """A quantized GR00T N1.7 fixture checkpoint in bf16 on the GPU: its DiT's few-row GEMMs with bias and
+    GELU / LayerNorm epilogues on the quantized kernels, the observation runner's CUDA graphs equal to its eager
+    run, and the actions near the float model's."""
+    from phyai_ros.fixtures import groot_fixture_dir, load_groot_fixture
+    from phyai_ros.models.groot_n17 import GrootPolicy
+    from phyai_ros.models.groot_n17.stages import GrootStages
+    from phyai_ros.quant.__main__ import main as quantize
+    from phyai_ros.runtime.groot_runner import GrootRunner
+    g = groot_fixture_dir()
+    if not (g / "checkpoint").is_dir():
+        pytest.skip("no GR00T N1.7 fixture")
+    fx = load_groot_fixture(g)
+    assert quantize(["--checkpoint", str(g / "checkpoint"), "--output", str(tmp_path / "q"), "--scheme", *scheme,
+                     "--device", "cuda"]) == 0
+    outs = {}
+    for name, folder in (("float", g / "checkpoint"), ("quantized", tmp_path / "q")):
+        pol = GrootPolicy.from_files(folder, device="cuda", dtype=torch.bfloat16, resize_mode="float")
+        x = pol.prepare(fx["images"], fx["inp"]["raw.observation.state"], fx["meta"]["tasks"],
+                        fx["inp"]["embodiment_id"].tolist())
+        for graphs in (False, True):
+            runner = GrootRunner(GrootStages(pol), use_graphs=graphs)
+            outs[name, graphs] = runner.run(runner.stages.observation(x), fx["inp"]["noise"].cuda()).float().clone()
+    q_eager, q_graph, ref = outs["quantized", False], outs["quantized", True], outs["float", False]
+    assert torch.isfinite(q_graph).all()
+    assert _rel(q_graph, q_eager) < 1e-3
+    assert (q_eager - ref).abs().max().item() / ref.abs().max().item() < 0.1

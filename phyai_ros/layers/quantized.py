@@ -138,6 +138,25 @@ class QuantizedWeight(nn.Module):
     def from_float(cls, weight: Tensor, scheme: QuantScheme) -> "QuantizedWeight":
         return cls(scheme, weight.shape[0], weight.shape[1], weight.device).quantize_(weight)
 
+    @classmethod
+    def from_tensors(cls, scheme: QuantScheme, q: Tensor, scale: Tensor, act_scale: Optional[Tensor] = None
+                     ) -> "QuantizedWeight":
+        """The weight whose stored tensors are these (a loaded checkpoint's); shapes checked against the scheme."""
+        k = q.shape[1] * (2 if scheme.weight_format == "int4" else 1)
+        w = cls(scheme, q.shape[0], k, q.device)
+        w.load_state_dict({"q": q, "scale": scale, **({"act_scale": act_scale} if act_scale is not None else {})})
+        return w
+
+    @classmethod
+    def cat(cls, parts) -> "QuantizedWeight":
+        """Row-wise concatenation (fused q/k/v or gate/up projections): with per-output-channel or per-row-group
+        scales this is exactly the quantized concatenation of the float weights."""
+        scheme = parts[0].scheme
+        if any(p.scheme != scheme or p.shape[1] != parts[0].shape[1] for p in parts):
+            raise ValueError("only weights of one scheme and one input width can be fused")
+        return cls.from_tensors(scheme, torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]),
+                                parts[0].act_scale)
+
 
 # ----------------------------------------------------------------------------- static activation scales
 _CALIBRATION: ContextVar[Optional[Dict["QuantizedWeight", float]]] = ContextVar("phyai_ros_calibration", default=None)

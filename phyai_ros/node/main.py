@@ -90,7 +90,9 @@ class PolicyNode(Node):
                                f"ready in {time.monotonic() - t:.1f} s ({self.p['model.device']}, {self.p['model.dtype']})")
         if getattr(self.policy, "op_profile", None) is not None:   # onboard: which operator profile it runs
             self.get_logger().info(self.policy.op_profile.describe())
-        model = getattr(getattr(self.policy, "adapter", None), "model", None)
+        adapter = getattr(self.policy, "adapter", None)
+        model = getattr(adapter, "model", None)
+        model = getattr(adapter, "weights", None) if model is None else model   # pi family / GR00T
         if model is not None:   # onboard: the scheme its checkpoint's manifest set (phyai_ros/quant)
             from phyai_ros.quant.model import describe
             self.get_logger().info(describe(model))

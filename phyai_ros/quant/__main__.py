@@ -1,4 +1,4 @@
-"""Quantize a pi0.5 / pi0 checkpoint offline: checkpoint in, quantized checkpoint out.
+"""Quantize a pi0.5 / pi0 / GR00T N1.7 checkpoint offline: checkpoint in, quantized checkpoint out.
 
     python -m phyai_ros.quant --checkpoint DIR --output OUT --scheme w8a16|w8a8|w4a16 \
         [--weight-format int8|fp8] [--group 128] [--activations dynamic|static] [--parts expert,prefix,vision] \
@@ -10,7 +10,8 @@ Round-to-nearest, symmetric: 8-bit weights per output channel, int4 in groups of
 --activations static calibrates one activation scale per layer from the observations in --calibration-inputs
 (the ``predict`` inputs format: raw.observation.images.<camera> uint8 [B, H, W, 3], raw.observation.state); dynamic
 scales per token need none. The output folder is loaded by the node and ``predict`` like any checkpoint
-(phyai_ros/quant/checkpoint.py describes it). Exit status: 0 written, 2 a bad argument or input (one line).
+(phyai_ros/quant/checkpoint.py describes it; GR00T's: phyai_ros/quant/groot.py, static scales not yet). Exit status:
+0 written, 2 a bad argument or input (one line).
 """
 from __future__ import annotations
 
@@ -69,17 +70,34 @@ def _calibrate(args, policy) -> dict:
             "rule": "act_scale = max |x| over the calibration observations / 448"}
 
 
+def _quantize_groot(args, scheme, parts, dtype) -> int:
+    """GR00T N1.7 (phyai_ros/quant/groot.py): its weight dict quantized in place, its folder written."""
+    from phyai_ros.models.groot_n17.checkpoint import load_groot_checkpoint
+
+    from .groot import quantize_weights, write_quantized_groot
+    t0 = time.perf_counter()
+    ckpt = load_groot_checkpoint(args.checkpoint, device=args.device, dtype=dtype)
+    layers, skipped = quantize_weights(ckpt.weights, ckpt.config, scheme, parts)
+    out = write_quantized_groot(ckpt, args.output, scheme, parts, layers, skipped)
+    print(f"{scheme.tag}: {len(layers)} weights of {', '.join(parts)} quantized, {len(skipped)} left in {args.dtype} "
+          f"(K not a multiple of the group) ({time.perf_counter() - t0:.1f} s) -> {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = _parse(argv)
     from phyai_ros.models import adapter_class, checkpoint_type
     try:
         kind = checkpoint_type(args.checkpoint)
-        if kind not in _LOADERS:
-            raise ValueError(f"{args.checkpoint}: quantization supports {', '.join(_LOADERS)} checkpoints, not {kind}")
+        if kind not in _LOADERS and kind != "groot_n17":
+            raise ValueError(f"{args.checkpoint}: quantization supports {', '.join(_LOADERS)} and groot_n17 "
+                             f"checkpoints, not {kind}")
         scheme = QuantScheme.make(args.scheme, args.weight_format, args.group, args.activations)
         parts = check_parts(args.parts.split(",")) if args.parts else DEFAULT_PARTS[scheme.name]
         dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
         static = scheme.activations == "static"
+        if kind == "groot_n17":
+            return _quantize_groot(args, scheme, parts, dtype)
         if static and not (args.calibration_inputs and args.tokenizer):
             raise ValueError("static activation scales need --calibration-inputs and --tokenizer")
         t0 = time.perf_counter()

@@ -74,15 +74,23 @@ def quantized_weights(model: nn.Module) -> Dict[str, QuantizedWeight]:
     return {name: m for name, m in model.named_modules() if isinstance(m, QuantizedWeight)}
 
 
-_PART_OF = {"vision": "vision", "vlm_layers": "prefix", "expert_layers": "expert"}
+_PART_OF = {"vision": "vision", "vlm_layers": "prefix", "expert_layers": "expert",          # pi-family modules
+            "backbone.model.model.visual": "vision", "backbone.model.model.language_model": "prefix",   # GR00T keys
+            "action_head": "expert"}
 
 
-def describe(model: nn.Module) -> str:
-    """One log line: which scheme the model runs and which parts, e.g. 'quantization w8a16-int8: 72 weights
-    (expert)', or 'quantization none' for a float model."""
-    found = quantized_weights(model) if isinstance(model, nn.Module) else {}
+def describe(model) -> str:
+    """One log line: which scheme a model runs and which parts, e.g. 'quantization w8a16-int8: 72 weights
+    (expert)', or 'quantization none'. ``model``: a pi-family module or a GR00T weight dict."""
+    if isinstance(model, nn.Module):
+        found = quantized_weights(model)
+    elif isinstance(model, dict):
+        found = {k: w for k, w in model.items() if isinstance(w, QuantizedWeight)}
+    else:
+        found = {}
     if not found:
         return "quantization none"
     tags = sorted({w.scheme.tag for w in found.values()})
-    parts = [p for p in PARTS if any(_PART_OF.get(n.split(".")[0]) == p for n in found)]
+    parts = [p for p in PARTS if any(_PART_OF.get(prefix) == p for n in found for prefix in _PART_OF
+                                     if n.startswith(prefix + "."))]
     return f"quantization {', '.join(tags)}: {len(found)} weights ({', '.join(parts)})"

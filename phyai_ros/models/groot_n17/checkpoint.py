@@ -18,6 +18,9 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from phyai_ros.layers.quantized import QuantizedWeight
+from phyai_ros.quant.checkpoint import read_manifest
+from phyai_ros.quant.groot import quantized_state
 from phyai_ros.models.common.checkpoint_io import (CheckpointError, Shapes, read_json, read_safetensors,
                                                    read_safetensors_file, require_finite, validate_keys)
 
@@ -234,19 +237,25 @@ def load_groot_checkpoint(ckpt_dir, device="cpu", dtype: torch.dtype = torch.flo
     if lr.get("type") != POLICY_TYPE:
         raise CheckpointError(f"checkpoint {ckpt_dir}: config.json says type {lr.get('type')!r}, not {POLICY_TYPE!r}")
     pipes = read_pipelines(ckpt_dir)
+    manifest = read_manifest(ckpt_dir)   # a quantized folder (phyai_ros/quant/groot.py) names its source's folders
+    if manifest is not None:
+        base_model, backbone = base_model or manifest.get("base_model"), backbone or manifest.get("backbone")
     base_dir = resolve_folder(base_model or lr.get("base_model_path") or "", ckpt_dir, "base_model_path")
     bb_dir = resolve_folder(backbone or pipes.vlm.get("model_name") or "", ckpt_dir, "backbone (VLM step model_name)")
     cfg = groot_config(read_json(bb_dir / "config.json"), read_json(base_dir / "config.json"),
                        str(bb_dir / "config.json"), str(base_dir / "config.json"))
     weights_file = ckpt_dir / "model.safetensors"
     sd = _drop_cut_layers(_canonical_keys(read_safetensors(ckpt_dir)), cfg.text.depth)
+    if manifest is not None:
+        sd = quantized_state(sd, manifest, weights_file)
     expected = groot_key_shapes(cfg)
     try:
         validate_keys(sd, expected, ignored=UNUSED)
     except CheckpointError as exc:
         raise CheckpointError(f"{weights_file}: {exc}") from None
-    require_finite(sd, expected, weights_file)
-    weights = {k: sd[k].to(device=device, dtype=dtype) for k in expected}
+    floats = [k for k in expected if not isinstance(sd[k], QuantizedWeight)]
+    require_finite(sd, floats, weights_file)
+    weights = {k: sd[k].to(device=device, dtype=dtype) if k in floats else sd[k].to(device) for k in expected}
     proc = base_dir / "processor_config.json"
     ids = base_dir / "embodiment_id.json"
     return GrootCheckpoint(weights, cfg, pipes, ckpt_dir, base_dir, bb_dir, lr,

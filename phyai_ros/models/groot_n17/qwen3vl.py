@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from phyai_ros.layers.quantized import QuantizedWeight
 from phyai_ros.layers import dispatch, ops
 
 from .checkpoint import EMBED, LLM, VIS
@@ -316,11 +317,20 @@ def fuse_projections(w: Weights, t: TextConfig) -> None:
 
 
 def fuse(w: Weights, names: List[str], fused: str) -> None:
-    """w[fused.weight / .bias] = the row-wise concatenation of names'; names' entries become views of it."""
+    """w[fused.weight / .bias] = the row-wise concatenation of names'; names' entries become views of it (quantized
+    weights, phyai_ros.quant: concatenated as such, and names' entries dropped, since nothing reads them)."""
     for suffix in (".weight", ".bias"):
         if names[0] + suffix not in w:
             continue
         parts = [w[n + suffix] for n in names]
+        quantized = [isinstance(p, QuantizedWeight) for p in parts]
+        if any(quantized) and not all(quantized):
+            raise ValueError(f"{fused}{suffix}: cannot fuse quantized and float weights ({names})")
+        if all(quantized):
+            w[fused + suffix] = QuantizedWeight.cat(parts)
+            for n in names:
+                del w[n + suffix]
+            continue
         whole = torch.cat(parts)
         w[fused + suffix] = whole
         start = 0
