@@ -56,6 +56,9 @@ SPECS = [
     ("split_kv_attention", "_attn_partial_kernel", {"WS": "*fp32", "MASK": "*i1", "P": "i32"},
      dict(MASK_MODE=1, MASK_PER_KEY=True, DOT_PREC="tf32", ROPE=False, DIRECT=False, BLOCK_M=32, BLOCK_N=32,
           BLOCK_D=256, BLOCK_H=128, PDL=True), dict(num_warps=4, num_stages=2)),
+    ("split_kv_attention", "_attn_partial_kernel", {"WS": "*fp32", "P": "i32"},   # 16-row query tiles (profiled)
+     dict(MASK_MODE=2, MASK_PER_KEY=False, DOT_PREC="tf32", ROPE=False, DIRECT=False, BLOCK_M=16, BLOCK_N=32,
+          BLOCK_D=256, BLOCK_H=128, PDL=True), dict(num_warps=4, num_stages=2)),
     ("split_kv_attention", "_attn_partial_kernel", {"WS": "*fp32", "P": "i32"},   # the prefix pass, one split
      dict(MASK_MODE=2, MASK_PER_KEY=False, DOT_PREC="tf32", ROPE=False, DIRECT=True, BLOCK_M=128, BLOCK_N=64,
           BLOCK_D=256, BLOCK_H=128, PDL=True), dict(num_warps=8, num_stages=2)),

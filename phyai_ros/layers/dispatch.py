@@ -286,7 +286,12 @@ def _triton_attention_with_prefix(q, k_prefix, v_prefix, k_suffix, v_suffix, mas
 
 
 # Key-split variants of the expert attention for the profile (default: ~2 programs per SM, >= 64-key chunks).
-ATTENTION_TILINGS = {"triton": {}, "triton_s8": {"num_splits": 8}, "triton_m32": {"block_m": 32}}
+# Every split writes an fp32 partial of all query rows ([rows, D], 400 KB for pi0.5's 8 x 50 rows) that the merge
+# reads back, so fewer splits with smaller query tiles (more tiles, the same parallelism) may stream less.
+ATTENTION_TILINGS = {"triton": {}, "triton_s8": {"num_splits": 8}, "triton_m32": {"block_m": 32},
+                     "triton_s4": {"num_splits": 4}, "triton_m32_s4": {"block_m": 32, "num_splits": 4},
+                     "triton_m16_s4": {"block_m": 16, "num_splits": 4},
+                     "triton_m16_s8": {"block_m": 16, "num_splits": 8}}
 
 
 def _qkv_heads(qkv, k_prefix):
