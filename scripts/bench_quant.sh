@@ -18,7 +18,7 @@ OUT=${OUT:-/tmp/phyai_out}; mkdir -p "$OUT/json"
 LOG=$OUT/run.log
 STEPS=${STEPS:-tests,accuracy,prep,bench}
 MODELS=${MODELS:-pi05 pi0}
-SCHEMES=${SCHEMES:-w8a16 w8a8 w4a16}
+SCHEMES=${SCHEMES-w8a16 w8a8 w4a16}   # SCHEMES="": bf16 only
 ITERS=${ITERS:-100}
 step() { local name=$1 limit=$2; shift 2; echo "=== $name" | tee -a "$LOG"; local t=$SECONDS
   timeout "$limit" "$@" >> "$LOG" 2>&1; echo "rc=$? $name $((SECONDS - t)) s" | tee -a "$LOG"; }
