@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections import deque
 from typing import Callable, Optional
 
 import numpy as np
@@ -106,15 +107,18 @@ class PolicyNode(Node):
         self.create_timer(self.p["control.dt"], self._guarded("action timer", self._tick))
         self.create_timer(self.p["diagnostics.period"], self._guarded("diagnostics", self._publish_diagnostics))
 
-    def _guarded(self, what: str, fn: Callable) -> Callable:
+    def _guarded(self, what: str, fn: Callable, with_info: bool = False) -> Callable:
         """An executor callback that cannot raise: an exception (a bug or an input no check foresaw) is
-        counted under ``callback_errors`` and reported, and the node keeps running."""
-        def callback(*args) -> None:
+        counted under ``callback_errors`` and reported, and the node keeps running. ``with_info``: a
+        subscription callback that also gets the message info (rclpy passes it to two-argument callbacks)."""
+        def call(*args) -> None:
             try:
                 fn(*args)
             except Exception as exc:  # noqa: BLE001 - nothing may propagate into the executor
                 self.loop.report_bad_input("callback_errors", f"{what}: {type(exc).__name__}: {exc}")
-        return callback
+        if with_info:
+            return lambda msg, info: call(msg, info)
+        return lambda *args: call(*args)
 
     # -- wiring ---------------------------------------------------------------------------------
     def _make_publishers(self) -> None:
@@ -139,9 +143,12 @@ class PolicyNode(Node):
                                  SENSOR)
         # The instruction is latched: a transient-local subscription gets the last instruction of a
         # publisher that started earlier. A volatile publisher (a plain `ros2 topic pub`, a bag replay)
-        # cannot match it, so a second, volatile subscription takes those; a latched publisher matches
-        # both and the same text is set twice, which is harmless.
-        on_instruction = self._guarded("instruction", self._on_instruction)
+        # cannot match it, so a second, volatile subscription takes those. A latched publisher matches
+        # both, and the executor may serve the two queues interleaved (A, B on one, then A, B on the
+        # other): each publication is therefore taken once, by its source stamp, or the task would
+        # flap back to A for a moment and a long B be counted twice.
+        self._instructions_taken: deque = deque(maxlen=64)
+        on_instruction = self._guarded("instruction", self._on_instruction, with_info=True)
         self.create_subscription(String, p["instruction.topic"], on_instruction, LATCHED,
                                  event_callbacks=SubscriptionEventCallbacks(incompatible_qos=lambda _: None))
         self.create_subscription(String, p["instruction.topic"], on_instruction, RELIABLE)
@@ -169,10 +176,16 @@ class PolicyNode(Node):
         self.loop.on_joint_state(list(msg.name), np.asarray(msg.position, dtype=np.float64),
                                  stamp_to_ns(msg.header.stamp))
 
-    def _on_instruction(self, msg: String) -> None:
+    def _on_instruction(self, msg: String, info: Optional[dict] = None) -> None:
         """A new task (a blank one is refused by the loop). One too long for the prompt's token budget is
-        accepted, since the policy cuts the task and never the state, and counted once, here."""
+        accepted, since the policy cuts the task and never the state, and counted once, here. A
+        publication already taken through the other subscription is skipped (see the subscriptions)."""
         text = msg.data
+        stamp = (info or {}).get("source_timestamp") or 0
+        if stamp:   # 0: the middleware gives no source stamp; fall back on the text alone
+            if (stamp, text) in self._instructions_taken:
+                return
+            self._instructions_taken.append((stamp, text))
         if text == self.loop.buffer.instruction or not self.loop.on_instruction(text):
             return  # the same text again (latched and volatile subscriptions both take it), or refused
         prompt, cut = self.policy.adapter.fit_task(text, self.loop.buffer.latest_state)
