@@ -36,8 +36,11 @@ class ControlPolicy:
     """policy(snapshot, rtc) -> float32 [H, D] in robot units, for ``ControlLoop``."""
 
     def __init__(self, adapter, selector: Optional[OperatorSelector] = None, noise_seed: int = 0,
-                 model_type: str = "", op_profile: Optional[ProfileChoice] = None):
+                 model_type: str = "", op_profile: Optional[ProfileChoice] = None, min_cameras: int = 0):
         self.adapter = adapter
+        # The fewest cameras an observation that reaches inference can have (the required ones): the start-up
+        # captures every camera count from it up, so a missing optional camera is skipped, never captured.
+        self.min_cameras = int(min_cameras)
         self.selector = selector if selector is not None else SELECTOR.derive()
         self.op_profile = op_profile   # which profile file the selector uses for the policy's device (the log's)
         self.model_type = model_type
@@ -78,7 +81,7 @@ class ControlPolicy:
         refuse a policy whose chunks are not finite: the loop would drop every one of them after 'ready'."""
         images, state = self.warmup_observation(state_dim)
         with self.selector.active():
-            self.adapter.capture_buckets(images, state)
+            self.adapter.capture_buckets(images, state, min_cameras=self.min_cameras or None)
         for _ in range(runs):
             chunk = self.predict(images, state, "warm up")
             bad = int(np.size(chunk) - np.isfinite(chunk).sum())
@@ -191,7 +194,8 @@ def build_policy(p: dict, robot_id: str = "") -> ControlPolicy:
     _select_embodiment(p, adapter, model_type)
     _check_against_parameters(p, adapter)
     adapter.rtc_max_guidance, adapter.rtc_jacobian = p["rtc.max_guidance"], p["rtc.jacobian"]
-    policy = ControlPolicy(adapter, selector, p["model.noise_seed"], model_type, op_profile=choice)
+    policy = ControlPolicy(adapter, selector, p["model.noise_seed"], model_type, op_profile=choice,
+                           min_cameras=max(1, sum(map(bool, p["cameras.required"]))) if adapter.masks_cameras else 0)
     autotune = p["model.op_autotune"] and not selector.forced   # PHYAI_OPS=torch: nothing to choose
     if autotune and choice.origin == "none":
         policy.op_profile = autotune_profile(policy, p)   # before any graph is captured with default choices
@@ -256,7 +260,8 @@ def autotune_profile(policy: ControlPolicy, p: dict, cache: Optional[Path] = Non
         with sel.active():
             adapter.use_runner(use_graphs=False, token_bucket=p["model.token_bucket"])
     images, state = policy.warmup_observation(adapter.state_dim)
-    calls = profiling.record(sel, lambda: adapter.capture_buckets(images, state, eager=True))
+    calls = profiling.record(sel, lambda: adapter.capture_buckets(images, state, eager=True,
+                                                                  min_cameras=policy.min_cameras or None))
     done = profiled_keys(choice) if choice.origin == "cache" else set()
     todo = {k: v for k, v in calls.items() if k not in done}
     t1 = time.perf_counter()

@@ -9,6 +9,8 @@ Prints a table and writes everything as JSON to --out.
     python scripts/bench_runtime.py --out /tmp/bench            # full pi0.5, 3 cameras, 10 steps
     python scripts/bench_runtime.py --model pi0 --out /tmp/b0   # full pi0 (48-token budget)
     python scripts/bench_runtime.py --config mid --iters 50     # smaller model, quick check
+    python scripts/bench_runtime.py --cameras 2                 # the third camera absent (skipped; --keep-absent
+                                                                # computes it masked, as before)
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ from phyai_ros.runtime.runner import FlowRunner  # noqa: E402
 from call_timing import call_ms  # noqa: E402  (scripts/, next to this file)
 
 TOKEN_BUCKET = 0
+PRESENT = 3          # --cameras: the first PRESENT of CAMERAS send frames, the rest are absent
+SKIP_ABSENT = True   # --keep-absent: compute absent cameras masked instead of skipping them
 # --model: (config class, policy class, checkpoint module, display name, pi0's state token in the suffix)
 MODELS = {"pi05": (pi05.Pi05Config, pi05.Pi05Policy, pi05_checkpoint, "pi0.5", False),
           "pi0": (pi0.Pi0Config, pi0.Pi0Policy, pi0_checkpoint, "pi0", True)}
@@ -86,14 +90,14 @@ def load_policy(ckpt: Path, tokenizer: Path):
 
 
 def observation(rng, batch: int, size=(480, 640)):
-    images = {c: rng.integers(0, 256, (batch, *size, 3), dtype=np.uint8) for c in CAMERAS}
+    images = {c: rng.integers(0, 256, (batch, *size, 3), dtype=np.uint8) for c in CAMERAS[:PRESENT]}
     return images, rng.standard_normal((batch, 8)).astype(np.float32)
 
 
 def observe(runner: FlowRunner, policy, x, state=None):
     """New observation into the runner (the padded state is pi0's state token; pi0.5 ignores it)."""
     state = policy.state_padded(x) if state is None else state
-    return runner.set_observation(x.images, x.image_masks, x.tokens, x.token_masks, state)
+    return runner.set_observation(x.images, x.image_masks, x.tokens, x.token_masks, state, new_bucket=True)
 
 
 def sync() -> None:
@@ -140,7 +144,7 @@ def first_chunk(ckpt: Path, tokenizer: Path) -> dict:
     t_load = time.perf_counter()
     cfg = policy.config
     runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim,
-                        use_graphs=DEVICE == "cuda", token_bucket=TOKEN_BUCKET)
+                        use_graphs=DEVICE == "cuda", token_bucket=TOKEN_BUCKET, skip_absent_cameras=SKIP_ABSENT)
     images, state = observation(np.random.default_rng(0), 1)
     inputs = policy.prepare(images, state, TASK)
     noise = policy.make_noise(1)
@@ -168,6 +172,10 @@ def main() -> None:
     ap.add_argument("--checkpoint", type=Path, default=Path("/tmp/phyai_bench_ckpt"))
     ap.add_argument("--token-bucket", type=int, default=0,
                     help="cut right-padding of the prompt to a multiple of this many tokens (0: full budget)")
+    ap.add_argument("--cameras", type=int, default=3, choices=(1, 2, 3),
+                    help="cameras that send frames (the others are absent)")
+    ap.add_argument("--keep-absent", action="store_true",
+                    help="compute absent cameras masked (the runner's behaviour before it skipped them)")
     ap.add_argument("--reuse-checkpoint", action="store_true", help="keep an existing --checkpoint")
     ap.add_argument("--skip-startup", action="store_true", help="skip the fresh-process start-up measurement")
     ap.add_argument("--checkpoint-only", action="store_true", help="write the random checkpoint and stop")
@@ -176,8 +184,8 @@ def main() -> None:
                     help="cpu: float32 smoke run of the same code path (no graphs, host timing)")
     ap.add_argument("--first-chunk", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global DEVICE, DTYPE, TOKEN_BUCKET, MODEL
-    TOKEN_BUCKET, MODEL = args.token_bucket, args.model
+    global DEVICE, DTYPE, TOKEN_BUCKET, MODEL, PRESENT, SKIP_ABSENT
+    TOKEN_BUCKET, MODEL, PRESENT, SKIP_ABSENT = args.token_bucket, args.model, args.cameras, not args.keep_absent
     DEVICE, DTYPE = args.device, (torch.bfloat16 if args.device == "cuda" else torch.float32)
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("bench_runtime: no CUDA device; nothing to measure (try --device cpu --config mid)")
@@ -193,7 +201,8 @@ def main() -> None:
     cfg = config(args.config)
     print(profile.describe(), flush=True)
     res: dict = {"ops": SELECTOR.forced or (str(profile.path) if profile.path else "default"), "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__, "model": MODEL, "config": args.config,
-                 "cameras": len(CAMERAS), "prefix_len": cfg.prefix_len(len(CAMERAS)), "steps": cfg.num_steps,
+                 "cameras": len(CAMERAS), "cameras_present": PRESENT, "skip_absent": SKIP_ABSENT,
+                 "prefix_len": cfg.prefix_len(len(CAMERAS)), "steps": cfg.num_steps,
                  "date": time.strftime("%Y-%m-%d")}
     res["ceilings"] = ceilings() if DEVICE == "cuda" else {"gemm_tflops": 1.0, "copy_tbps": 0.05}
     if args.reuse_checkpoint and (args.checkpoint / "model.safetensors").is_file():
@@ -207,7 +216,8 @@ def main() -> None:
 
     t = time.perf_counter()
     child = None if args.skip_startup else subprocess.run([sys.executable, __file__, "--first-chunk", "--device", DEVICE, "--model", MODEL,
-                            "--token-bucket", str(TOKEN_BUCKET),
+                            "--token-bucket", str(TOKEN_BUCKET), "--cameras", str(PRESENT),
+                            *([] if SKIP_ABSENT else ["--keep-absent"]),
                             "--checkpoint", str(args.checkpoint),
                             "--tokenizer", str(args.tokenizer)], capture_output=True, text=True)
     res["startup"] = {"process_wall_s": time.perf_counter() - t} if child else {"skipped": True}
@@ -220,7 +230,7 @@ def main() -> None:
 
     policy = load_policy(args.checkpoint, args.tokenizer)
     runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim,
-                        use_graphs=DEVICE == "cuda", token_bucket=TOKEN_BUCKET)
+                        use_graphs=DEVICE == "cuda", token_bucket=TOKEN_BUCKET, skip_absent_cameras=SKIP_ABSENT)
     rng = np.random.default_rng(0)
 
     def prepared(batch):
@@ -237,7 +247,9 @@ def main() -> None:
         return runner.sample(observe(runner, policy, inputs, state), noise)
 
     res["token_bucket"] = TOKEN_BUCKET
-    res["prefix_len_run"] = len(CAMERAS) * cfg.siglip.num_patches + (
+    slots = runner.slots_kept(inputs.image_masks)   # camera slots computed
+    res["slots_run"] = slots
+    res["prefix_len_run"] = slots * cfg.siglip.num_patches + (
         runner.bucket_length(inputs.token_masks) if TOKEN_BUCKET else cfg.token_budget)
     lat = cuda_ms(chunk, args.iters, warmup=5)
     res["batch1"] = {"median_ms": statistics.median(lat), "p90_ms": pct(lat, 90), "p99_ms": pct(lat, 99),
@@ -264,8 +276,8 @@ def main() -> None:
         stages = {"vision": lambda: runner._vision(bucket.images, bucket.image_masks, bucket.tokens,
                                                    bucket.token_masks),
                   "prefix": lambda: runner._prefix(*embs, bucket.state), "loop": lambda: runner._loop(*loop_args)}
-    costs = flow_stage_costs(cfg.replace(token_budget=res["prefix_len_run"] - len(CAMERAS) * cfg.siglip.num_patches),
-                             1, len(CAMERAS), state_token=MODELS[MODEL][4])
+    costs = flow_stage_costs(cfg.replace(token_budget=res["prefix_len_run"] - slots * cfg.siglip.num_patches),
+                             1, slots, state_token=MODELS[MODEL][4])
     peak, bw = res["ceilings"]["gemm_tflops"] * 1e12, res["ceilings"]["copy_tbps"] * 1e12
     res["stages"] = {}
     for name, fn in stages.items():

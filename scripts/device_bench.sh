@@ -9,6 +9,8 @@
 #   QUICK=1:        for a short device budget, most important first: the GPU tests of the loop's kernels and the
 #                   pi0 bf16 parity (checkpoints written meanwhile) -> profile of both models -> pi0 batch 1 with and
 #                   without programmatic dependent launch (PHYAI_PDL=0) -> pi0.5 batch 1 -> the other GPU tests
+#   CAMERAS=1:      a camera absent: the runner's GPU test of skipping it under graphs, then pi0.5 batch 1 with 3
+#                   cameras, with 2 (the third skipped) and with 2 computed masked (--keep-absent)
 # Expects (carried to the GPU machine): .device_shared/ = a copy of ../shared (tokenizer, parity fixtures) and
 # .whl/ = LeRobot's wheels (see ../shared/device-wheels/README.md).
 set -u
@@ -43,6 +45,16 @@ if [ "${QUICK:-0}" = 1 ]; then
   step gpu_tests_rest 200 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_gpu.py \
     test/test_dispatch.py test/test_runner.py test/test_pi05_parity.py test/test_pi0_parity.py test/test_profile_ops.py \
     -k "not (pdl or rope or cuda_graph or pi0 or fp32_and_bf16 or graph)"
+  exit 0
+fi
+if [ "${CAMERAS:-0}" = 1 ]; then
+  $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1 &
+  step gpu_tests_cameras 150 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_runner.py
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  for run in "3 " "2 " "2 --keep-absent"; do set -- $run
+    step "bench_pi05_cameras_$1${2:+_masked}" 120 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup \
+      --iters 300 --batches 1 --cameras "$1" ${2:-} --out "$OUT/bench_pi05_cam$1${2:+_masked}.json"
+  done
   exit 0
 fi
 if [ "${COMPILED:-0}" = 1 ]; then

@@ -82,6 +82,21 @@ def main() -> None:
                   f"{proj} = **{ms(total(thor, 'projected_s'))}** | {ms(total(thor, 'floor_plus_gap_s'))} | "
                   f"{1e3 * total(h200, 'projected_s'):.2f} |")
         print()
+    print("A camera absent (the runner skips an absent tail of camera slots, 256 prefix rows and one vision pass "
+          "each), bf16, the same efficiencies:\n")
+    print(f"| model | cameras computed | prefix tokens | H200 projected ms (vision / prefix / loop = total) | "
+          f"{target.name} floor ms (vision / prefix / loop = total) | {target.name} floor + H200 gap ms |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for key, (name, cls, state_token) in MODELS.items():
+        cfg, measured = cls(), MEASURED_H200[key]
+        for run in (3, 2, 1):
+            h200 = project(cfg, measured, state_token=state_token, target=H200, cameras_run=run)
+            thor = project(cfg, measured, state_token=state_token, target=target, cameras_run=run)
+            split = " / ".join(ms(h200[s].projected_s) for s in STAGES)
+            floor = " / ".join(ms(thor[s].floor_s) for s in STAGES)
+            print(f"| {name} | {run} | {cfg.prefix_len(run)} | {split} = **{1e3 * total(h200, 'projected_s'):.2f}** | "
+                  f"{floor} = {ms(total(thor, 'floor_s'))} | {ms(total(thor, 'floor_plus_gap_s'))} |")
+    print()
 
 
 if __name__ == "__main__":

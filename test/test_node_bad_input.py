@@ -125,16 +125,19 @@ def test_missing_required_camera_is_stale_and_the_timer_holds(live):
     (hold_last) repeats the last action on every following tick (deadline-policy ticks), the
     watchdog says ERROR once no chunk came for a horizon; chunks resume with the camera."""
     robot, node = live
+    assert robot.wait_chunks_after(robot.last_seq(), timeout=30)   # a fresh chunk is executing
     before = robot.fresh_counters()
     robot.enabled_cameras.discard("base_0_rgb")
     try:
-        t_off, n_commands = time.monotonic(), len(robot.commands)
+        t_off, n_commands, seq_off = time.monotonic(), len(robot.commands), robot.last_seq()
         # After max_observation_age (0.5 s) the frame is stale: no inference starts; one started just
-        # before has finished well within the next 0.7 s.
+        # before has finished well within the next 0.7 s (on a loaded machine it may deliver after
+        # the first run-out, and its chunk runs out once more).
         robot.spin_for(1.2)
         assert robot.wait_counter("deadline_policy_ticks", before["deadline_policy_ticks"] + 3, timeout=20), \
             robot.counters()
-        assert robot.counters()["run_outs"] == before["run_outs"] + 1
+        late = sum(r.msg.seq > seq_off for r in robot.chunks)
+        assert 1 <= robot.counters()["run_outs"] - before["run_outs"] <= 1 + late, (robot.counters(), late)
         seq, n_chunks = robot.last_seq(), len(robot.chunks)
         robot.spin_for(0.5)
         assert len(robot.chunks) == n_chunks, "inference ran on a stale observation"

@@ -44,6 +44,20 @@ def chunks(run):
     return [msg_to_chunk(r.msg) for r in run.chunks]
 
 
+def on_time_pairs(run):
+    """(previous, current) chunk pairs in which the previous one was executed and the current one met its
+    deadline, by the node's own margin reports: what the timing properties below are about. On a machine
+    too loaded to keep up, the node says which chunks expired or missed; those pairs are the monitor's
+    business (test_control_overload), not these tests'."""
+    reports = {m.chunk_seq: m for m in (msg_to_margin(r.msg) for r in run.margins)}
+    cs = chunks(run)
+    pairs = [(prev, cur) for prev, cur in zip(cs, cs[1:])
+             if prev.seq in reports and cur.seq in reports and not reports[prev.seq].expired
+             and not reports[cur.seq].expired and not reports[cur.seq].margin < 0]
+    assert len(pairs) >= 3, f"only {len(pairs)} chunk pairs on time: {[(m.chunk_seq, m.margin, m.expired) for m in reports.values()]}"
+    return pairs
+
+
 def test_chunks_arrive_in_sequence_with_action0_stamps_on_the_dt_grid(run):
     p = run.params
     cs = chunks(run)
@@ -59,7 +73,8 @@ def test_chunks_arrive_in_sequence_with_action0_stamps_on_the_dt_grid(run):
         # Every chunk after the first is placed on its predecessor's grid, later in time.
         assert cur.t0_ns > prev.t0_ns
         assert (cur.t0_ns - prev.t0_ns) % dt_ns == 0, "chunk stamps are off the dt grid"
-        assert cur.t0_ns - prev.t0_ns < prev.horizon * dt_ns, "a chunk started after its predecessor ran out"
+    for prev, cur in on_time_pairs(run):
+        assert cur.t0_ns - prev.t0_ns < prev.horizon * dt_ns, "a chunk on time started after its predecessor ran out"
 
 
 def test_chunk_is_also_published_as_a_joint_trajectory(run):
@@ -117,7 +132,7 @@ def test_rtc_frozen_prefix_equals_previous_chunk_for_the_same_times(run):
     cs = chunks(run)
     dt_ns = round(run.params["control.dt"] * 1e9)
     frozen = 0
-    for prev, cur in zip(cs, cs[1:]):
+    for prev, cur in on_time_pairs(run):
         d = cur.d
         offset = (cur.t0_ns - prev.t0_ns) // dt_ns
         assert offset + d <= prev.horizon, "frozen prefix reaches past the previous chunk"
@@ -144,16 +159,17 @@ def test_margin_figures_are_finite_and_consistent(run):
             assert m.window_size >= p["margin.min_samples"] and m.p_nonnegative_lower >= m.target
         if m.window_size < p["margin.min_samples"]:
             assert m.level != 0
-        if math.isnan(m.budget):  # the startup chunk: nothing was executing, no budget
+        if math.isnan(m.budget):  # nothing was executing (the startup chunk, or after an expired one): no budget
             assert math.isnan(m.margin)
             continue
         steady += 1
-        assert m.budget > 0
+        assert m.budget > 0 or m.margin < 0, m   # B_ctrl <= 0 only for a chunk that missed (an overload)
         assert m.margin == pytest.approx(m.budget - sum(segments), abs=1e-6)
         assert 0 <= m.p_nonnegative_lower <= m.p_nonnegative <= 1
         assert m.margin_p99 <= m.margin_p95 <= m.margin_p50
         assert 1 <= m.window_size <= p["margin.window"]
-    assert steady >= len(margins) - 2
+    expired = sum(m.expired for m in margins)
+    assert steady >= len(margins) - 2 - expired
 
 
 def test_diagnostics_margin_level_matches_the_margin_topic(run):
@@ -165,6 +181,9 @@ def test_diagnostics_margin_level_matches_the_margin_topic(run):
         if "margin_s" not in values:  # before the first chunk: never OK; ERROR once it is later than a horizon
             assert (status.level[0] == 1 and status.message.startswith("waiting for the first chunk")) or \
                 (status.level[0] == 2 and status.message.startswith("no chunk adopted since start")), status
+            continue
+        if status.message.startswith("no chunk adopted"):   # the watchdog overrides a late chunk's report
+            assert status.level[0] == 2, status
             continue
         same = [m for m in margins if f"{m.margin:.6g}" == values["margin_s"] and m.message == status.message]
         assert same, f"/diagnostics reports margin {values['margin_s']} that never appeared on the margin topic"

@@ -106,6 +106,9 @@ def test_build_policy_takes_type_and_horizon_from_the_checkpoint_and_checks_give
     assert type(policy.adapter).__name__ == "Pi0Policy"
     resolved = resolved_parameters(p, policy)
     assert (resolved["model.type"], resolved["control.horizon"]) == ("pi0", 20)
+    # The start-up captures camera counts from the required cameras up (an optional one may go missing).
+    assert policy.min_cameras == sum(map(bool, p["cameras.required"])) >= 1
+    assert build_policy({**p, "cameras.required": [False] * len(p["cameras.slots"])}).min_cameras == 1
     with pytest.raises(ValueError, match="control.horizon 50 != the model's chunk size 20"):
         build_policy({**p, "control.horizon": 50})
     with pytest.raises(ValueError, match=r"rtc.overlap \(20\) must be below the chunk size H = 20"):

@@ -142,3 +142,84 @@ def test_the_same_runner_runs_pi0(case):
     out = runner.sample(bucket, inp["noise"], rtc)
     key = "actions.model" if case == "plain" else f"{case}.actions.model"
     assert (out - exp[key]).abs().max().item() <= 1e-4
+
+
+def pi0_inputs():
+    from safetensors.torch import load_file
+
+    from phyai_ros.models.pi0 import Pi0Policy
+    pi0 = FIXTURES / "pi0"
+    policy = Pi0Policy.from_files(pi0 / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model",
+                                  pi0 / "norm_stats.json")
+    inp = load_file(str(pi0 / "inputs.safetensors"))
+    tasks = json.loads((pi0 / "inputs.json").read_text())["tasks"]
+    images = {k[len(IMG):]: v.numpy() for k, v in inp.items() if k.startswith(IMG)}
+    return policy, policy.prepare(images, inp["raw.observation.state"].numpy(), tasks), inp
+
+
+@pytest.mark.parametrize("model", ["pi05", "pi0"])
+def test_a_camera_absent_from_the_batch_is_skipped_not_computed_masked(model):
+    """The fixtures' third camera is absent from both rows: the runner computes two slots (512 fewer prefix
+    rows, one vision pass less) and gets what computing it masked gets; LeRobot's own answer is checked
+    through the same default path in test_runner_matches_fixture_and_reference_solver."""
+    policy, x, inp = pi0_inputs() if model == "pi0" else load()[:3]
+    assert x.image_masks.tolist() == [[True, True, False]] * 2
+    cfg, out = policy.config, {}
+    for skip in (True, False):
+        runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False,
+                            state_dim=cfg.max_state_dim, skip_absent_cameras=skip)
+        bucket = runner.set_observation(x.images, x.image_masks, x.tokens, x.token_masks, policy.state_padded(x))
+        assert bucket.images.shape[1] == (2 if skip else 3)
+        kv = bucket.prefix.outputs[0][0][0]   # layer 0's prefix keys [B, Hkv, P, hd]
+        assert kv.shape[2] == (2 if skip else 3) * 256 + x.tokens.shape[1]
+        out[skip] = runner.sample(bucket, inp["noise"]).clone()
+    assert (out[True] - out[False]).abs().max().item() <= 1e-5
+
+
+def test_only_an_absent_tail_is_skipped():
+    """A slot absent in one row but present in another is computed (masked in that row); absent in every
+    row but followed by a present one, it is computed too (positions and masks stay those of the slots)."""
+    policy, x, inp, _ = load()
+    cfg = policy.config
+    runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False)
+    masks = torch.tensor([[True, True, False], [True, False, True]])
+    assert runner.slots_kept(masks) == 3
+    assert runner.slots_kept(torch.tensor([[True, False, True]] * 2)) == 3
+    assert runner.slots_kept(torch.tensor([[True, False, False]] * 2)) == 1
+    assert runner.slots_kept(torch.zeros(2, 3, dtype=torch.bool)) == 3
+    bucket = runner.set_observation(x.images, masks, x.tokens, x.token_masks)
+    assert bucket.images.shape[1] == 3
+
+
+def test_start_up_covers_every_camera_count_from_the_required_ones():
+    """capture_buckets(min_cameras=k) runs every count of cameras present from k up (the trailing ones
+    absent), so an optional camera that goes missing is skipped in a bucket made at start-up."""
+    policy, x, inp, _ = load()
+    images = {k[len(IMG):]: v[0].numpy() for k, v in inp.items() if k.startswith(IMG)}
+    images = {name: images.get(name, images["base_0_rgb"]) for name in policy.camera_names}   # all three present
+    state = inp["raw.observation.state"][0].numpy()
+    keys = policy.capture_buckets(images, state, eager=True, min_cameras=1)
+    assert sorted(k[1] for k in keys) == [1, 2, 3]
+    policy.use_runner()
+    assert [k[1] for k in policy.capture_buckets(images, state, eager=True)] == [3]
+
+
+@pytest.mark.gpu
+def test_under_graphs_an_absent_camera_is_skipped_only_into_a_start_up_bucket():
+    """Graphs: with the two-camera bucket captured at start-up the absent camera is skipped (no capture in
+    control, the eager answer); without it the three-slot graphs serve it masked (still no capture)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    policy, x, inp, _ = load(device="cuda")
+    cfg = policy.config
+    noise = inp["noise"].cuda()
+    eager = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False)
+    want = eager.sample(eager.set_observation(x.images, x.image_masks, x.tokens, x.token_masks), noise).clone()
+    all_present = torch.ones_like(x.image_masks)
+    for min_slots, slots in ((2, 2), (None, 3)):
+        runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=True)
+        runner.capture_all_buckets(x.images, all_present, x.tokens, x.token_masks, noise, min_slots=min_slots)
+        captured = runner.registry.keys()
+        bucket = runner.set_observation(x.images, x.image_masks, x.tokens, x.token_masks)
+        got = runner.sample(bucket, noise).clone()
+        assert runner.registry.keys() == captured and bucket.images.shape[1] == slots
+        assert (got - want).abs().max().item() <= 1e-5

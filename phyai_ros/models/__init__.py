@@ -8,8 +8,10 @@ uses, in robot units and numpy at batch 1:
     from_files(checkpoint, tokenizer, norm_stats, camera_names=, device=, dtype=) -> adapter
     rtc_modes (the control.rtc.RTC_MODES it supports), rtc_max_guidance, rtc_jacobian
     use_runner(use_graphs, token_bucket)           the runner it samples through (graphs on CUDA)
-    capture_buckets(images, state, eager=False)    graph capture at start-up (eager: the same shapes without
-                                                   graphs, for the operator autotune's recording)
+    capture_buckets(images, state, eager=False, min_cameras=None)
+                                                   graph capture at start-up (eager: the same shapes without
+                                                   graphs, for the operator autotune's recording; min_cameras:
+                                                   also every count of cameras present from it up)
     predict(images, state, task, noise, rtc) -> [H, D]     rtc: control.rtc.RtcRequest or None
     make_noise(1, generator), camera_names, state_dim, action_dim, chunk_size, image_size (None: any aspect)
     fit_task(task, state) -> (prompt, cut)         an instruction too long for the prompt is reported once

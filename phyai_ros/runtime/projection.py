@@ -106,11 +106,12 @@ def formats_for(scheme: WeightFormat, parts=PARTS) -> dict:
 
 def project(cfg, measured: StageTimes, formats: Optional[Mapping[str, WeightFormat]] = None,
             source: DeviceSpec = H200, target: DeviceSpec = THOR, batch: int = 1, n_cameras: int = 3,
-            state_token: bool = False) -> dict:
+            state_token: bool = False, cameras_run: Optional[int] = None) -> dict:
     """stage -> StageProjection of ``cfg`` (pi0: state_token=True) from ``measured`` bf16 times on ``source``
-    to ``target`` with the parts' weight ``formats`` (None: all bf16)."""
+    (taken with ``n_cameras``) to ``target`` with the parts' weight ``formats`` (None: all bf16).
+    cameras_run: the camera slots the target computes, where fewer (absent cameras are skipped, not masked)."""
     bf16 = flow_stage_costs(cfg, batch, n_cameras, state_token=state_token)
-    costs = flow_stage_costs(cfg, batch, n_cameras, state_token=state_token, formats=formats)
+    costs = flow_stage_costs(cfg, batch, cameras_run or n_cameras, state_token=state_token, formats=formats)
     out = {}
     for stage in STAGES:
         c = costs[stage]

@@ -53,8 +53,13 @@ class FlowRunner:
     """Runs prefix + Euler loop (+ identity-form RTC guidance) for one model on one device."""
 
     def __init__(self, model, num_steps: int, chunk_size: int, action_dim: int, use_graphs: bool = True,
-                 token_bucket: int = 0, state_dim: int = 32):
+                 token_bucket: int = 0, state_dim: int = 32, skip_absent_cameras: bool = True):
         self.model = model
+        # Camera slots absent from every row of a batch sit at the end (the adapter puts present cameras
+        # first); their 256 tokens are masked keys that do not advance positions, so not computing them
+        # changes no valid result and saves their vision pass and prefix rows. Under graphs only into a
+        # bucket captured at start-up (capture_all_buckets' min_slots): control never pays a capture for it.
+        self.skip_absent_cameras = bool(skip_absent_cameras)
         # Language tokens are right-padded to the budget; pad tokens are masked keys whose own outputs
         # nothing reads, so cutting them changes no valid result. token_bucket > 0 keeps the prompt's
         # valid tokens rounded up to a multiple of it (one graph bucket per length).
@@ -98,8 +103,12 @@ class FlowRunner:
         return solver.sample(velocity, noise, self.num_steps, guide, trace, self.t_table)
 
     # ---------------------------------------------------------------- buffers
+    @staticmethod
+    def _bucket_key(batch: int, n_slots: int, size: int, n_tokens: int) -> tuple:
+        return (batch, n_slots, n_tokens, size)
+
     def _bucket(self, batch: int, n_slots: int, size: int, n_tokens: int) -> _Bucket:
-        key = (batch, n_slots * 256, n_tokens, size)
+        key = self._bucket_key(batch, n_slots, size, n_tokens)
         b = self._buckets.get(key)
         if b is None:
             dev, f32 = self.device, torch.float32
@@ -123,18 +132,35 @@ class FlowRunner:
         step = self.token_bucket
         return min(token_masks.shape[1], max(step, -(-n_valid // step) * step))
 
+    def slots_kept(self, image_masks: Tensor) -> int:
+        """Camera slots computed: up to the last one present in any row (all of them when none is, or when
+        skipping is off). A host read, as for the tokens: the masks just came from the host."""
+        n_slots = image_masks.shape[1]
+        present = image_masks.any(dim=0).nonzero()
+        if not self.skip_absent_cameras or present.numel() == 0:
+            return n_slots
+        return int(present.max()) + 1
+
     @torch.no_grad()
     def capture_all_buckets(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor,
-                            noise: Tensor) -> list:
+                            noise: Tensor, min_slots: Optional[int] = None) -> list:
         """Capture every token-length bucket up front (start-up), so no new prompt length ever pays a
-        capture during control."""
+        capture during control; with ``min_slots`` also every camera count from it to all slots (the
+        trailing cameras absent), so that a camera that may go missing (an optional one) is skipped
+        rather than computed masked."""
         budget = tokens.shape[1]
         lengths = sorted({min(budget, n) for n in range(max(self.token_bucket, 1), budget + self.token_bucket,
                                                           max(self.token_bucket, 1))}) if self.token_bucket else [budget]
-        for n in lengths:
-            masks = torch.zeros_like(token_masks)
-            masks[:, :n] = True
-            self.sample(self.set_observation(images, image_masks, tokens, masks), noise)
+        n_slots = images.shape[1]
+        counts = range(max(1, min(min_slots, n_slots)), n_slots + 1) if min_slots and self.skip_absent_cameras \
+            else [self.slots_kept(image_masks)]
+        for n_present in counts:
+            present = image_masks.clone()
+            present[:, n_present:] = False
+            for n in lengths:
+                masks = torch.zeros_like(token_masks)
+                masks[:, :n] = True
+                self.sample(self.set_observation(images, present, tokens, masks, new_bucket=True), noise)
         return self.buckets()
 
     def buckets(self) -> list:
@@ -143,13 +169,18 @@ class FlowRunner:
     # ---------------------------------------------------------------- execution
     @torch.no_grad()
     def set_observation(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor,
-                        state: Optional[Tensor] = None) -> _Bucket:
+                        state: Optional[Tensor] = None, new_bucket: bool = False) -> _Bucket:
         """Copy a new observation into its bucket and compute its prefix state (invalidating the old one).
-        state: normalized, zero-padded [B, state_dim] (models that take the state in the prompt ignore it)."""
+        state: normalized, zero-padded [B, state_dim] (models that take the state in the prompt ignore it).
+        new_bucket: under graphs, the absent cameras may be skipped into a bucket not captured yet (start-up)."""
         batch, n_slots, _, size, _ = images.shape
         if self.token_bucket:
             keep = self.bucket_length(token_masks)
             tokens, token_masks = tokens[:, :keep], token_masks[:, :keep]
+        kept = self.slots_kept(image_masks)
+        if kept < n_slots and (not self.use_graphs or new_bucket
+                               or self._bucket_key(batch, kept, size, tokens.shape[1]) in self._buckets):
+            images, image_masks, n_slots = images[:, :kept], image_masks[:, :kept], kept
         b = self._bucket(batch, n_slots, size, tokens.shape[1])
         b.prefix_for = None
         b.images.copy_(images, non_blocking=True)
@@ -204,4 +235,5 @@ class FlowRunner:
 
     @staticmethod
     def _key(b: _Bucket) -> tuple:
-        return (b.images.shape[0], b.images.shape[1] * 256 + b.tokens.shape[1])
+        """Graph key: batch, camera slots, language tokens."""
+        return (b.images.shape[0], b.images.shape[1], b.tokens.shape[1])

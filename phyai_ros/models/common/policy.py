@@ -145,13 +145,16 @@ class FlowPolicy:
                                              self.state_padded(inputs))
         return self.runner.sample(bucket, x0, rtc.to(self.device) if rtc is not None else None, trace)
 
-    def capture_buckets(self, images: Mapping[str, ImageLike], state, eager: bool = False) -> list:
-        """Capture every graph bucket up front (start-up), so no prompt length pays a capture during control.
+    def capture_buckets(self, images: Mapping[str, ImageLike], state, eager: bool = False,
+                        min_cameras: Optional[int] = None) -> list:
+        """Capture every graph bucket up front (start-up), so no prompt length pays a capture during control;
+        with ``min_cameras`` every count of cameras present from it up too (``images`` holds them all).
         eager: run every bucket's shapes without graphs too (the operator autotune records what they call)."""
         if not self.runner.use_graphs and not eager:
             return []
         x = self.prepare(images, state, "warm up")
-        return self.runner.capture_all_buckets(x.images, x.image_masks, x.tokens, x.token_masks, self.make_noise(1))
+        return self.runner.capture_all_buckets(x.images, x.image_masks, x.tokens, x.token_masks, self.make_noise(1),
+                                               min_slots=min_cameras)
 
     # ---------------------------------------------------------------- dims
     @property

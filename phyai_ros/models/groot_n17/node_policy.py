@@ -81,9 +81,11 @@ class GrootNodePolicy(GrootPolicy):
         self.runner = GrootRunner(self.stages, use_graphs=use_graphs)
         return self.runner
 
-    def capture_buckets(self, images: Mapping[str, object], state, eager: bool = False) -> list:
+    def capture_buckets(self, images: Mapping[str, object], state, eager: bool = False,
+                        min_cameras: Optional[int] = None) -> list:
         """Capture the warm-up observation's graphs at start-up (nothing to do without graphs, unless eager: the
-        operator autotune records what the same observation calls)."""
+        operator autotune records what the same observation calls). min_cameras: unused, every camera is
+        required here."""
         if not self.runner.use_graphs and not eager:
             return []
         inputs = self.prepare(images, np.asarray(state, dtype=np.float32)[None], ["warm up"])
