@@ -78,7 +78,8 @@ SPECS: dict[str, Spec] = {
                                "per slot: true subscribes sensor_msgs/CompressedImage, false sensor_msgs/Image"),
     "cameras.required": Spec([True, True, False],
                              "per slot: a required camera that is missing or old makes the observation stale; "
-                             "an optional one is masked out instead"),
+                             "an optional one is masked out instead (and its slot skipped: the start-up captures "
+                             "every camera count from the required ones up)"),
     "max_observation_age": Spec(_loop("max_observation_age"), "a required camera older than this (s) makes the observation stale",
                                 range=(0.001, 10.0)),
     # State and instruction
