@@ -36,11 +36,14 @@ class ControlPolicy:
     """policy(snapshot, rtc) -> float32 [H, D] in robot units, for ``ControlLoop``."""
 
     def __init__(self, adapter, selector: Optional[OperatorSelector] = None, noise_seed: int = 0,
-                 model_type: str = "", op_profile: Optional[ProfileChoice] = None, min_cameras: int = 0):
+                 model_type: str = "", op_profile: Optional[ProfileChoice] = None, min_cameras: int = 0,
+                 robot_cameras: Optional[Sequence[str]] = None):
         self.adapter = adapter
         # The fewest cameras an observation that reaches inference can have (the required ones): the start-up
-        # captures every camera count from it up, so a missing optional camera is skipped, never captured.
+        # captures every camera count from it up to the robot's cameras, so a missing optional camera is
+        # skipped, never captured, and a checkpoint camera the robot lacks is never computed.
         self.min_cameras = int(min_cameras)
+        self.robot_cameras = list(robot_cameras) if robot_cameras else None
         self.selector = selector if selector is not None else SELECTOR.derive()
         self.op_profile = op_profile   # which profile file the selector uses for the policy's device (the log's)
         self.model_type = model_type
@@ -71,9 +74,11 @@ class ControlPolicy:
             return self.adapter.predict(images, state, task, noise=noise, rtc=rtc)
 
     def warmup_observation(self, state_dim: int) -> tuple[dict, np.ndarray]:
-        """The synthetic observation of the warm-up: random 224x224 frames in every slot, a zero state."""
+        """The synthetic observation of the warm-up: random 224x224 frames from every camera of the robot
+        (every slot of the model where the robot's are not known), a zero state."""
         rng = np.random.default_rng(0)
-        images = {slot: rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for slot in self.camera_slots}
+        slots = [s for s in self.camera_slots if s in (self.robot_cameras or ())] or self.camera_slots
+        images = {slot: rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for slot in slots}
         return images, np.zeros(state_dim, dtype=np.float32)
 
     def warmup(self, runs: int, state_dim: int, source: str = "the policy") -> None:
@@ -195,7 +200,8 @@ def build_policy(p: dict, robot_id: str = "") -> ControlPolicy:
     _check_against_parameters(p, adapter)
     adapter.rtc_max_guidance, adapter.rtc_jacobian = p["rtc.max_guidance"], p["rtc.jacobian"]
     policy = ControlPolicy(adapter, selector, p["model.noise_seed"], model_type, op_profile=choice,
-                           min_cameras=max(1, sum(map(bool, p["cameras.required"]))) if adapter.masks_cameras else 0)
+                           min_cameras=max(1, sum(map(bool, p["cameras.required"]))) if adapter.masks_cameras else 0,
+                           robot_cameras=p["cameras.slots"] if adapter.masks_cameras else None)
     autotune = p["model.op_autotune"] and not selector.forced   # PHYAI_OPS=torch: nothing to choose
     if autotune and choice.origin == "none":
         policy.op_profile = autotune_profile(policy, p)   # before any graph is captured with default choices

@@ -119,6 +119,24 @@ def test_build_policy_takes_type_and_horizon_from_the_checkpoint_and_checks_give
         build_policy({**p, "rtc.mode": "native"})
 
 
+def test_the_warm_up_covers_the_robots_cameras_only(tmp_path):
+    """A robot with two of the checkpoint's three cameras (one of them optional): the warm-up shows the
+    model those two, and the buckets it makes hold one or two camera slots, never the third."""
+    from node_harness import make_small_checkpoint, require_tokenizer
+    from phyai_ros.policies import build_policy
+    ckpt = make_small_checkpoint(tmp_path / "pi05_small")
+    p = _node_params(ckpt, require_tokenizer(), **{"cameras.slots": ["base_0_rgb", "left_wrist_0_rgb"],
+                                                   "cameras.topics": ["a/image", "b/image"],
+                                                   "cameras.compressed": [False, False],
+                                                   "cameras.required": [True, False]})
+    policy = build_policy(p)
+    assert len(policy.adapter.camera_names) == 3 and policy.min_cameras == 1
+    images, state = policy.warmup_observation(policy.adapter.state_dim)
+    assert sorted(images) == ["base_0_rgb", "left_wrist_0_rgb"]
+    keys = policy.adapter.capture_buckets(images, state, eager=True, min_cameras=policy.min_cameras)
+    assert sorted(k[1] for k in keys) == [1, 2]
+
+
 def test_each_policy_owns_its_operator_selector(tmp_path):
     """build_policy no longer mutates the module's SELECTOR: the profile goes to the policy's own selector,
     which the ops consult while that policy runs."""
