@@ -5,8 +5,9 @@ and a model adapter, which samples through its runner (static buffers; CUDA grap
 no control logic and no model math: snapshot + request -> adapter.predict -> one [H, D] chunk in robot units,
 with the policy's own operator selector active around the call.
 
-``build_policy`` goes one way: parameters -> checkpoint reader (model type, statistics) -> adapter (from the
-registry, phyai_ros.models) -> its runner -> the bridge.
+``build_policy`` goes one way: parameters (phyai_ros.parameters) -> the family (the registry, phyai_ros.models) ->
+its adapter, loaded and checked against the robot -> its runner -> the bridge. With ``policy.backend: remote`` the
+bridge is ``serve.client.RemotePolicy`` instead, checked against the robot the same way.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -23,9 +24,11 @@ from phyai_ros.control import ObservationSnapshot, RtcRequest
 from phyai_ros.layers import profiling
 from phyai_ros.layers.profiles import ProfileChoice, cache_file, selector_for, write_profile
 from phyai_ros.layers.selector import SELECTOR, OperatorSelector
-from phyai_ros.models import adapter_class, check_rtc_mode, checkpoint_type
+from phyai_ros.models import family, family_for_checkpoint
+from phyai_ros.models.contract import DTYPES, ModelFiles
+from phyai_ros.parameters import Parameters
+from phyai_ros.serve.client import HttpPolicyClient, RemotePolicy
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # model.op_autotune: each candidate timed in a CUDA graph of >= 10 calls replayed 3 times (profile_ops: 20 x 7).
 AUTOTUNE_REPS, AUTOTUNE_REPLAYS = 10, 3
 
@@ -95,135 +98,110 @@ class ControlPolicy:
                                  f"observation holds {bad} NaN/Inf of {chunk.size} values")
 
 
-def norm_stats_path(param: str, checkpoint: Path) -> Optional[Path]:
-    """``model.norm_stats``, or when empty the checkpoint folder's own statistics: a LeRobot normalizer
-    file (the loader finds it from the folder: None) or else a ``norm_stats.json`` in the folder."""
-    if param:
-        if not Path(param).is_file():
-            raise FileNotFoundError(f"model.norm_stats: no statistics file at '{param}'")
-        return Path(param)
-    if any(checkpoint.glob("policy_preprocessor_step_*_normalizer_processor.safetensors")):
-        return None
-    if (checkpoint / "norm_stats.json").is_file():
-        return checkpoint / "norm_stats.json"
-    raise FileNotFoundError(f"model.norm_stats is empty and the checkpoint folder '{checkpoint}' holds no "
-                            "statistics (a LeRobot normalizer .safetensors or norm_stats.json)")
+def _checkpoint_folder(p: Parameters) -> Path:
+    if not p.model.checkpoint or not Path(p.model.checkpoint).is_dir():
+        raise FileNotFoundError(f"model.checkpoint: no checkpoint folder at '{p.model.checkpoint}'")
+    return Path(p.model.checkpoint)
 
 
-def _checkpoint_folder(p: dict) -> Path:
-    if not p["model.checkpoint"] or not Path(p["model.checkpoint"]).is_dir():
-        raise FileNotFoundError(f"model.checkpoint: no checkpoint folder at '{p['model.checkpoint']}'")
-    return Path(p["model.checkpoint"])
-
-
-def _model_files(p: dict, checkpoint: Path, needs: Sequence[str]) -> tuple[Optional[str], Optional[Path]]:
-    """The other files the parameters name, each checked: (tokenizer, statistics), None where the model does
-    not read one (``needs``: its adapter's ``needs_files``); naming such a file is an error, not ignored."""
-    for name in ("tokenizer", "norm_stats"):
-        if name not in needs and p[f"model.{name}"]:
-            raise ValueError(f"model.{name} is '{p[f'model.{name}']}', but this model type reads it from its "
-                             "checkpoint folders: leave it empty")
-    if "tokenizer" in needs and (not p["model.tokenizer"] or not Path(p["model.tokenizer"]).is_file()):
-        raise FileNotFoundError(f"model.tokenizer: no tokenizer file at '{p['model.tokenizer']}'")
-    if p["model.device"] == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("model.device is 'cuda' but no CUDA device is available (use a CPU config)")
-    stats = norm_stats_path(p["model.norm_stats"], checkpoint) if "norm_stats" in needs else None
-    return (p["model.tokenizer"] if "tokenizer" in needs else None), stats
-
-
-def _select_embodiment(p: dict, adapter, model_type: str) -> None:
-    """``model.embodiment`` (empty: the checkpoint's) for a model that has embodiments; refused for others."""
-    if not p["model.embodiment"]:
-        return
-    if not hasattr(adapter, "select_embodiment"):
-        raise ValueError(f"model.embodiment is {p['model.embodiment']!r}, but model type {model_type} has no "
-                         "embodiments: leave it empty")
-    try:
-        adapter.select_embodiment(p["model.embodiment"])
-    except ValueError as exc:
-        raise ValueError(f"model.embodiment: {exc}") from None
-
-
-def _check_against_parameters(p: dict, adapter) -> None:
-    """The robot's names and the chunk size must be the model's (control.horizon 0: the checkpoint's)."""
-    names = p["control.action_names"]
-    if len(names) != adapter.action_dim:
-        raise ValueError(f"control.action_names has {len(names)} names; the policy acts in {adapter.action_dim} dims")
-    if len(p["state.joint_names"]) != adapter.state_dim:
-        raise ValueError(f"state.joint_names has {len(p['state.joint_names'])} names; the policy's state has "
-                         f"{adapter.state_dim} dims")
-    if p["control.horizon"] and p["control.horizon"] != adapter.chunk_size:
-        raise ValueError(f"control.horizon {p['control.horizon']} != the model's chunk size {adapter.chunk_size} "
+def check_robot(p: Parameters, model, where: str) -> None:
+    """The robot's names, chunk size, RTC mode and cameras against the model's (an adapter, or a served model's
+    description): each fact checked once, here, whichever backend runs the model. control.horizon 0: the
+    checkpoint's."""
+    names = p.control.action_names
+    if len(names) != model.action_dim:
+        raise ValueError(f"control.action_names has {len(names)} names; the policy acts in {model.action_dim} dims")
+    if len(p.state.joint_names) != model.state_dim:
+        raise ValueError(f"state.joint_names has {len(p.state.joint_names)} names; the policy's state has "
+                         f"{model.state_dim} dims")
+    if p.control.horizon and p.control.horizon != model.chunk_size:
+        raise ValueError(f"control.horizon {p.control.horizon} != the model's chunk size {model.chunk_size} "
                          "(0 takes the checkpoint's)")
-    if p["rtc.overlap"] >= adapter.chunk_size:
-        raise ValueError(f"rtc.overlap ({p['rtc.overlap']}) must be below the chunk size H = {adapter.chunk_size}")
-    if p["rtc.mode"] not in adapter.rtc_modes:   # an instance may narrow its class's modes
-        raise ValueError(f"rtc.mode {p['rtc.mode']!r} is not supported by the checkpoint '{p['model.checkpoint']}' "
-                         f"(it supports {', '.join(adapter.rtc_modes)})")
-    if not adapter.masks_cameras and not all(p["cameras.required"]):
-        raise ValueError(f"cameras.required {list(p['cameras.required'])}: this model has no masked camera slots, "
+    if p.rtc.mode not in model.rtc_modes:   # an instance may narrow its family's modes
+        raise ValueError(f"rtc.mode {p.rtc.mode!r} is not supported by {where} (it supports "
+                         f"{', '.join(model.rtc_modes)})")
+    if not model.masks_cameras and not all(p.cameras.required):
+        raise ValueError(f"cameras.required {list(p.cameras.required)}: this model has no masked camera slots, "
                          "so every slot must be required")
 
 
-def build_remote_policy(p: dict, robot_id: str):
+def build_remote_policy(p: Parameters, robot_id: str) -> RemotePolicy:
     """``policy.backend: remote``: the serve endpoint's model, checked against the parameters like a local one."""
-    from phyai_ros.serve.client import HttpPolicyClient, RemotePolicy
-    policy = RemotePolicy(HttpPolicyClient(p["policy.endpoint"], p["policy.timeout"]), robot_id, p["model.noise_seed"])
-    if p["model.type"] and p["model.type"] != policy.model_type:
-        raise ValueError(f"model.type {p['model.type']!r}, but {p['policy.endpoint']} serves {policy.model_type!r}")
-    check_rtc_mode(policy.model_type, p["rtc.mode"])
-    _check_against_parameters(p, policy.adapter)
-    if p["model.warmup_runs"]:
-        policy.warmup(p["model.warmup_runs"], policy.adapter.state_dim, f"the endpoint {p['policy.endpoint']}")
+    policy = RemotePolicy(HttpPolicyClient(p.policy.endpoint, p.policy.timeout), robot_id, p.model.noise_seed)
+    if p.model.type and p.model.type != policy.model_type:
+        raise ValueError(f"model.type {p.model.type!r}, but {p.policy.endpoint} serves {policy.model_type!r}")
+    check_robot(p, policy.adapter, f"the model {p.policy.endpoint} serves")
+    if p.model.warmup_runs:
+        policy.warmup(p.model.warmup_runs, policy.adapter.state_dim, f"the endpoint {p.policy.endpoint}")
     return policy
 
 
-def build_policy(p: dict, robot_id: str = "") -> ControlPolicy:
-    """Parameters -> checkpoint reader -> adapter -> runner -> bridge (warmed up when model.warmup_runs > 0).
-    ``model.type`` empty: the checkpoint's config.json type; given: the loader checks it against the
-    checkpoint. ``policy.backend: remote``: the bridge to a serve endpoint instead (robot_id: the node's name).
+def load_adapter(p: Parameters):
+    """Parameters -> the family (model.type, else the checkpoint's config.json type) -> its adapter, loaded for the
+    robot's cameras, with the robot's embodiment and RTC settings, checked against the robot."""
+    checkpoint = _checkpoint_folder(p)
+    cls = family(p.model.type) if p.model.type else family_for_checkpoint(checkpoint)
+    files = ModelFiles.of(p.model.tokenizer, p.model.norm_stats)
+    try:
+        cls.check_files(files)
+    except ValueError as exc:
+        raise ValueError(f"model.tokenizer / model.norm_stats: {exc}") from None
+    if p.model.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("model.device is 'cuda' but no CUDA device is available (use a CPU config)")
+    adapter = cls.load(checkpoint, files, camera_names=list(p.cameras.slots), device=p.model.device,
+                       dtype=DTYPES[p.model.dtype])
+    if p.model.embodiment:
+        if not cls.embodiments:
+            raise ValueError(f"model.embodiment is {p.model.embodiment!r}, but model type {cls.family} has no "
+                             "embodiments: leave it empty")
+        try:
+            adapter.select_embodiment(p.model.embodiment)
+        except ValueError as exc:
+            raise ValueError(f"model.embodiment: {exc}") from None
+    check_robot(p, adapter, f"the checkpoint '{checkpoint}'")
+    adapter.configure_rtc(p.rtc.max_guidance, p.rtc.jacobian)
+    return adapter
+
+
+def build_policy(p: Union[Parameters, Mapping], robot_id: str = ""):
+    """Parameters (or dotted names: ``Parameters.of``) -> family -> adapter -> runner -> bridge (warmed up when
+    model.warmup_runs > 0).
+    ``policy.backend: remote``: the bridge to a serve endpoint instead (robot_id: the node's name).
     The policy's selector holds this device's operator profile (``layers.profiles``: model.op_profile, the cache,
     the shipped ones; ``policy.op_profile`` says which), profiled at start-up where none matched and
     ``model.op_autotune`` is on."""
-    if p.get("policy.backend", "onboard") == "remote":
+    p = p if isinstance(p, Parameters) else Parameters.of(p)
+    if p.policy.backend == "remote":
         return build_remote_policy(p, robot_id)
-    checkpoint = _checkpoint_folder(p)
-    model_type = p["model.type"] or checkpoint_type(checkpoint)
-    check_rtc_mode(model_type, p["rtc.mode"])
-    cls = adapter_class(model_type)
-    tokenizer, stats = _model_files(p, checkpoint, cls.needs_files)
     # The device's operator profile: model.op_profile, else the per-user cache, else a shipped one (layers.profiles).
-    selector, choice = selector_for(p["model.device"], p["model.op_profile"] or None)
-    adapter = cls.from_files(checkpoint, tokenizer, stats, camera_names=list(p["cameras.slots"]),
-                             device=p["model.device"], dtype=DTYPES[p["model.dtype"]])
-    _select_embodiment(p, adapter, model_type)
-    _check_against_parameters(p, adapter)
-    adapter.rtc_max_guidance, adapter.rtc_jacobian = p["rtc.max_guidance"], p["rtc.jacobian"]
-    policy = ControlPolicy(adapter, selector, p["model.noise_seed"], model_type, op_profile=choice,
-                           min_cameras=max(1, sum(map(bool, p["cameras.required"]))) if adapter.masks_cameras else 0,
-                           robot_cameras=p["cameras.slots"] if adapter.masks_cameras else None)
-    autotune = p["model.op_autotune"] and not selector.forced   # PHYAI_OPS=torch: nothing to choose
+    selector, choice = selector_for(p.model.device, p.model.op_profile or None)
+    adapter = load_adapter(p)
+    masks = adapter.masks_cameras
+    policy = ControlPolicy(adapter, selector, p.model.noise_seed, adapter.family, op_profile=choice,
+                           min_cameras=max(1, sum(map(bool, p.cameras.required))) if masks else 0,
+                           robot_cameras=p.cameras.slots if masks else None)
+    autotune = p.model.op_autotune and not selector.forced   # PHYAI_OPS=torch: nothing to choose
     if autotune and choice.origin == "none":
         policy.op_profile = autotune_profile(policy, p)   # before any graph is captured with default choices
-    source = f"the checkpoint '{checkpoint}' (normalization stats '{stats or checkpoint}')"
+    source = f"the checkpoint '{p.model.checkpoint}'"
     _start_runner(p, policy)
-    if p["model.warmup_runs"]:
+    if p.model.warmup_runs:
         # A cached profile may lack shapes this model calls (written for another model on this device): the
         # warm-up's calls say which; the missing ones are profiled and the graphs captured again.
         recheck = autotune and policy.op_profile.origin == "cache"
-        seen = _warmup(policy, p["model.warmup_runs"], source, record=recheck)
+        seen = _warmup(policy, p.model.warmup_runs, source, record=recheck)
         if recheck and set(seen) - profiled_keys(policy.op_profile):
             policy.op_profile = autotune_profile(policy, p)
             _start_runner(p, policy)
-            policy.warmup(p["model.warmup_runs"], adapter.state_dim, source)
+            policy.warmup(p.model.warmup_runs, adapter.state_dim, source)
     return policy
 
 
-def _start_runner(p: dict, policy: ControlPolicy) -> None:
+def _start_runner(p: Parameters, policy: ControlPolicy) -> None:
     """The runner the node samples through: graphs and prompt buckets on CUDA (the CPU keeps its eager one)."""
-    if p["model.device"] == "cuda":
+    if p.model.device == "cuda":
         with policy.selector.active():
-            policy.adapter.use_runner(use_graphs=p["model.cuda_graphs"], token_bucket=p["model.token_bucket"])
+            policy.adapter.use_runner(use_graphs=p.model.cuda_graphs, token_bucket=p.model.token_bucket)
 
 
 def _warmup(policy: ControlPolicy, runs: int, source: str, record: bool) -> dict:
@@ -252,7 +230,7 @@ def profiled_keys(choice: ProfileChoice) -> set:
     return keys
 
 
-def autotune_profile(policy: ControlPolicy, p: dict, cache: Optional[Path] = None) -> ProfileChoice:
+def autotune_profile(policy: ControlPolicy, p: Parameters, cache: Optional[Path] = None) -> ProfileChoice:
     """``model.op_autotune`` on a device no profile matched (or whose cached profile lacks this model's shapes):
     record every (op, shape) the policy calls on its warm-up observation, eagerly through every prompt-length
     bucket (as chosen, then unfused: layers.profiling.record), time the usable candidates of each call that has
@@ -260,11 +238,11 @@ def autotune_profile(policy: ControlPolicy, p: dict, cache: Optional[Path] = Non
     correct ones and add them to the device's cache file (written atomically; a cache that cannot be written
     costs only the next start's profiling). Leaves the adapter on an eager runner: start the real one after."""
     sel, adapter, choice = policy.selector, policy.adapter, policy.op_profile
-    device = torch.device(p["model.device"])
+    device = torch.device(p.model.device)
     t0 = time.perf_counter()
     if device.type == "cuda":   # the node's prompt buckets, without graphs (the graph warm-up would not call ops)
         with sel.active():
-            adapter.use_runner(use_graphs=False, token_bucket=p["model.token_bucket"])
+            adapter.use_runner(use_graphs=False, token_bucket=p.model.token_bucket)
     images, state = policy.warmup_observation(adapter.state_dim)
     calls = profiling.record(sel, lambda: adapter.capture_buckets(images, state, eager=True,
                                                                   min_cameras=policy.min_cameras or None))
@@ -287,6 +265,7 @@ def autotune_profile(policy: ControlPolicy, p: dict, cache: Optional[Path] = Non
     return autotuned
 
 
-def resolved_parameters(p: dict, policy: ControlPolicy) -> dict:
+def resolved_parameters(p: Union[Parameters, Mapping], policy) -> Parameters:
     """The parameters with what came from the checkpoint filled in: model.type and control.horizon."""
-    return {**p, "model.type": policy.model_type, "control.horizon": policy.horizon}
+    p = p if isinstance(p, Parameters) else Parameters.of(p)
+    return p.replace(**{"model.type": policy.model_type, "control.horizon": policy.horizon})

@@ -37,8 +37,7 @@ from call_timing import call_ms  # noqa: E402
 from phyai_ros.models.groot_n17 import GrootPolicy  # noqa: E402
 from phyai_ros.models.groot_n17.checkpoint import PREFIX, groot_key_shapes  # noqa: E402
 from phyai_ros.models.groot_n17.config import groot_config  # noqa: E402
-from phyai_ros.models.groot_n17.roofline import groot_stage_costs  # noqa: E402
-from phyai_ros.models.groot_n17.stages import GrootStages  # noqa: E402
+from phyai_ros.models.groot_n17.modeling import groot_stage_costs  # noqa: E402
 from phyai_ros.runtime.groot_runner import GrootRunner  # noqa: E402
 
 FIXTURE = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or REPO.parent / "shared" / "fixtures" / "lerobot_parity") \
@@ -133,7 +132,7 @@ def checkpoint_dir(root: Path, views: int) -> Path:
 
 def load(root: Path, views: int):
     policy = GrootPolicy.from_files(checkpoint_dir(root, views), device=DEVICE, dtype=DTYPE)
-    return policy, GrootRunner(GrootStages(policy), use_graphs=DEVICE == "cuda")
+    return policy, GrootRunner(policy.model, use_graphs=DEVICE == "cuda")
 
 
 def task_for(policy, views: int) -> str:
@@ -162,11 +161,11 @@ def first_chunk(root: Path) -> dict:
     t_load = time.perf_counter()
     task = " ".join(TASK_WORDS[:8])
     rng = np.random.default_rng(0)
-    runner.run(runner.stages.observation(prepared(policy, 1, 1, task, rng)), policy.make_noise(1))
+    runner.run(runner.model.observation(prepared(policy, 1, 1, task, rng)), policy.make_noise(1))
     sync()
     t_capture = time.perf_counter()
     x = prepared(policy, 1, 1, task, rng)
-    actions = policy.decode(runner.run(runner.stages.observation(x), policy.make_noise(1)), x).cpu()
+    actions = policy.decode(runner.run(runner.model.observation(x), policy.make_noise(1)), x).cpu()
     t_first = time.perf_counter()
     return {"import_s": t0 - T_PROCESS, "load_s": t_load - t0, "capture_s": t_capture - t_load,
             "first_chunk_s": t_first - t_capture, "in_process_total_s": t_first - T_PROCESS,
@@ -195,7 +194,7 @@ def kernel_profile(fns: dict) -> dict:
 
 def bench_views(root: Path, views: int, args, res: dict) -> dict:
     policy, runner = load(root, views)
-    stages, cfg = runner.stages, policy.config
+    stages, cfg = runner.model, policy.config
     rng = np.random.default_rng(0)
     task = task_for(policy, views)
     out = {"task": task}

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from phyai_ros.layers.quantized import QuantScheme, apply_calibration, calibrating  # noqa: E402
 from phyai_ros.layers.selector import SELECTOR, OperatorSelector  # noqa: E402
-from phyai_ros.quant.model import quantize_model  # noqa: E402
+from phyai_ros.models.common.quantization import quantize_model  # noqa: E402
 
 # (label, scheme, parts); static W8A8 is calibrated on the run's own observations (in-sample).
 CASES = [
@@ -63,15 +63,15 @@ def prefix_gap(actions: torch.Tensor, prev: torch.Tensor, d: int) -> float:
 # ----------------------------------------------------------------------------- fixtures (CPU fp32)
 def fixture_rows(policy_type: str) -> list:
     from phyai_ros.fixtures import fixtures_dir, tokenizer_path
-    from phyai_ros.models import adapter_class
-    from phyai_ros.models.common.checkpoint_io import read_safetensors_file
+    from phyai_ros.models import family
+    from phyai_ros.models.files import read_safetensors_file
     fx = fixtures_dir() / policy_type
     meta = json.loads((fx / "inputs.json").read_text())
     inp = read_safetensors_file(fx / "inputs.safetensors")
     exp = read_safetensors_file(fx / "expected.safetensors")
     images = {k.split("raw.observation.images.")[1]: v.numpy() for k, v in inp.items() if "images." in k}
     state = inp["raw.observation.state"].numpy()
-    base = adapter_class(policy_type).from_files(fx / "checkpoint", tokenizer_path(), fx / "norm_stats.json")
+    base = family(policy_type).from_files(fx / "checkpoint", tokenizer_path(), fx / "norm_stats.json")
     case = next(c for c in meta["rtc"] if c["name"] == "rtc_linear")
     prev = inp["rtc.prev_chunk_left_over"]
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from node_harness import make_small_checkpoint, require_tokenizer
-from phyai_ros.models.common.checkpoint_io import CheckpointError
+from phyai_ros.models.files import CheckpointError
 from phyai_ros.models.pi0 import Pi0Policy
 from phyai_ros.models.pi05 import Pi05Policy
 
@@ -115,7 +115,7 @@ def test_pi05_label_on_pi0_weights_says_so(tmp_path):
 def test_warmup_refuses_a_policy_with_non_finite_actions(small, tmp_path):
     """Finite weights, NaN action statistics: only the warm-up chunk shows it."""
     from node_harness import CPU_CONFIG, load_params
-    from phyai_ros.node.parameters import SPECS
+    from phyai_ros.parameters import SPECS
     from phyai_ros.policies import build_policy
     ckpt = nan_action_stats(small, tmp_path)
     p = {**{k: s.default for k, s in SPECS.items()}, **load_params(CPU_CONFIG), "control.horizon": 20,

@@ -28,14 +28,13 @@ def fx():
 def setup(fx, device="cpu", dtype=torch.float32, resize_mode="auto", use_graphs=True, weights=None):
     """(policy, prepared inputs of the plain case, runner)."""
     from phyai_ros.models.groot_n17 import GrootPolicy
-    from phyai_ros.models.groot_n17.stages import GrootStages
     from phyai_ros.runtime.groot_runner import GrootRunner
     pol = GrootPolicy.from_files(GROOT / "checkpoint", device=device, dtype=dtype, resize_mode=resize_mode)
     if weights is not None:
         weights(pol.weights)
     inputs = pol.prepare(fx["images"], fx["inp"]["raw.observation.state"], fx["meta"]["tasks"],
                          fx["inp"]["embodiment_id"].tolist())
-    return pol, inputs, GrootRunner(GrootStages(pol), use_graphs=use_graphs)
+    return pol, inputs, GrootRunner(pol.model, use_graphs=use_graphs)
 
 
 def rtc_request(fx):
@@ -48,7 +47,7 @@ def rtc_request(fx):
 @pytest.mark.parametrize("resize,key", [("auto", "actions.model"), ("float", "float_resize.actions.model")])
 def test_runner_cpu_matches_fixture_and_adapter(fx, resize, key):
     pol, inputs, runner = setup(fx, resize_mode=resize)
-    out = runner.run(runner.stages.observation(inputs), fx["inp"]["noise"])
+    out = runner.run(runner.model.observation(inputs), fx["inp"]["noise"])
     assert not runner.use_graphs and runner.registry is None
     assert maxabs(out, fx["exp"][key]) <= TOL
     assert torch.equal(out, pol.sample_actions(inputs, fx["inp"]["noise"]))
@@ -58,7 +57,7 @@ def test_runner_cpu_native_rtc_then_plain_on_one_context(fx):
     """RTC inside the loop (frozen rows = the previous chunk exactly), then RTC off on the same observation:
     the RTC buffers reset to the identity (keep 1, seed 0, weight 1), the context is reused as it is."""
     pol, inputs, runner = setup(fx)
-    bucket = runner.set_observation(runner.stages.observation(inputs))
+    bucket = runner.set_observation(runner.model.observation(inputs))
     noise = fx["inp"]["noise"]
     with_rtc = runner.sample(bucket, noise, rtc_request(fx)).clone()
     assert maxabs(with_rtc, fx["exp"]["rtc.actions.model"]) <= TOL
@@ -74,7 +73,7 @@ def test_runner_context_is_per_observation_and_buckets_per_shape(fx):
     """The context is invalid until set_observation; a new shape (batch 1) is a new bucket; a repeated
     observation gives the same chunk from the kept context."""
     pol, inputs, runner = setup(fx)
-    obs = runner.stages.observation(inputs)
+    obs = runner.model.observation(inputs)
     bucket = runner._bucket(obs)
     with pytest.raises(RuntimeError, match="set_observation"):
         runner.sample(bucket, fx["inp"]["noise"])
@@ -82,7 +81,7 @@ def test_runner_context_is_per_observation_and_buckets_per_shape(fx):
     assert torch.equal(runner.sample(bucket, fx["inp"]["noise"]), first)
     one = pol.prepare({k: v[:1] for k, v in fx["images"].items()}, fx["inp"]["raw.observation.state"][:1],
                       fx["meta"]["tasks"][:1], fx["inp"]["embodiment_id"][:1].tolist())
-    alone = runner.run(runner.stages.observation(one), fx["inp"]["noise"][:1])
+    alone = runner.run(runner.model.observation(one), fx["inp"]["noise"][:1])
     assert len(runner.buckets()) == 2
     # item 0 has no left padding: alone it computes what it does in the batch (fixture README, Sensitivity)
     assert maxabs(alone[0], first[0]) <= 1e-5
@@ -97,7 +96,7 @@ def test_fp32_gpu_runner_matches_float_resize_fixture(fx):
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
         pol, inputs, runner = setup(fx, device="cuda", resize_mode="float")   # the frames CUDA LeRobot gets
-        out = runner.run(runner.stages.observation(inputs), fx["inp"]["noise"])
+        out = runner.run(runner.model.observation(inputs), fx["inp"]["noise"])
         assert runner.use_graphs and len(runner.registry.keys()) == 3
         assert maxabs(out, fx["exp"]["float_resize.actions.model"]) <= TOL
         assert maxabs(pol.decode(out, inputs), fx["exp"]["float_resize.actions.unnormalized"]) <= TOL

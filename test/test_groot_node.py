@@ -1,7 +1,7 @@
 """GR00T N1.7 in the onboard node: the registry's "groot_n17" behind the same bridge as the pi family.
 
 Over real DDS: the node in its own process runs a small random GR00T (the parity fixture's tiny sizes,
-phyai_ros.fixtures.make_small_groot_checkpoint) with config/groot_cpu_test.yaml and native RTC, a fake robot
+phyai_ros.fixtures.make_small_checkpoint(policy="groot_n17")) with config/groot_cpu_test.yaml and native RTC, a fake robot
 feeds it; chunks, RTC's frozen prefix and margins are checked on what comes out. In-process (build_policy with
 the same parameters): what the node refuses at start, each with a message naming the valid choices.
 """
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from node_harness import REPO, FakeRobot, NodeProcess, load_params
-from phyai_ros.fixtures import make_small_groot_checkpoint, require_groot_fixture
+from phyai_ros.fixtures import make_small_checkpoint, require_groot_fixture
 from phyai_ros.messages import msg_to_chunk
-from phyai_ros.node.parameters import SPECS
+from phyai_ros.parameters import SPECS
 
 GROOT_CPU = REPO / "config" / "groot_cpu_test.yaml"
 HORIZON = 16          # the small GR00T's chunk size
@@ -28,7 +28,7 @@ def groot_params(checkpoint, **overrides) -> dict:
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     require_groot_fixture()
-    return make_small_groot_checkpoint(tmp_path_factory.mktemp("groot_small"), state_dim=8, action_dim=7,
+    return make_small_checkpoint(tmp_path_factory.mktemp("groot_small"), policy="groot_n17", state_dim=8, action_dim=7,
                                        horizon=HORIZON)
 
 
@@ -110,15 +110,15 @@ def test_embodiment_by_tag_or_id(checkpoint, value):
     ({"model.embodiment": "gr1"}, "model.embodiment: embodiment 'gr1' is not one of the checkpoint's embodiments: "
                                   "new_embodiment (id 3), second_robot (id 5)"),
     ({"model.embodiment": "4"}, "new_embodiment (id 3), second_robot (id 5)"),
-    ({"rtc.mode": "guided"}, "rtc.mode 'guided' is not supported by model type groot_n17 "),
+    ({"rtc.mode": "guided"}, "rtc.mode 'guided' is not supported by the checkpoint"),
     ({"cameras.slots": ["front", "side"], "cameras.topics": ["a", "b"]},
      "camera slots ['front', 'side'] must be the checkpoint's cameras ['front', 'wrist']"),
     ({"cameras.required": [True, False]}, "every slot must be required"),
     ({"state.joint_names": ["a", "b"]}, "state.joint_names has 2 names; the policy's state has 8 dims"),
     ({"control.action_names": ["a"]}, "control.action_names has 1 names; the policy acts in 7 dims"),
     ({"control.horizon": 20}, "control.horizon 20 != the model's chunk size 16"),
-    ({"model.tokenizer": "/tmp/tokenizer.model"}, "model.tokenizer is '/tmp/tokenizer.model', but this model type "
-                                                  "reads it from its checkpoint folders"),
+    ({"model.tokenizer": "/tmp/tokenizer.model"}, "groot_n17 reads its tokenizer from its checkpoint folders; got a "
+                                                  "separate file '/tmp/tokenizer.model' (leave it empty)"),
 ])
 def test_refused_at_start_with_the_valid_choices(checkpoint, overrides, message):
     with pytest.raises(ValueError) as err:
@@ -126,10 +126,10 @@ def test_refused_at_start_with_the_valid_choices(checkpoint, overrides, message)
     assert message in str(err.value)
 
 
-def test_guided_mode_message_names_each_types_modes(checkpoint):
+def test_guided_mode_message_names_the_models_modes(checkpoint):
     with pytest.raises(ValueError) as err:
         build(checkpoint, **{"rtc.mode": "trained"})
-    assert "groot_n17: native, off" in str(err.value) and "pi05: guided, trained, off" in str(err.value)
+    assert "(it supports native, off)" in str(err.value)
 
 
 def test_pi_types_refuse_an_embodiment(tmp_path):

@@ -3,7 +3,8 @@ rcl's own parser into valid values; bad values are refused; a node that cannot s
 import pytest
 
 from node_harness import CPU_CONFIG, THOR_CONFIG, NodeProcess, load_params, make_small_checkpoint, require_tokenizer
-from phyai_ros.node.parameters import SPECS, ParameterError, declare_and_read
+from phyai_ros.node.parameters import declare_and_read
+from phyai_ros.parameters import SPECS, ParameterError, Parameters
 
 
 @pytest.fixture
@@ -32,9 +33,8 @@ def test_parameter_defaults_are_the_control_loops_defaults():
     import dataclasses
 
     from phyai_ros.control import ControlConfig
-    from phyai_ros.node.main import control_config
     # control.horizon defaults to 0, "the checkpoint's": the node resolves it (resolved_parameters) first.
-    cfg = control_config({**{name: spec.default for name, spec in SPECS.items()}, "control.horizon": 50})
+    cfg = Parameters.of({"control.horizon": 50}).control_config()
     differ = {f.name: (getattr(cfg, f.name), f.default) for f in dataclasses.fields(ControlConfig)
               if f.default is not dataclasses.MISSING and f.name not in NOT_LOOP_DEFAULTS
               and getattr(cfg, f.name) != f.default}
@@ -44,7 +44,7 @@ def test_parameter_defaults_are_the_control_loops_defaults():
 def test_every_parameter_is_declared_typed_ranged_documented_and_read_only(ros_context):
     from rcl_interfaces.msg import ParameterType
     node = make_node(ros_context)
-    values = declare_and_read(node)
+    values = declare_and_read(node).values()
     assert set(values) == set(SPECS)
     expected_type = {bool: ParameterType.PARAMETER_BOOL, int: ParameterType.PARAMETER_INTEGER,
                      float: ParameterType.PARAMETER_DOUBLE, str: ParameterType.PARAMETER_STRING}
@@ -76,7 +76,7 @@ def test_yaml_files_load_through_rcl_into_valid_values(ros_context, params_file)
     in_file = load_params(params_file)
     assert set(in_file) <= set(SPECS), set(in_file) - set(SPECS)
     node = make_node(ros_context, "--params-file", str(params_file))
-    values = declare_and_read(node)  # declares with rcl's parsed overrides, then validates
+    values = declare_and_read(node).values()  # declares with rcl's parsed overrides, then validates
     for name, value in in_file.items():
         assert values[name] == value, name
     missing = set(SPECS) - set(in_file)
@@ -106,7 +106,7 @@ def test_out_of_range_and_bad_choices_are_refused(ros_context):
     with pytest.raises(ParameterError, match="quote the value"):
         declare_and_read(make_node(ros_context, "--params-file", str(CPU_CONFIG), "-p", "rtc.mode:=off"))
     assert declare_and_read(make_node(ros_context, "--params-file", str(CPU_CONFIG),
-                                      "-p", "rtc.mode:='off'"))["rtc.mode"] == "off"
+                                      "-p", "rtc.mode:='off'")).rtc.mode == "off"
     with pytest.raises(ParameterError, match="cameras.topics has 2 entries for 3"):
         declare_and_read(make_node(ros_context, "--params-file", str(CPU_CONFIG), "-p", "cameras.topics:=[a, b]"))
 

@@ -40,8 +40,8 @@ def test_remote_backend_over_serve(tmp_path):
              runtime_env={"env_vars": {"PYTHONPATH": f"{REPO}:{REPO / 'test'}"}})
     node = robot = None
     try:
-        url = run_local(ServeConfig(str(ckpt), str(tokenizer), device="cpu", batch_wait_s=BATCH_WAIT_S, slow_s=3.0,
-                                    slow_task="slow task"), port=_free_port(), num_replicas=1, num_cpus=0.5)
+        url = run_local(ServeConfig(str(ckpt), str(tokenizer), device="cpu", batch_wait_s=BATCH_WAIT_S,
+                                    engine="serve_drills:DrillEngine"), port=_free_port(), num_replicas=1, num_cpus=0.5)
         node = NodeProcess(ckpt, tokenizer, overrides={"policy.backend": "remote", "policy.endpoint": url,
                                                        "policy.timeout": 1.0, "model.warmup_runs": 1,
                                                        "control.deadline_policy": "hold_last"})
@@ -64,7 +64,7 @@ def test_remote_backend_over_serve(tmp_path):
         # A replica slower than policy.timeout: every call times out -> counted, deadline policy, watchdog.
         errors = robot.fresh_counters().get("inference_errors", 0)
         since = time.monotonic()
-        robot.set_instruction("slow task")
+        robot.set_instruction("sleep 3.0")
         assert robot.wait_counter("inference_errors", errors, timeout=30), node.output()
         assert robot.spin_until(lambda: _watchdog_error_since(robot, since), timeout=30), node.output()
         counters = robot.fresh_counters()

@@ -127,7 +127,7 @@ def _matmul_linear(x, weight, bias=None):
 
 def _node_params(ckpt, tokenizer, **overrides):
     from node_harness import CPU_CONFIG, load_params
-    from phyai_ros.node.parameters import SPECS
+    from phyai_ros.parameters import SPECS
     return {**{k: s.default for k, s in SPECS.items()}, **load_params(CPU_CONFIG), "model.checkpoint": str(ckpt),
             "model.tokenizer": str(tokenizer), "model.warmup_runs": 1, **overrides}
 

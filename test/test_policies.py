@@ -89,7 +89,7 @@ def test_training_time_rtc_feeds_the_frozen_prefix_as_clean_actions(name, cls):
 
 def _node_params(ckpt, tokenizer, **overrides):
     from node_harness import CPU_CONFIG, load_params
-    from phyai_ros.node.parameters import SPECS
+    from phyai_ros.parameters import SPECS
     return {**{k: s.default for k, s in SPECS.items()}, **load_params(CPU_CONFIG), "model.checkpoint": str(ckpt),
             "model.tokenizer": str(tokenizer), "model.warmup_runs": 0, **overrides}
 
@@ -105,17 +105,18 @@ def test_build_policy_takes_type_and_horizon_from_the_checkpoint_and_checks_give
     assert (policy.model_type, policy.horizon) == ("pi0", 20)
     assert type(policy.adapter).__name__ == "Pi0Policy"
     resolved = resolved_parameters(p, policy)
-    assert (resolved["model.type"], resolved["control.horizon"]) == ("pi0", 20)
+    assert (resolved.model.type, resolved.control.horizon) == ("pi0", 20)
     # The start-up captures camera counts from the required cameras up (an optional one may go missing).
     assert policy.min_cameras == sum(map(bool, p["cameras.required"])) >= 1
     assert build_policy({**p, "cameras.required": [False] * len(p["cameras.slots"])}).min_cameras == 1
     with pytest.raises(ValueError, match="control.horizon 50 != the model's chunk size 20"):
         build_policy({**p, "control.horizon": 50})
-    with pytest.raises(ValueError, match=r"rtc.overlap \(20\) must be below the chunk size H = 20"):
-        build_policy({**p, "rtc.overlap": 20})
-    # An RTC mode the model type does not do is refused, saying which type does which modes.
-    with pytest.raises(ValueError, match=r"rtc.mode 'native' is not supported by model type pi0 \(pi05: guided, "
-                                         r"trained, off; pi0: guided, trained, off; groot_n17: native, off\)"):
+    # The loop's trigger rule is the loop's (ControlConfig), checked once H is known, in the parameters' names.
+    with pytest.raises(ValueError, match=r"rtc.overlap must be in \[0, control.horizon\) \(control.horizon = 20\)"):
+        resolved_parameters({**p, "rtc.overlap": 20}, policy).control_config()
+    # An RTC mode the model does not do is refused, saying which modes it does.
+    with pytest.raises(ValueError, match=r"rtc.mode 'native' is not supported by the checkpoint .* \(it supports "
+                                         r"guided, trained, off\)"):
         build_policy({**p, "rtc.mode": "native"})
 
 

@@ -179,7 +179,7 @@ needs_fixtures = pytest.mark.skipif(not (FIX / "pi05" / "checkpoint").is_dir(), 
 
 
 def _predict(checkpoint, fx, tasks, policy_cls):
-    from phyai_ros.models.common.checkpoint_io import read_safetensors_file
+    from phyai_ros.models.files import read_safetensors_file
     inputs = read_safetensors_file(fx / "inputs.safetensors")
     images = {k.split("raw.observation.images.")[1]: v.numpy() for k, v in inputs.items() if "images." in k}
     policy = policy_cls.from_files(checkpoint, require_tokenizer(), fx / "norm_stats.json")
@@ -206,16 +206,16 @@ BOUNDS = {("w8a16",): 0.01, ("w8a16", "--weight-format", "fp8"): 0.04,
 @pytest.mark.parametrize("policy_type", ["pi05", "pi0"])
 @pytest.mark.parametrize("scheme", list(BOUNDS))
 def test_quantized_checkpoint_loads_and_stays_close_to_lerobot(tmp_path, policy_type, scheme):
-    from phyai_ros.models import adapter_class
+    from phyai_ros.models import family
     fx = FIX / policy_type
     tasks = json.loads((fx / "inputs.json").read_text())["tasks"]
     assert _quantize_cli(fx / "checkpoint", tmp_path / "q", "--scheme", *scheme) == 0
     manifest = json.loads((tmp_path / "q" / "quantization.json").read_text())
     assert manifest["policy_type"] == policy_type and manifest["layers"]
-    policy, out = _predict(tmp_path / "q", fx, tasks, adapter_class(policy_type))
+    policy, out = _predict(tmp_path / "q", fx, tasks, family(policy_type))
     quantized = [m for m in policy.model.modules() if isinstance(m, QuantizedWeight)]
     assert len(quantized) == len(manifest["layers"]) and all(m.scheme.name == scheme[0] for m in quantized)
-    from phyai_ros.models.common.checkpoint_io import read_safetensors_file
+    from phyai_ros.models.files import read_safetensors_file
     ref = read_safetensors_file(fx / "expected.safetensors")["actions.unnormalized"]
     rel = ((torch.as_tensor(out).float() - ref).abs().max() / ref.abs().max()).item()
     assert rel <= BOUNDS[scheme], f"{scheme}: max-abs {rel:.4f} of the action scale"
@@ -224,7 +224,7 @@ def test_quantized_checkpoint_loads_and_stays_close_to_lerobot(tmp_path, policy_
 
 @needs_fixtures
 def test_quantized_folder_refuses_a_mismatch(tmp_path):
-    from phyai_ros.models.common.checkpoint_io import CheckpointError
+    from phyai_ros.models.files import CheckpointError
     from phyai_ros.models.pi05.checkpoint import load_pi05_checkpoint
     src = FIX / "pi05" / "checkpoint"
     assert _quantize_cli(src, tmp_path / "q", "--scheme", "w8a16") == 0
@@ -250,7 +250,7 @@ def test_static_w8a8_is_calibrated_on_observations(tmp_path):
                        "--calibration-inputs", str(fx / "inputs.safetensors"), "--tokenizer", str(require_tokenizer()),
                        "--norm-stats", str(fx / "norm_stats.json"), "--tasks-json", str(fx / "inputs.json"))
     assert rc == 0
-    from phyai_ros.models.common.checkpoint_io import read_safetensors_file
+    from phyai_ros.models.files import read_safetensors_file
     sd = read_safetensors_file(tmp_path / "s" / "model.safetensors")
     scales = {k: v.item() for k, v in sd.items() if k.endswith(".act_scale")}
     manifest = json.loads((tmp_path / "s" / "quantization.json").read_text())
@@ -277,7 +277,7 @@ def test_predict_takes_a_quantized_checkpoint(tmp_path):
     assert "max-abs actions vs actions.unnormalized" in out.stdout
 
 
-# GR00T N1.7 (phyai_ros/quant/groot.py), measured on its fixture (CPU fp32, 2026-12-01): max-abs of the
+# GR00T N1.7 (phyai_ros/models/groot_n17/quantization.py), measured on its fixture (CPU fp32, 2026-12-01): max-abs of the
 # unnormalized actions relative to the largest |action| of LeRobot's: w8a16 expert 0.50%, w8a8 everything 2.52%,
 # w4a16 g32 expert 6.94% (its 48-wide inputs stay float: K not a multiple of 32). Bounds ~2x those.
 GROOT_BOUNDS = {("w8a16",): 0.01, ("w8a8", "--parts", "vision,prefix,expert"): 0.05,
@@ -287,24 +287,22 @@ GROOT_BOUNDS = {("w8a16",): 0.01, ("w8a8", "--parts", "vision,prefix,expert"): 0
 @pytest.mark.parametrize("scheme", list(GROOT_BOUNDS))
 def test_groot_quantized_checkpoint_loads_fuses_and_stays_close(tmp_path, scheme):
     from phyai_ros.fixtures import groot_fixture_dir
-    from phyai_ros.models.common.checkpoint_io import read_safetensors_file
+    from phyai_ros.models.files import read_safetensors_file
     from phyai_ros.models.groot_n17.adapter import GrootPolicy
-    from phyai_ros.quant.model import describe
     g = groot_fixture_dir()
     if g is None or not (g / "checkpoint").is_dir():
         pytest.skip("no GR00T N1.7 fixture")
     assert _quantize_cli(g / "checkpoint", tmp_path / "q", "--scheme", *scheme) == 0
     manifest = json.loads((tmp_path / "q" / "quantization.json").read_text())
     policy = GrootPolicy.from_files(tmp_path / "q")    # base model / backbone from the manifest, not relative paths
-    assert describe(policy.weights).startswith(f"quantization {scheme[0]}")
+    assert policy.quantization().startswith(f"quantization {scheme[0]}")
     fused = [k for k, w in policy.weights.items() if isinstance(w, QuantizedWeight) and "qkv" in k]
     assert fused, "the adapter fuses quantized q/k/v as it does float ones"
     inp = read_safetensors_file(g / "inputs.safetensors")
     meta = json.loads((g / "inputs.json").read_text())
     images = {k.split("raw.observation.images.")[1]: v.numpy() for k, v in inp.items() if "images." in k}
-    from phyai_ros.models.groot_n17.predict import _embodiment_ids
     state = inp["raw.observation.state"]
-    x = policy.prepare(images, state.numpy(), meta["tasks"], _embodiment_ids({}, inp, state.shape[0]))
+    x = policy.prepare(images, state.numpy(), meta["tasks"], inp["embodiment_id"].tolist())
     out = policy.decode(policy.sample_actions(x, inp["noise"]), x)
     ref = read_safetensors_file(g / "expected.safetensors")["actions.unnormalized"]
     rel = ((torch.as_tensor(out).float() - ref).abs().max() / ref.abs().max()).item()

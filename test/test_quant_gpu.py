@@ -118,7 +118,8 @@ def test_full_size_quantized_pi05_graphs_match_eager(scheme):
     from phyai_ros.models.pi05 import Pi05Config
     from phyai_ros.models.pi05.checkpoint import lerobot_key_shapes, load_state_dict
     from phyai_ros.models.pi05.modeling import Pi05Model
-    from phyai_ros.quant.model import DEFAULT_PARTS, quantize_model
+    from phyai_ros.models.common.quantization import quantize_model
+    from phyai_ros.models.quantized_checkpoint import DEFAULT_PARTS
     from phyai_ros.runtime.runner import FlowRunner
     cfg = Pi05Config()
     model = Pi05Model(cfg, torch.bfloat16, "cuda")
@@ -156,7 +157,6 @@ def test_groot_quantized_runner_graphs_match_eager(tmp_path, scheme):
     run, and the actions near the float model's."""
     from phyai_ros.fixtures import groot_fixture_dir, load_groot_fixture
     from phyai_ros.models.groot_n17 import GrootPolicy
-    from phyai_ros.models.groot_n17.stages import GrootStages
     from phyai_ros.quant.__main__ import main as quantize
     from phyai_ros.runtime.groot_runner import GrootRunner
     g = groot_fixture_dir()
@@ -171,8 +171,8 @@ def test_groot_quantized_runner_graphs_match_eager(tmp_path, scheme):
         x = pol.prepare(fx["images"], fx["inp"]["raw.observation.state"], fx["meta"]["tasks"],
                         fx["inp"]["embodiment_id"].tolist())
         for graphs in (False, True):
-            runner = GrootRunner(GrootStages(pol), use_graphs=graphs)
-            outs[name, graphs] = runner.run(runner.stages.observation(x), fx["inp"]["noise"].cuda()).float().clone()
+            runner = GrootRunner(pol.model, use_graphs=graphs)
+            outs[name, graphs] = runner.run(runner.model.observation(x), fx["inp"]["noise"].cuda()).float().clone()
     q_eager, q_graph, ref = outs["quantized", False], outs["quantized", True], outs["float", False]
     assert torch.isfinite(q_graph).all()
     assert _rel(q_graph, q_eager) < 1e-3

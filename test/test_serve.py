@@ -40,7 +40,7 @@ def _free_port() -> int:
 def config(tmp_path_factory) -> ServeConfig:
     ckpt = make_small_checkpoint(tmp_path_factory.mktemp("serve") / "pi05", horizon=H)
     return ServeConfig(str(ckpt), str(require_tokenizer()), device="cpu", batch_wait_s=BATCH_WAIT_S,
-                       max_batch_size=8, slow_s=2.0, slow_task="slow task", exit_on_task="crash now")
+                       max_batch_size=8, engine="serve_drills:DrillEngine")
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +201,7 @@ def test_rollout_client_from_a_ray_actor(endpoint):
 def test_slow_replica_and_silent_endpoint_time_out_clearly(endpoint):
     rng = np.random.default_rng(8)
     with pytest.raises(ServeError, match="did not answer within 0.500 s"):
-        HttpPolicyClient(endpoint, timeout=0.5).infer(_request(rng, "robot_s", "slow task", 1))
+        HttpPolicyClient(endpoint, timeout=0.5).infer(_request(rng, "robot_s", "sleep 2.0", 1))
     with socket.socket() as silent:   # accepts connections, never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen()
@@ -214,7 +214,7 @@ def test_slow_replica_and_silent_endpoint_time_out_clearly(endpoint):
 def test_replica_dying_mid_batch_fails_every_request_clearly_then_recovers(endpoint, engine):
     rng = np.random.default_rng(9)
     victim = _request(rng, "robot_v", "pick up the cup", 3)
-    results = _post_all([(HttpPolicyClient(endpoint, timeout=30), _request(rng, "robot_x", "crash now", 1)),
+    results = _post_all([(HttpPolicyClient(endpoint, timeout=30), _request(rng, "robot_x", "exit now", 1)),
                          (HttpPolicyClient(endpoint, timeout=30), victim)])
     for robot, res in zip(("robot_x", "robot_v"), results):
         # never silent, never another robot's chunk: an error, or (if it ran on the restarted replica) its own
@@ -231,3 +231,41 @@ def test_replica_dying_mid_batch_fails_every_request_clearly_then_recovers(endpo
         pytest.fail("the replica was not replaced within 60 s")
     assert rep.robot_id == "robot_v" and np.abs(rep.actions - _alone(engine, victim)).max() <= 1e-5
     assert serve.status().applications[APP_NAME].status == "RUNNING"
+
+
+# ------------------------------------------------------------------------------------------- GR00T N1.7
+def test_groot_served_over_http_gets_predicts_chunk(endpoint, tmp_path):
+    """A family served one request at a time (GR00T N1.7: ``serving`` "single") on the same proxy under its own
+    route: its fixture checkpoint over real HTTP answers what ``python -m phyai_ros.predict`` computes for the
+    same observation and noise, and a request it cannot take fails alone as a 400."""
+    from safetensors.torch import save_file
+
+    from phyai_ros.fixtures import load_groot_fixture, require_groot_fixture
+    from phyai_ros.predict import main as predict
+    folder = require_groot_fixture()
+    fx = load_groot_fixture(folder)
+    url = run_local(ServeConfig(str(folder / "checkpoint"), device="cpu", batch_wait_s=0.01), port=_port(endpoint),
+                    num_replicas=1, num_cpus=0.5, name="groot", route_prefix="/groot")
+    client = HttpPolicyClient(url, timeout=60)
+    info = client.info()
+    assert (info["model_type"], info["serving"], info["masks_cameras"]) == ("groot_n17", "single", False)
+    images = {k: v[0].numpy() for k, v in fx["images"].items()}
+    state, task, seed = fx["inp"]["raw.observation.state"][0].numpy(), fx["meta"]["tasks"][0], 5
+    reply = client.infer(Request("arm", images, state, task, seed))
+    # predict on the same observation (batch 1) with the noise the server draws from the seed
+    noise = torch.randn(1, 16, 14, generator=torch.Generator().manual_seed(seed))   # [1, action_horizon, max_action_dim]
+    save_file({**{f"raw.observation.images.{k}": torch.from_numpy(v[None].copy()) for k, v in images.items()},
+               "raw.observation.state": torch.from_numpy(state[None].copy()), "noise": noise},
+              str(tmp_path / "inputs.safetensors"))
+    assert predict(["--checkpoint", str(folder / "checkpoint"), "--inputs", str(tmp_path / "inputs.safetensors"),
+                    "--task", task, "--output", str(tmp_path / "out.safetensors")]) == 0
+    from safetensors.torch import load_file
+    expected = load_file(str(tmp_path / "out.safetensors"))["actions"][0].numpy()
+    assert reply.robot_id == "arm" and reply.actions.shape == expected.shape == (16, 12)
+    assert np.abs(reply.actions - expected).max() <= 1e-5
+    with pytest.raises(ServeError, match="400.*camera 'wrist'"):   # a required camera missing: its own fault
+        client.infer(Request("arm", {"front": images["front"]}, state, task, seed))
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])

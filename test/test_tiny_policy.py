@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from phyai_ros.models.pi05 import Pi05Policy, make_random_checkpoint
-from phyai_ros.policies import norm_stats_path
+from phyai_ros.models.common.policy import norm_stats_file
 from phyai_ros.testing import require_tokenizer, small_model_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,8 +24,8 @@ PLAIN, PREFIX = CKPTS / tiny.NAMES["plain"], CKPTS / tiny.NAMES["prefix"]
 
 
 def load(ckpt: Path, tok: Path, stats: Path = None) -> Pi05Policy:
-    """As the node does: the checkpoint folder, its statistics found by ``norm_stats_path``."""
-    return Pi05Policy.from_files(ckpt, tok, stats or norm_stats_path("", ckpt), camera_names=list(tiny.SLOTS.values()))
+    """As the node does: the checkpoint folder, its statistics found by ``norm_stats_file``."""
+    return Pi05Policy.from_files(ckpt, tok, stats or norm_stats_file(None, ckpt), camera_names=list(tiny.SLOTS.values()))
 
 
 @pytest.mark.parametrize("ckpt", [PLAIN, PREFIX], ids=["plain", "prefix"])

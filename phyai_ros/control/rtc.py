@@ -28,7 +28,7 @@ from typing import Optional
 import numpy as np
 
 # The loop's RTC modes (``rtc.mode``). Each model family supports some of them (its adapter's
-# ``rtc_modes``; phyai_ros.models.MODEL_TYPES checks the pair): "guided" inference-time guidance and
+# ``rtc_modes``; the policy bridge checks the pair): "guided" inference-time guidance and
 # "trained" prefix-conditioned sampling (pi0, pi0.5), "native" GR00T N1.7's own RTC; "off" everywhere.
 RTC_MODES = ("guided", "trained", "native", "off")
 SCHEDULES = ("exp", "linear")

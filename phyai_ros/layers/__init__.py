@@ -1,4 +1,5 @@
-"""Operator layer: the only place model code gets its math from (see ops.py for why)."""
-from . import ops
+"""Operator layer: the only place model code gets its math from (see ops.py for why). Importing it registers
+every op's candidates with the operator selector: dispatch's, then the quantized twins' (quant_dispatch)."""
+from . import dispatch, ops, quant_dispatch
 
-__all__ = ["ops"]
+__all__ = ["dispatch", "ops", "quant_dispatch"]

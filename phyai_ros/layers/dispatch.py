@@ -7,7 +7,8 @@ reference ops; the Triton wrappers' row layout is adapted here, once. The
 ``linear_*`` ops are a skinny GEMM with the elementwise op after it fused in
 (fewer kernels per expert layer); where that kernel does not apply they run
 "unfused": the sub-ops through their own entry points, each selected as alone.
-A ``QuantizedWeight`` in place of a weight runs the op's quantized twin (layers/quant_dispatch.py).
+A ``QuantizedWeight`` in place of a weight runs the op's quantized twin ("q" + the op's name), whose candidates
+layers/quant_dispatch.py registers (the layers package imports both).
 """
 from __future__ import annotations
 
@@ -18,8 +19,7 @@ import torch
 
 from phyai_ros.kernels import _common as _triton_common
 from phyai_ros.layers import flashinfer_backend, ops
-from phyai_ros.layers.quant_dispatch import QUANT_REGISTRY, qshape_key
-from phyai_ros.layers.quantized import QuantizedWeight
+from phyai_ros.layers.quantized import QuantizedWeight, qshape_key
 from phyai_ros.layers.selector import SELECTOR, Candidate, active_selector, shape_key
 
 Tensor = torch.Tensor
@@ -382,7 +382,7 @@ _REGISTRY = {
                     for name, tiling in PREFIX_ATTENTION_TILINGS.items()),
                   Candidate("torch", ops.attention)],
 }
-for _op, _cands in {**_REGISTRY, **QUANT_REGISTRY}.items():
+for _op, _cands in _REGISTRY.items():
     for _c in _cands:
         SELECTOR.register(_op, _c)
 # Optional backends (flashinfer): profiled-only candidates inserted before each op's reference, so that only a

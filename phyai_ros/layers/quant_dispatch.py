@@ -1,7 +1,8 @@
 """Operator candidates for linear layers whose weight is a ``QuantizedWeight``.
 
 ``dispatch`` routes every linear op to its quantized twin ("linear" -> "qlinear", "linear_geglu" ->
-"qlinear_geglu", ...) when the weight is quantized, so the models call the same functions either way. The
+"qlinear_geglu", ...) when the weight is quantized, so the models call the same functions either way; this
+module registers the twins' candidates with the selector when the layers package is imported (layers/__init__). The
 candidates, in preference order:
 
 * few rows (the expert's / DiT's tokens): ``kernels/quant_linear.py``'s weight-streaming GEMM, one candidate per
@@ -21,9 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from phyai_ros.kernels import _common as _triton_common
-from phyai_ros.layers import ops
+from phyai_ros.layers import dispatch, ops
 from phyai_ros.layers.quantized import QuantizedWeight, observe
-from phyai_ros.layers.selector import Candidate, shape_key
+from phyai_ros.layers.selector import SELECTOR, Candidate
 
 Tensor = torch.Tensor
 _CUDA = ("cuda",)
@@ -42,13 +43,6 @@ QUANT_TILINGS = {
 QUANT_OPS = {"linear": "qlinear", "linear_geglu": "qlinear_geglu", "linear_add_rms_norm": "qlinear_add_rms_norm",
              "linear_gated_ada_rms_norm": "qlinear_gated_ada_rms_norm",
              "linear_add_layer_norm": "qlinear_add_layer_norm", "linear_gelu_tanh": "qlinear_gelu_tanh"}
-
-
-def qshape_key(x: Tensor, weight: QuantizedWeight, *more: Tensor) -> str:
-    """'1x50x1024,2560x1024|bfloat16|w8a16-int8': x's (and ``more``'s) shapes, the weight's, the scheme."""
-    dims, dtype = shape_key(x, *more).split("|")
-    n, k = weight.shape
-    return f"{dims},{n}x{k}|{dtype}|{weight.scheme.tag}"
 
 
 def _kargs(w: QuantizedWeight):
@@ -81,28 +75,23 @@ def torch_qlinear(x: Tensor, w: QuantizedWeight, bias=None) -> Tensor:
 
 
 def _unfused_geglu(x, w):
-    from phyai_ros.layers import dispatch
     return dispatch.geglu(dispatch.linear(x, w))
 
 
 def _unfused_add_rms(x, w, residual, norm_w, eps):
-    from phyai_ros.layers import dispatch
     return dispatch.add_rms_norm(dispatch.linear(x, w), residual, norm_w, eps)
 
 
 def _unfused_gated_ada(x, w, h, gate, scale, shift, eps):
-    from phyai_ros.layers import dispatch
     return dispatch.gated_ada_rms_norm(h, dispatch.linear(x, w), gate, scale, shift, eps)
 
 
 def _torch_add_layer_norm(h, x, w, bias, ln_w, ln_b, eps):
-    from phyai_ros.layers import dispatch
     h = h + dispatch.linear(x, w, bias)
     return h, ops.layer_norm(h, ln_w, ln_b, eps)
 
 
 def _unfused_gelu_tanh(x, w, bias):
-    from phyai_ros.layers import dispatch
     return ops.gelu_tanh(dispatch.linear(x, w, bias))
 
 
@@ -144,7 +133,6 @@ def _triton_qgated_ada(x, w, h, gate, scale, shift, eps, **tiling):
 def _triton_qadd_layer_norm(h, x, w, bias, ln_w, ln_b, eps):
     """The quantized GEMM without its bias (any candidate), then the add + LayerNorm kernel adds bias and h."""
     from phyai_ros.kernels.layer_norm import add_layer_norm
-    from phyai_ros.layers import dispatch
     return add_layer_norm(h, dispatch.linear(x, w), bias, ln_w, ln_b, eps)
 
 
@@ -187,3 +175,6 @@ QUANT_REGISTRY = {
     "qlinear_gelu_tanh": [*_tiled("triton", functools.partial(_triton_qlinear, act="gelu_tanh"), _few_rows),
                           Candidate("unfused", _unfused_gelu_tanh)],
 }
+for _op, _cands in QUANT_REGISTRY.items():
+    for _c in _cands:
+        SELECTOR.register(_op, _c)

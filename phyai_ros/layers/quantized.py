@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from phyai_ros.kernels.quant_linear import FP8_MAX, dequantize, pack_int4
+from phyai_ros.layers.selector import shape_key
 
 Tensor = torch.Tensor
 
@@ -192,3 +193,10 @@ def apply_calibration(seen: Dict["QuantizedWeight", float], margin: float = 1.0)
     for w, amax in seen.items():
         w.act_scale.fill_(max(margin * amax / FP8_MAX, 1e-12))
     return len(seen)
+
+
+def qshape_key(x: Tensor, weight: "QuantizedWeight", *more: Tensor) -> str:
+    """'1x50x1024,2560x1024|bfloat16|w8a16-int8': x's (and ``more``'s) shapes, the weight's, the scheme."""
+    dims, dtype = shape_key(x, *more).split("|")
+    n, k = weight.shape
+    return f"{dims},{n}x{k}|{dtype}|{weight.scheme.tag}"

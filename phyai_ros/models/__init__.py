@@ -1,64 +1,87 @@
-"""The registry of model types: ``model.type`` (or a checkpoint's config.json ``type``) -> its adapter class.
+"""The registry of policy families: ``model.type`` -> the family's adapter class (phyai_ros/models/contract.py).
 
-A new model family adds its folder under ``phyai_ros/models/`` and one line here; nothing else shared changes.
-Entries are "module:Class" strings so that reading the table (the node's parameter choices, the replay tools)
-imports no torch. An adapter class registered here provides what the policy bridge (phyai_ros/policies.py)
-uses, in robot units and numpy at batch 1:
-
-    from_files(checkpoint, tokenizer, norm_stats, camera_names=, device=, dtype=) -> adapter
-    rtc_modes (the control.rtc.RTC_MODES it supports), rtc_max_guidance, rtc_jacobian
-    use_runner(use_graphs, token_bucket)           the runner it samples through (graphs on CUDA)
-    capture_buckets(images, state, eager=False, min_cameras=None)
-                                                   graph capture at start-up (eager: the same shapes without
-                                                   graphs, for the operator autotune's recording; min_cameras:
-                                                   also every count of cameras present from it up)
-    predict(images, state, task, noise, rtc) -> [H, D]     rtc: control.rtc.RtcRequest or None
-    make_noise(1, generator), camera_names, state_dim, action_dim, chunk_size, image_size (None: any aspect)
-    fit_task(task, state) -> (prompt, cut)         an instruction too long for the prompt is reported once
-    needs_files        the file parameters it reads besides the checkpoint ("tokenizer", "norm_stats")
-    masks_cameras      False: every camera slot is required (no masked slots)
-    select_embodiment(value)                       only where ``model.embodiment`` means something
-
-An instance may narrow ``rtc_modes`` (a checkpoint that cannot do RTC); the bridge checks both.
-
-A checkpoint's config.json ``type`` is a registry key, or an alias of one (``CHECKPOINT_TYPES``: LeRobot writes
-"groot" for GR00T N1.7).
+A family is one folder under ``phyai_ros/models/`` and one line in ``FAMILIES``; nothing else shared changes,
+since every shared tool asks the adapter class (the contract) what differs by family. A family living outside
+this package registers without touching it: a ``phyai_ros.families`` entry point of an installed package
+(name = the family, value = ``module:Class``), or ``PHYAI_ROS_FAMILIES="name=module:Class[,...]"`` in the
+environment (tests, a robot's own family in development). Entries are strings, so listing the families imports
+no model code.
 """
 from __future__ import annotations
 
 import importlib
+import os
+from functools import lru_cache
+from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Dict, List
 
-MODEL_TYPES: dict[str, str] = {
+from phyai_ros.models.files import read_json
+from .contract import PolicyAdapter, check_family
+
+FAMILIES: Dict[str, str] = {
     "pi05": "phyai_ros.models.pi05.adapter:Pi05Policy",
     "pi0": "phyai_ros.models.pi0.adapter:Pi0Policy",
-    "groot_n17": "phyai_ros.models.groot_n17.node_policy:GrootNodePolicy",
+    "groot_n17": "phyai_ros.models.groot_n17.adapter:GrootPolicy",
 }
-# config.json "type" -> registry key, where the two differ
-CHECKPOINT_TYPES: dict[str, str] = {"groot": "groot_n17"}
+PLUGIN_ENV = "PHYAI_ROS_FAMILIES"
+ENTRY_POINT_GROUP = "phyai_ros.families"
 
 
-def adapter_class(model_type: str) -> type:
-    """The adapter class registered for ``model_type`` (ValueError naming the registered types)."""
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"model type {model_type!r} is not available (registered: {', '.join(MODEL_TYPES)})")
-    module, name = MODEL_TYPES[model_type].split(":")
-    return getattr(importlib.import_module(module), name)
+def registered() -> Dict[str, str]:
+    """family name -> "module:Class": the built-in families, then installed entry points, then the environment's.
+    A plugin may not take a built-in family's name."""
+    table = dict(FAMILIES)
+    plugins = [(ep.name, ep.value) for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    for item in filter(None, (s.strip() for s in os.environ.get(PLUGIN_ENV, "").split(","))):
+        name, sep, target = item.partition("=")
+        if not sep or ":" not in target:
+            raise ValueError(f"{PLUGIN_ENV}: {item!r} is not name=module:Class")
+        plugins.append((name.strip(), target.strip()))
+    for name, target in plugins:
+        if name in FAMILIES:
+            raise ValueError(f"policy family plugin {name!r} ({target}) takes a built-in family's name")
+        table[name] = target
+    return table
+
+
+def family_names() -> List[str]:
+    return list(registered())
+
+
+def family(name: str) -> type:
+    """The adapter class of family ``name`` (ValueError naming the registered ones), checked against the
+    contract."""
+    table = registered()
+    if name not in table:
+        raise ValueError(f"model type {name!r} is not available (registered: {', '.join(table)})")
+    return _load(name, table[name])
+
+
+@lru_cache(maxsize=None)
+def _load(name: str, target: str) -> type:
+    module, attr = target.split(":")
+    cls = getattr(importlib.import_module(module), attr)
+    check_family(cls)
+    if cls.family != name:
+        raise ValueError(f"{target} is registered as {name!r} but says it is family {cls.family!r}")
+    return cls
 
 
 def checkpoint_type(checkpoint) -> str:
-    """The registry type of a checkpoint folder's config.json ``type`` (pi0.5 when it names none)."""
-    from phyai_ros.models.common.checkpoint_io import read_json
-    kind = read_json(Path(checkpoint) / "config.json").get("type", "pi05")
-    return CHECKPOINT_TYPES.get(kind, kind)
+    """The family that loads a checkpoint folder, from its config.json ``type`` (each family lists the types it
+    loads: ``checkpoint_types``)."""
+    kind = read_json(Path(checkpoint) / "config.json").get("type", "")
+    for name in registered():
+        if kind in family(name).checkpoint_types:
+            return name
+    raise ValueError(f"{Path(checkpoint) / 'config.json'}: no registered policy family loads type {kind!r} "
+                     f"(registered: {', '.join(registered())})")
 
 
-def check_rtc_mode(model_type: str, mode: str) -> None:
-    """Refuse an RTC mode the model type does not support, saying which type supports which modes."""
-    modes = adapter_class(model_type).rtc_modes
-    if mode not in modes:
-        support = "; ".join(f"{t}: {', '.join(adapter_class(t).rtc_modes)}" for t in MODEL_TYPES)
-        raise ValueError(f"rtc.mode {mode!r} is not supported by model type {model_type} ({support})")
+def family_for_checkpoint(checkpoint) -> type:
+    return family(checkpoint_type(checkpoint))
 
 
-__all__ = ["MODEL_TYPES", "CHECKPOINT_TYPES", "adapter_class", "checkpoint_type", "check_rtc_mode"]
+__all__ = ["FAMILIES", "PLUGIN_ENV", "ENTRY_POINT_GROUP", "PolicyAdapter", "registered", "family_names", "family",
+           "checkpoint_type", "family_for_checkpoint"]

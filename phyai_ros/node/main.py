@@ -40,7 +40,7 @@ with needs_ros(__name__):  # the one module that needs ROS to import: a missing 
     from phyai_ros.msg import ActionChunk, ControlMargin
 
 from phyai_ros import diagnostics
-from phyai_ros.control import CallableClock, ControlConfig, ControlLoop, stamp_to_ns
+from phyai_ros.control import CallableClock, ControlLoop, stamp_to_ns
 from phyai_ros.messages import chunk_to_msg, margin_to_msg, ns_to_time
 from phyai_ros.node.images import ImageConverter, ImageDecodeError
 from phyai_ros.node.parameters import declare_and_read
@@ -54,58 +54,39 @@ _INPUT_PROBLEMS = ("stale_snapshots", "bad_image", "bad_state", "missing_joint",
                    "deadline_misses", "callback_errors", "truncated_instructions")
 
 
-def control_config(p: dict, image_input_size: Optional[int] = None) -> ControlConfig:
-    """Node parameters (and the policy's square image input size) -> the control loop's configuration."""
-    slots, required = p["cameras.slots"], p["cameras.required"]
-    return ControlConfig(
-        dt=p["control.dt"], horizon=p["control.horizon"], action_dim=len(p["control.action_names"]),
-        cameras=[s for s, r in zip(slots, required) if r],
-        optional_cameras=[s for s, r in zip(slots, required) if not r],
-        state_joint_names=list(p["state.joint_names"]),
-        max_observation_age=p["max_observation_age"], max_state_age=p["state.max_age"],
-        default_instruction=p["instruction.default"], require_instruction=True,
-        rtc_mode=p["rtc.mode"], rtc_schedule=p["rtc.schedule"], rtc_overlap=p["rtc.overlap"],
-        delay_quantile=p["rtc.delay_quantile"],
-        cold_start_inferences=0 if p["model.warmup_runs"] > 0 else 1,
-        deadline_policy=p["control.deadline_policy"],
-        margin_window=p["margin.window"], eps=p["margin.eps"], confidence=p["margin.confidence"],
-        min_samples=p["margin.min_samples"], error_p_threshold=p["margin.error_probability"],
-        error_consecutive_misses=p["margin.error_consecutive_misses"], model_id=p["model.id"],
-        image_input_size=image_input_size,
-    )
-
-
 class PolicyNode(Node):
+    """Construction declares and checks the parameters (cheap, no model); ``configure()`` loads the policy, warms
+    it up, captures its graphs and wires the topics, timers and control loop."""
+
     def __init__(self, **kwargs):
         super().__init__(diagnostics.NODE_NAME, **kwargs)
         self.p = declare_and_read(self)
-        self._names = list(self.p["control.action_names"])
+        self._names = list(self.p.control.action_names)
         self._images = ImageConverter()
         self._event_log_times: dict[str, float] = {}
         self._last_counters: dict[str, int] = {}
+        self.policy = None
+        self.loop: Optional[ControlLoop] = None
 
+    def configure(self) -> "PolicyNode":
         t = time.monotonic()
         self.policy = build_policy(self.p, robot_id=self.get_fully_qualified_name())
         self.p = resolved_parameters(self.p, self.policy)   # model.type and control.horizon: the checkpoint's
-        self.get_logger().info(f"policy {self.p['model.id']} ({self.p['model.type']}, H = {self.p['control.horizon']}) "
-                               f"ready in {time.monotonic() - t:.1f} s ({self.p['model.device']}, {self.p['model.dtype']})")
+        m = self.p.model
+        self.get_logger().info(f"policy {m.id} ({m.type}, H = {self.p.control.horizon}) ready in "
+                               f"{time.monotonic() - t:.1f} s ({m.device}, {m.dtype})")
         if getattr(self.policy, "op_profile", None) is not None:   # onboard: which operator profile it runs
             self.get_logger().info(self.policy.op_profile.describe())
-        adapter = getattr(self.policy, "adapter", None)
-        model = getattr(adapter, "model", None)
-        model = getattr(adapter, "weights", None) if model is None else model   # pi family / GR00T
-        if model is not None:   # onboard: the scheme its checkpoint's manifest set (phyai_ros/quant)
-            from phyai_ros.quant.model import describe
-            self.get_logger().info(describe(model))
-
+            self.get_logger().info(self.policy.adapter.quantization())   # the scheme its checkpoint set
         self._make_publishers()
-        self.loop = ControlLoop(control_config(self.p, self.policy.image_input_size), self.policy,
+        self.loop = ControlLoop(self.p.control_config(self.policy.image_input_size), self.policy,
                                 clock=CallableClock(lambda: self.get_clock().now().nanoseconds),
                                 on_chunk=self._publish_chunk, on_margin=self._publish_margin,
                                 on_event=self._on_event)
         self._make_subscriptions()
-        self.create_timer(self.p["control.dt"], self._guarded("action timer", self._tick))
-        self.create_timer(self.p["diagnostics.period"], self._guarded("diagnostics", self._publish_diagnostics))
+        self.create_timer(self.p.control.dt, self._guarded("action timer", self._tick))
+        self.create_timer(self.p.diagnostics.period, self._guarded("diagnostics", self._publish_diagnostics))
+        return self
 
     def _guarded(self, what: str, fn: Callable, with_info: bool = False) -> Callable:
         """An executor callback that cannot raise: an exception (a bug or an input no check foresaw) is
@@ -123,23 +104,23 @@ class PolicyNode(Node):
     # -- wiring ---------------------------------------------------------------------------------
     def _make_publishers(self) -> None:
         p = self.p
-        self._command_is_trajectory = p["output.command_type"] == "joint_trajectory"
+        self._command_is_trajectory = p.output.command_type == "joint_trajectory"
         command_type = JointTrajectory if self._command_is_trajectory else Float64MultiArray
-        self.command_pub = self.create_publisher(command_type, p["output.command_topic"], RELIABLE)
-        self.chunk_pub = self.create_publisher(ActionChunk, p["output.chunk_topic"], RELIABLE)
-        self.chunk_traj_pub = (self.create_publisher(JointTrajectory, p["output.chunk_trajectory_topic"], RELIABLE)
-                               if p["output.chunk_trajectory_topic"] else None)
-        self.margin_pub = self.create_publisher(ControlMargin, p["output.margin_topic"], RELIABLE)
+        self.command_pub = self.create_publisher(command_type, p.output.command_topic, RELIABLE)
+        self.chunk_pub = self.create_publisher(ActionChunk, p.output.chunk_topic, RELIABLE)
+        self.chunk_traj_pub = (self.create_publisher(JointTrajectory, p.output.chunk_trajectory_topic, RELIABLE)
+                               if p.output.chunk_trajectory_topic else None)
+        self.margin_pub = self.create_publisher(ControlMargin, p.output.margin_topic, RELIABLE)
         self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", RELIABLE)
 
     def _make_subscriptions(self) -> None:
         p = self.p
-        for slot, topic, compressed in zip(p["cameras.slots"], p["cameras.topics"], p["cameras.compressed"]):
+        for slot, topic, compressed in zip(p.cameras.slots, p.cameras.topics, p.cameras.compressed):
             msg_type = CompressedImage if compressed else Image
             self.create_subscription(msg_type, topic, self._guarded(f"camera {slot}",
                                                                     self._camera_callback(slot, compressed)),
                                      SENSOR)
-        self.create_subscription(JointState, p["state.topic"], self._guarded("joint state", self._on_joint_state),
+        self.create_subscription(JointState, p.state.topic, self._guarded("joint state", self._on_joint_state),
                                  SENSOR)
         # The instruction is latched: a transient-local subscription gets the last instruction of a
         # publisher that started earlier. A volatile publisher (a plain `ros2 topic pub`, a bag replay)
@@ -149,14 +130,14 @@ class PolicyNode(Node):
         # flap back to A for a moment and a long B be counted twice.
         self._instructions_taken: deque = deque(maxlen=64)
         on_instruction = self._guarded("instruction", self._on_instruction, with_info=True)
-        self.create_subscription(String, p["instruction.topic"], on_instruction, LATCHED,
+        self.create_subscription(String, p.instruction.topic, on_instruction, LATCHED,
                                  event_callbacks=SubscriptionEventCallbacks(incompatible_qos=lambda _: None))
-        self.create_subscription(String, p["instruction.topic"], on_instruction, RELIABLE)
+        self.create_subscription(String, p.instruction.topic, on_instruction, RELIABLE)
 
     # -- inputs ---------------------------------------------------------------------------------
     def _camera_callback(self, slot: str, compressed: bool):
         decode = self._images.from_compressed if compressed else self._images.from_image
-        topic = dict(zip(self.p["cameras.slots"], self.p["cameras.topics"]))[slot]
+        topic = dict(zip(self.p.cameras.slots, self.p.cameras.topics))[slot]
 
         def callback(msg) -> None:
             try:
@@ -190,7 +171,7 @@ class PolicyNode(Node):
             return  # the same text again (latched and volatile subscriptions both take it), or refused
         prompt, cut = self.policy.adapter.fit_task(text, self.loop.buffer.latest_state)
         if cut:
-            budget = self.policy.adapter.config.token_budget
+            budget = self.policy.adapter.token_budget
             self.loop.report_bad_input("truncated_instructions",
                                        f"instruction of {len(text)} characters does not fit the {budget}-token "
                                        f"prompt; the policy gets its start only (prompt {prompt[:120]!r}...), the "
@@ -251,13 +232,13 @@ class PolicyNode(Node):
 
         name = self.get_name()
         margin = DiagnosticStatus(name=diagnostics.status_name(name, diagnostics.MARGIN_STATUS),
-                                  hardware_id=self.p["model.id"])
+                                  hardware_id=self.p.model.id)
         level, margin.message = self.loop.health()
         margin.level = _LEVEL_BYTES[level]
         margin.values = [KeyValue(key=k, value=f"{v:.6g}") for k, v in diagnostics.margin_values(
             report, self.loop.delivery.summary(), self.loop.clock_rate.rate())]
         inputs = DiagnosticStatus(name=diagnostics.status_name(name, diagnostics.LOOP_STATUS),
-                                  hardware_id=self.p["model.id"])
+                                  hardware_id=self.p.model.id)
         inputs.level = DiagnosticStatus.WARN if grown else DiagnosticStatus.OK
         inputs.message = ("problems this period: " + ", ".join(grown)) if grown else "ok"
         inputs.values = [KeyValue(key=k, value=v) for k, v in diagnostics.loop_values(
@@ -267,7 +248,8 @@ class PolicyNode(Node):
         self.diag_pub.publish(array)
 
     def destroy_node(self) -> None:
-        self.loop.close()
+        if self.loop is not None:
+            self.loop.close()
         super().destroy_node()
 
 
@@ -278,7 +260,7 @@ def main(args: Optional[list] = None) -> int:
     node = None
     try:
         try:
-            node = PolicyNode()
+            node = PolicyNode().configure()
         except (KeyboardInterrupt, ExternalShutdownException):
             raise
         except Exception as exc:  # noqa: BLE001 - any start-up failure ends here, explained

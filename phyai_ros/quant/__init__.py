@@ -1,13 +1,7 @@
-"""Offline quantization of pi-family checkpoints (``python -m phyai_ros.quant``) and their loading.
+"""The offline quantizer (``python -m phyai_ros.quant``): checkpoint in, quantized checkpoint out, for any family
+whose adapter has a ``quantize`` hook (phyai_ros/models/contract.py).
 
-The weight type and the ops live in ``phyai_ros.layers`` (quantized.py, quant_dispatch.py); this package owns
-which weights of a model are quantized (its parts), the calibration of static activation scales, and the
-quantized checkpoint folder (weights + scales + a manifest), which the family loaders read like any other.
+The weight type and the ops live in ``phyai_ros.layers`` (quantized.py, quant_dispatch.py); the folder format and
+the parts vocabulary in ``phyai_ros.models.quantized_checkpoint``; which weights of a model are quantized, and
+its folder, in each family's folder. This package is the tool: its arguments, and the calibration inputs.
 """
-from phyai_ros.layers.quantized import QuantizedWeight, QuantScheme
-
-from .checkpoint import MANIFEST, read_manifest, write_quantized_checkpoint
-from .model import DEFAULT_PARTS, PARTS, quantize_model
-
-__all__ = ["QuantScheme", "QuantizedWeight", "MANIFEST", "read_manifest", "write_quantized_checkpoint",
-           "DEFAULT_PARTS", "PARTS", "quantize_model"]

@@ -68,9 +68,9 @@ def measure_inference(checkpoint, tokenizer, runs: int = 3) -> float:
     import torch
 
     from phyai_ros.models.pi05 import Pi05Policy
-    from phyai_ros.policies import norm_stats_path
+    from phyai_ros.models.common.policy import norm_stats_file
     from phyai_ros.replay.demo_bag import DEFAULT_CAMERAS
-    policy = Pi05Policy.from_files(checkpoint, tokenizer, norm_stats_path("", Path(checkpoint)))
+    policy = Pi05Policy.from_files(checkpoint, tokenizer, norm_stats_file(None, Path(checkpoint)))
     rng = np.random.default_rng(0)
     images = {name: rng.integers(0, 256, (cam.height, cam.width, 3), dtype=np.uint8)
               for name, cam in zip(policy.camera_names, DEFAULT_CAMERAS)}

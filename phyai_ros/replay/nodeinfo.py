@@ -12,6 +12,7 @@ import yaml
 
 from phyai_ros.control.loop import ControlConfig
 from phyai_ros.diagnostics import NODE_NAME
+from phyai_ros.parameters import SPECS, Parameters
 from phyai_ros.replay.bagtypes import absolute_topic
 
 # The loop's fixed tolerances (not node parameters), read from the one place they are defined.
@@ -71,27 +72,24 @@ class NodeInfo:
     # -- construction
     @classmethod
     def from_params(cls, p: Mapping[str, Any], *, source: str = "parameters", name: str = NODE_NAME) -> "NodeInfo":
-        """From dotted parameter names; missing ones take the node's declared defaults."""
-        from phyai_ros.node.parameters import SPECS
-        v = {k: s.default for k, s in SPECS.items()}
-        v.update({k: val for k, val in p.items() if val is not None})
+        """From dotted parameter names (checked as the node checks them, phyai_ros.parameters); missing ones take
+        the node's declared defaults; names the table does not declare (use_sim_time, ...) are not its."""
+        v = Parameters.of({k: val for k, val in p.items() if k in SPECS and val is not None})
         cams = tuple(CameraInput(slot, absolute_topic(topic), bool(c), bool(r)) for slot, topic, c, r in
-                     zip(v["cameras.slots"], v["cameras.topics"], v["cameras.compressed"], v["cameras.required"]))
-        traj = v["output.chunk_trajectory_topic"]
+                     zip(v.cameras.slots, v.cameras.topics, v.cameras.compressed, v.cameras.required))
+        out, traj = v.output, v.output.chunk_trajectory_topic
         return cls(
-            cameras=cams, state_topic=absolute_topic(v["state.topic"]), joint_names=tuple(v["state.joint_names"]),
-            instruction_topic=absolute_topic(v["instruction.topic"]),
-            max_observation_age=float(v["max_observation_age"]), max_state_age=float(v["state.max_age"]),
-            dt=float(v["control.dt"]), horizon=int(v["control.horizon"]),
-            diagnostics_period=float(v["diagnostics.period"]),
-            chunk_topic=absolute_topic(v["output.chunk_topic"]), margin_topic=absolute_topic(v["output.margin_topic"]),
-            command_topic=absolute_topic(v["output.command_topic"]), command_type=v["output.command_type"],
+            cameras=cams, state_topic=absolute_topic(v.state.topic), joint_names=tuple(v.state.joint_names),
+            instruction_topic=absolute_topic(v.instruction.topic),
+            max_observation_age=v.max_observation_age, max_state_age=v.state.max_age,
+            dt=v.control.dt, horizon=v.control.horizon, diagnostics_period=v.diagnostics.period,
+            chunk_topic=absolute_topic(out.chunk_topic), margin_topic=absolute_topic(out.margin_topic),
+            command_topic=absolute_topic(out.command_topic), command_type=out.command_type,
             chunk_trajectory_topic=absolute_topic(traj) if traj else "",
-            eps=float(v["margin.eps"]), confidence=float(v["margin.confidence"]),
-            min_samples=int(v["margin.min_samples"]), error_probability=float(v["margin.error_probability"]),
-            error_consecutive_misses=int(v["margin.error_consecutive_misses"]),
-            model_id=str(v["model.id"]),
-            name=name, use_sim_time=p.get("use_sim_time"), source=source, params=dict(v))
+            eps=v.margin.eps, confidence=v.margin.confidence, min_samples=v.margin.min_samples,
+            error_probability=v.margin.error_probability,
+            error_consecutive_misses=v.margin.error_consecutive_misses, model_id=v.model.id,
+            name=name, use_sim_time=p.get("use_sim_time"), source=source, params=v.values())
 
     @classmethod
     def from_params_file(cls, path, *, name: str = NODE_NAME, overrides: Optional[Mapping[str, Any]] = None

@@ -1,17 +1,18 @@
 """The observation runner: static buffers per shape bucket, per-observation state and CUDA-graph replay for
 policies whose inference is "encode the observation once, then a fixed-step loop" (GR00T N1.7 today).
 
-Ownership as in runner.py: the model's stage object says *what* to compute, the runner owns *how*: one
+Ownership as in runner.py: the model object (its stage functions) says *what* to compute, the runner owns *how*: one
 bucket per observation shape (batch, token length, image grid, ...), holding static input buffers, the step
 tables of its batch size, the loop's noise / RTC buffers, and three captured graphs (backbone, per-observation
 context, the whole loop with native RTC inside). On the CPU, or with graphs off, the same stage functions run
 eagerly on the same buffers, so both paths compute the same thing.
 
-The stage object provides (phyai_ros/models/groot_n17/stages.py)::
+The model object provides (phyai_ros/models/groot_n17/modeling.py)::
 
     observation(inputs) -> {name: tensor}     host side: everything data-dependent, as fixed-shape tensors
     batch_size(obs) -> int;  noise_shape(batch) -> shape;  step_tables(batch) -> per-step constants
-    solver_tensors(rtc, batch) -> (seed, keep, weight)    the loop's RTC inputs (RTC off: rtc=None)
+    solver_tensors(rtc, batch) -> (seed, keep, weight)    the loop's RTC inputs (the model's own RTC request;
+                                                          RTC off: rtc=None)
     backbone(obs) -> features;  context(obs, features) -> ctx       once per observation (capture-safe)
     loop(ctx, tables, noise, seed, keep, weight) -> actions             once per chunk (capture-safe)
 """
@@ -48,9 +49,9 @@ class _Bucket:
 class GrootRunner:
     """Runs backbone + context once per observation and the captured loop once per chunk, on one device."""
 
-    def __init__(self, stages, use_graphs: bool = True):
-        self.stages = stages
-        self.device = torch.device(stages.device)
+    def __init__(self, model, use_graphs: bool = True):
+        self.model = model
+        self.device = torch.device(model.device)
         self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
         self.registry = GraphRegistry() if self.use_graphs else None
         self._buckets: Dict[tuple, _Bucket] = {}
@@ -68,11 +69,11 @@ class GrootRunner:
         key = self.bucket_key(obs)
         b = self._buckets.get(key)
         if b is None:
-            batch = self.stages.batch_size(obs)
-            seed, keep, weight = self.stages.solver_tensors(None, batch)
+            batch = self.model.batch_size(obs)
+            seed, keep, weight = self.model.solver_tensors(None, batch)
             b = _Bucket(key, {k: torch.empty_like(v, device=self.device) for k, v in obs.items()},
-                        self.stages.step_tables(batch),
-                        torch.zeros(self.stages.noise_shape(batch), device=self.device, dtype=torch.float32),
+                        self.model.step_tables(batch),
+                        torch.zeros(self.model.noise_shape(batch), device=self.device, dtype=torch.float32),
                         seed.clone(), keep.clone(), weight.clone())
             self._buckets[key] = b
         return b
@@ -80,7 +81,7 @@ class GrootRunner:
     # ---------------------------------------------------------------- execution
     @torch.no_grad()
     def set_observation(self, obs: Dict[str, Tensor]) -> _Bucket:
-        """Copy a new observation (stages.observation's tensors) into its bucket and compute its context
+        """Copy a new observation (model.observation's tensors) into its bucket and compute its context
         (backbone + context stages), invalidating the one held before."""
         b = self._bucket(obs)
         b.observation_for = None
@@ -88,13 +89,13 @@ class GrootRunner:
             b.obs[k].copy_(v, non_blocking=True)
         if self.use_graphs:
             if b.backbone is None:
-                b.backbone = self.registry.capture(("backbone",) + b.key, self.stages.backbone, (b.obs,))
-                b.context = self.registry.capture(("context",) + b.key, self.stages.context,
+                b.backbone = self.registry.capture(("backbone",) + b.key, self.model.backbone, (b.obs,))
+                b.context = self.registry.capture(("context",) + b.key, self.model.context,
                                                   (b.obs, b.backbone.outputs))
             b.backbone.replay()
             b.context.replay()
         else:
-            b.context = CapturedCall(graph=None, inputs=(), outputs=self.stages.context(b.obs, self.stages.backbone(b.obs)))
+            b.context = CapturedCall(graph=None, inputs=(), outputs=self.model.context(b.obs, self.model.backbone(b.obs)))
         b.observation_for = next(self._observation_ids)
         return b
 
@@ -107,14 +108,14 @@ class GrootRunner:
         if bucket.observation_for is None:
             raise RuntimeError("the observation context is invalid: call set_observation() for the new observation first")
         batch = bucket.noise.shape[0]
-        for buf, value in zip((bucket.seed, bucket.keep, bucket.weight), self.stages.solver_tensors(rtc, batch)):
+        for buf, value in zip((bucket.seed, bucket.keep, bucket.weight), self.model.solver_tensors(rtc, batch)):
             buf.copy_(value, non_blocking=True)
         bucket.noise.copy_(noise, non_blocking=True)
         args = (bucket.context.outputs, bucket.tables, bucket.noise, bucket.seed, bucket.keep, bucket.weight)
         if not self.use_graphs:
-            return self.stages.loop(*args)
+            return self.model.loop(*args)
         if bucket.loop is None:
-            bucket.loop = self.registry.capture(("loop",) + bucket.key, self.stages.loop, args)
+            bucket.loop = self.registry.capture(("loop",) + bucket.key, self.model.loop, args)
         return bucket.loop.replay()
 
     def run(self, obs: Dict[str, Tensor], noise: Tensor, rtc=None) -> Tensor:

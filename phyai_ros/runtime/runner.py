@@ -28,6 +28,8 @@ from phyai_ros.modeling import solver
 from phyai_ros.runtime.graphs import CapturedCall, GraphRegistry
 
 Tensor = torch.Tensor
+# Batch sizes captured for served batches: a batch is padded to the next one (a bounded set of graphs).
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from ray import serve
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from .engine import BatchEngine, ServeConfig
+from .engine import ServeConfig, engine_for
 from .wire import BadRequest, Failure, Request, decode_request, encode_reply
 
 APP_NAME = "phyai_policy"
@@ -41,7 +41,7 @@ def _error(status: int, message: str, robot_id: str = "") -> Response:
 class PolicyDeployment:
     def __init__(self, config: dict):
         self.cfg = ServeConfig(**config)
-        self.engine = BatchEngine(self.cfg)
+        self.engine = engine_for(self.cfg)
         self.counters: Counter = Counter()
         self._batched.set_max_batch_size(self.cfg.max_batch_size)
         self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_s)
@@ -90,12 +90,13 @@ def build_app(config: ServeConfig, num_replicas: int = 0, num_cpus: float = 1.0)
 
 
 def run_local(config: ServeConfig, port: int = 8000, host: str = "127.0.0.1", num_replicas: int = 0,
-              num_cpus: float = 1.0, **ray_init) -> str:
-    """Start (or join) Ray, start Serve's HTTP proxy on host:port and run the application; returns the endpoint.
-    ``ray_init``: ray.init's arguments when no Ray instance is up in this process yet."""
+              num_cpus: float = 1.0, name: str = APP_NAME, route_prefix: str = "/", **ray_init) -> str:
+    """Start (or join) Ray, start Serve's HTTP proxy on host:port and run the application under ``route_prefix``
+    (several models on one proxy: one name and route each); returns the endpoint. ``ray_init``: ray.init's
+    arguments when no Ray instance is up in this process yet."""
     import ray
     if not ray.is_initialized():
         ray.init(**ray_init)
     serve.start(http_options={"host": host, "port": port})
-    serve.run(build_app(config, num_replicas, num_cpus), name=APP_NAME, route_prefix="/")
-    return f"http://{host}:{port}"
+    serve.run(build_app(config, num_replicas, num_cpus), name=name, route_prefix=route_prefix)
+    return f"http://{host}:{port}{route_prefix.rstrip('/')}"

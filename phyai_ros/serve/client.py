@@ -101,7 +101,7 @@ def _remote_model(info: dict) -> SimpleNamespace:
                            image_size=info["image_size"], state_dim=info["state_dim"],
                            action_dim=info["action_dim"], rtc_modes=tuple(info["rtc_modes"]),
                            masks_cameras=info["masks_cameras"], fit_task=fit_task,
-                           config=SimpleNamespace(token_budget=info["token_budget"]))
+                           token_budget=info["token_budget"] or None)
 
 
 class RemotePolicy:

@@ -12,8 +12,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .checkpoint_io import (CheckpointError, count_layers, normalize_key_aliases, read_json, read_safetensors,
-                            require_file)
+from .checkpoint_io import count_layers, normalize_key_aliases
+
+from phyai_ros.models.files import CheckpointError, read_json, read_safetensors, require_file
 from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
 from phyai_ros.models.common.paligemma_keys import LM, VIS
 

@@ -19,7 +19,7 @@ from typing import Dict
 import numpy as np
 import torch
 
-from .checkpoint_io import read_json, read_safetensors_file
+from phyai_ros.models.files import read_json, read_safetensors_file
 
 Stats = Dict[str, Dict[str, np.ndarray]]
 

@@ -1,24 +1,32 @@
-"""Shared adapter machinery of the pi-family policies (see pi05/adapter.py for the node-facing API).
+"""Shared adapter machinery of the pi-family policies (see pi05/adapter.py for the node-facing API): the family's
+side of the model contract (phyai_ros/models/contract.py).
 
-Why a base class: pi0 and pi0.5 handle cameras, state validation, tokenization, noise, RTC and action
-conversion identically, and both sample through the runtime's FlowRunner (its stage order, eager here or
-CUDA graphs on a GPU: one path); they differ in the prompt (pi0.5 writes the discretized state into it),
-the normalization (quantiles vs mean/std) and the model's stages, which subclasses provide through
-`prompt_parts` and the model object.
+Why a base class: pi0 and pi0.5 handle cameras, state validation, tokenization, noise, RTC, action conversion,
+serving, offline cases and quantization identically, and both sample through the runtime's FlowRunner (its stage
+order, eager here or CUDA graphs on a GPU: one path); they differ in the prompt (pi0.5 writes the discretized
+state into it), the normalization (quantiles vs mean/std) and the model's stages, which subclasses provide
+through `prompt_parts`, their loader and the model object.
 """
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from phyai_ros.modeling import solver
-from phyai_ros.runtime.runner import FlowRunner
+from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
+from phyai_ros.models.cases import InputError, require_finite_tensor, require_range
+from phyai_ros.models.contract import (NO_FILES, CaseInfer, ModelFiles, PolicyAdapter, PredictCase, QuantizeRequest,
+                                       QuantizeResult)
+from phyai_ros.models.quantized_checkpoint import read_manifest
+from phyai_ros.runtime.runner import BATCH_BUCKETS, FlowRunner
 from .image import check_uint8_hwc, preprocess_uint8_images
 from .lerobot_checkpoint import strip_image_prefix
+from .quantization import calibrate, quantization_summary, quantize_model, write_quantized_checkpoint
 from .tokenizer import PromptTokenizer
 
 if TYPE_CHECKING:
@@ -73,14 +81,40 @@ def check_dims(ckpt_state_dim, ckpt_action_dim, state_norm, action_norm, action_
         raise ValueError(f"action dim {adim} does not match the action stats ({action_norm.dim} dims)")
 
 
-class FlowPolicy:
-    """Base adapter. Subclasses set nothing but `prompt_parts` (and load their model in `from_files`)."""
+def norm_stats_file(given: Optional[Path], checkpoint: Path) -> Optional[Path]:
+    """The statistics a pi checkpoint is normalized with: ``given`` (model.norm_stats / --norm-stats), else the
+    folder's own: a LeRobot normalizer file (the loader finds it from the folder: None) or a norm_stats.json."""
+    if given is not None:
+        if not Path(given).is_file():
+            raise FileNotFoundError(f"no statistics file at '{given}'")
+        return Path(given)
+    if any(checkpoint.glob("policy_preprocessor_step_*_normalizer_processor.safetensors")):
+        return None
+    if (checkpoint / "norm_stats.json").is_file():
+        return checkpoint / "norm_stats.json"
+    raise FileNotFoundError(f"no statistics file given and the checkpoint folder '{checkpoint}' holds none "
+                            "(a LeRobot normalizer .safetensors or norm_stats.json)")
+
+
+@dataclass
+class ServeRow:
+    """One served request, prepared alone: its inputs, noise (from its seed) and guided-RTC tensors."""
+    inputs: "PolicyInputs"
+    noise: torch.Tensor
+    guide: Optional[solver.RtcTensors]
+
+
+class FlowPolicy(PolicyAdapter):
+    """Base adapter. Subclasses set `family`, `checkpoint_types`, `prompt_parts` and their loader (`from_files`,
+    `checkpoint_loader`, `config_class`)."""
 
     rtc_modes = ("guided", "trained", "off")   # of control.rtc.RTC_MODES: what this family's solver does
     rtc_max_guidance = 10.0                    # guided RTC: largest guidance weight
     rtc_jacobian = "identity"                  # "identity" (LeRobot's form, graphable) or "vjp" (the paper's)
     needs_files = ("tokenizer", "norm_stats")  # node file parameters it reads besides the checkpoint
     masks_cameras = True                       # a camera without a frame is a masked slot
+    serving = "batched"                        # per-row noise and RTC state: a batched row is the row alone
+    config_class: ClassVar[type]               # the family's PiConfig subclass
 
     def __init__(self, model, tokenizer: PromptTokenizer, state_norm, action_norm, camera_names: Sequence[str],
                  device="cpu", dtype: torch.dtype = torch.float32):
@@ -108,6 +142,28 @@ class FlowPolicy:
         self.runner = FlowRunner(self.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=use_graphs,
                                  token_bucket=token_bucket, state_dim=cfg.max_state_dim)
         return self.runner
+
+    # ---------------------------------------------------------------- the contract's loading and facts
+    @classmethod
+    def load(cls, checkpoint, files: ModelFiles = NO_FILES, camera_names: Optional[Sequence[str]] = None,
+             device="cpu", dtype: torch.dtype = torch.float32) -> "FlowPolicy":
+        """The tokenizer file is required; the statistics default to the checkpoint folder's own."""
+        if files.tokenizer is None or not files.tokenizer.is_file():
+            raise FileNotFoundError(f"{cls.family} needs a tokenizer file (model.tokenizer / --tokenizer): "
+                                    f"none at '{files.tokenizer or ''}'")
+        stats = norm_stats_file(files.norm_stats, Path(checkpoint))
+        return cls.from_files(checkpoint, files.tokenizer, stats, camera_names=camera_names, device=device,
+                              dtype=dtype)
+
+    def configure_rtc(self, max_guidance: float, jacobian: str) -> None:
+        self.rtc_max_guidance, self.rtc_jacobian = float(max_guidance), jacobian
+
+    @property
+    def token_budget(self) -> int:
+        return self.config.token_budget
+
+    def quantization(self) -> str:
+        return quantization_summary(self.model)
 
     # ---------------------------------------------------------------- to override
     def prompt_parts(self, tasks: List[str], state_normalized: np.ndarray) -> List[Tuple[str, str, str]]:
@@ -322,3 +378,146 @@ class FlowPolicy:
         tensors = self.request_tensors(rtc) if rtc is not None else None
         out = self.predict_batch(images, state, [task], noise, tensors)
         return out[0].detach().to("cpu", torch.float32).numpy()
+
+    # ---------------------------------------------------------------- serving (a batch of robots)
+    def serve_prepare(self, images, state, task: str, seed: int, rtc: Optional["RtcRequest"]) -> ServeRow:
+        for name, img in images.items():
+            if np.ndim(img) != 3:
+                raise ValueError(f"camera '{name}': expected one HxWx3 image, got shape {list(np.shape(img))}")
+        if np.ndim(state) != 1:
+            raise ValueError(f"state must be a vector of length {self.state_dim}, got shape {list(np.shape(state))}")
+        inputs = self.prepare(images, state, [task])
+        noise = self.make_noise(1, generator=torch.Generator().manual_seed(int(seed)))
+        return ServeRow(inputs, noise, self.request_tensors(rtc) if rtc is not None else None)
+
+    def serve_group(self, row: ServeRow) -> Hashable:
+        """Per-row guided RTC (or none) shares one runner call (its weights are per row); other RTC forms (the
+        trained one, the VJP form) only with rows of the same frozen-prefix weights."""
+        g = row.guide
+        return "rows" if g is None or g.graphable else (g.mode, g.jacobian, g.weights.cpu().numpy().tobytes())
+
+    def serve_sample(self, rows: Sequence[ServeRow]) -> np.ndarray:
+        """Under CUDA graphs the batch is padded to the next of the runner's BATCH_BUCKETS (a bounded set of
+        captured graphs; the pad rows repeat the first)."""
+        n = len(rows)
+        pad = next((b for b in BATCH_BUCKETS if b >= n), n) - n if self.runner.use_graphs else 0
+        rows = list(rows) + [rows[0]] * pad
+        inputs = stack_inputs([r.inputs for r in rows])
+        x = self.sample_actions(inputs, torch.cat([r.noise for r in rows]), _stack_guides(rows))
+        return self.unnormalize_actions(x)[:n].detach().to("cpu", torch.float32).numpy()
+
+    # ---------------------------------------------------------------- offline cases (predict)
+    def case_runner(self, case: PredictCase, noise: torch.Tensor) -> CaseInfer:
+        """RTC from --rtc flags, or from --case's entry in inputs.json's ``rtc`` list (the fixtures' guided RTC
+        cases: schedule, inference delay, execution horizon, max guidance)."""
+        rtc = self._case_rtc(case)
+        images = {k: v.numpy() for k, v in case.images.items()}
+        state = case.state.numpy()
+
+        def infer():
+            prepared = self.prepare(images, state, case.tasks)
+            actions_model = self.sample_actions(prepared, noise, rtc)
+            return ({"actions": self.unnormalize_actions(actions_model), "actions.model": actions_model},
+                    {"prompts": prepared.prompts, "slots": prepared.slot_names})
+        return infer
+
+    def _case_rtc(self, case: PredictCase) -> Optional[solver.RtcTensors]:
+        sched, delay, horizon, max_g = case.rtc, case.inference_delay, case.execution_horizon, case.max_guidance
+        if case.case and case.case != "plain":
+            cases = {c["name"]: c for c in (case.meta or {}).get("rtc", []) if isinstance(c, dict) and "name" in c}
+            if case.case not in cases:
+                raise InputError(f"--case {case.case!r} not in --tasks-json's rtc list ({sorted(cases)})")
+            c = cases[case.case]
+            sched = sched or str(c.get("schedule", "")).lower() or None
+            delay = c.get("inference_delay") if delay is None else delay
+            horizon = c.get("execution_horizon") if horizon is None else horizon
+            max_g = c.get("max_guidance_weight", 10.0) if max_g is None else max_g
+        if sched is None:
+            return None
+        if delay is None or horizon is None:
+            raise InputError("--rtc needs --inference-delay and --execution-horizon")
+        h = self.chunk_size
+        require_range("--inference-delay", delay, 0, h)
+        require_range("--execution-horizon", horizon, 1, h)
+        require_range("--max-guidance", max_g, *MAX_GUIDANCE)
+        if case.prev_left_over not in case.inputs:
+            raise InputError(f"RTC needs {case.prev_left_over!r} in --inputs")
+        prev = require_finite_tensor(f"--inputs key {case.prev_left_over}",
+                                     case.inputs[case.prev_left_over].to(torch.float32))
+        if case.prev_left_over_space == "robot":
+            prev = self.normalize_actions(prev.to(self.device))
+        return self.rtc_tensors(prev, delay, horizon, sched, 10.0 if max_g is None else max_g, case.rtc_jacobian)
+
+    # ---------------------------------------------------------------- the quantizer's hook
+    @classmethod
+    def quantize(cls, request: QuantizeRequest) -> QuantizeResult:
+        """The model's linear weights of ``request.parts`` quantized in place, static activation scales calibrated
+        on ``request.calibration``'s observations (W8A8 static), the folder written in the model's own layout."""
+        scheme = request.scheme
+        if read_manifest(request.checkpoint) is not None:
+            raise ValueError(f"{request.checkpoint} is already quantized")
+        static = scheme.activations == "static"
+        if static:
+            if request.calibration is None:
+                raise ValueError("static activation scales need calibration inputs (--calibration-inputs) and a "
+                                 "tokenizer (--tokenizer)")
+            policy = cls.load(request.checkpoint, request.files, device=request.device, dtype=request.dtype)
+            model = policy.model
+        else:
+            model = cls.checkpoint_loader(request.checkpoint, device=request.device, dtype=request.dtype).model
+        layers, skipped = quantize_model(model, scheme, request.parts)
+        calibration = calibrate(policy, request.calibration) if static else None
+        out = write_quantized_checkpoint(request.checkpoint, request.output, model, cls.family, scheme,
+                                         request.parts, layers, skipped, calibration)
+        return QuantizeResult(out, layers, skipped, calibrated=static)
+
+    # ---------------------------------------------------------------- small checkpoints (tests, demos)
+    @classmethod
+    def small_config(cls, horizon: int = 50, image_size: int = 224, token_budget: int = 64):
+        """Parity-fixture sizes (VLM 128x2, expert 64x2, SigLIP 64x2 at 224 px, vocab 1024, 64-token prompt): one
+        CPU inference takes ~50-100 ms on 2 cores."""
+        return cls.config_class(
+            vlm=GemmaConfig(width=128, depth=2, mlp_dim=256, num_heads=8, num_kv_heads=1, head_dim=16),
+            expert=GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=16),
+            siglip=SiglipConfig(width=64, depth=2, num_heads=4, mlp_dim=128, patch_size=14, image_size=image_size),
+            vocab_size=1024, chunk_size=horizon, num_steps=10, token_budget=token_budget)
+
+    @classmethod
+    def make_small_checkpoint(cls, directory, *, fixtures: Optional[Path] = None, horizon: int = 50,
+                              state_dim: int = 8, action_dim: int = 7,
+                              seed: int = 0, cameras: Sequence[str] = ("base_0_rgb", "left_wrist_0_rgb",
+                                                                       "right_wrist_0_rgb"),
+                              image_size: int = 224, token_budget: int = 64) -> Path:
+        """A random-weight small checkpoint (LeRobot layout) in ``directory``; its chunk size must equal the node's
+        ``control.horizon``, state/action dims its joint/action name counts (``fixtures``: not needed)."""
+        directory = Path(directory)
+        cls.random_checkpoint_writer(directory, cls.small_config(horizon, image_size, token_budget), seed=seed,
+                                     dtype=torch.float32, std=0.1, camera_names=tuple(cameras), state_dim=state_dim,
+                                     action_dim=action_dim)
+        return directory
+
+
+MAX_GUIDANCE = (0.0, 100.0)  # the range the node accepts for rtc.max_guidance
+
+
+def stack_inputs(parts: Sequence[PolicyInputs]) -> PolicyInputs:
+    """One-row PolicyInputs (prompts padded to the same token budget) stacked into one batch."""
+    first = parts[0]
+    return PolicyInputs(torch.cat([p.images for p in parts]), torch.cat([p.image_masks for p in parts]),
+                        torch.cat([p.tokens for p in parts]), torch.cat([p.token_masks for p in parts]),
+                        torch.cat([p.state_normalized for p in parts]), sum((p.prompts for p in parts), []),
+                        first.slot_names, sum((p.truncated for p in parts), []))
+
+
+def _stack_guides(rows: Sequence[ServeRow]) -> Optional[solver.RtcTensors]:
+    """The rows' RTC tensors as one batch: per-row Y and weights (zero rows: RTC off) for the graphable form; one
+    group's shared weights otherwise (FlowPolicy.serve_group)."""
+    given = [r.guide for r in rows if r.guide is not None]
+    if not given:
+        return None
+    first = given[0]
+    y = torch.cat([r.guide.y if r.guide is not None else torch.zeros_like(first.y) for r in rows])
+    if not first.graphable:
+        return solver.RtcTensors(y, first.weights, first.guidance, first.jacobian, first.mode)
+    w = torch.stack([r.guide.weights if r.guide is not None else torch.zeros_like(first.weights) for r in rows])
+    return solver.RtcTensors(y, w, first.guidance, first.jacobian, first.mode)

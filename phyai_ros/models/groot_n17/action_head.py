@@ -25,9 +25,9 @@ import torch.nn.functional as F
 
 from phyai_ros.layers import dispatch
 
-from .checkpoint import DIT, HEAD, VLSA
+from .keys import DIT, HEAD, VLSA
 from .config import HeadConfig
-from .qwen3vl import Trace, Weights, _record, additive_mask, attention, fuse, layer_norm, linear, unit_affine
+from .qwen3vl import Trace, Weights, record, additive_mask, attention, fuse, layer_norm, linear, unit_affine
 
 Tensor = torch.Tensor
 ATTN_EPS = 1e-5
@@ -85,13 +85,13 @@ def fuse_projections(w: Weights, h: HeadConfig) -> None:
 def vl_tokens(w: Weights, h: HeadConfig, features: Tensor, trace: Trace = None) -> Tensor:
     """Backbone features -> vlln -> VL self-attention blocks (no mask: pad rows take part)."""
     x = layer_norm(features, w, HEAD + "vlln", ATTN_EPS) if h.use_vlln else features
-    _record(trace, "vlln", x)
+    record(trace, "vlln", x)
     for i in range(h.vlsa_layers):
         b = f"{VLSA}{i}."
         q, kv = self_qkv(layer_norm(x, w, b + "norm1", ATTN_EPS), w, b, h.vlsa_heads)
         x = x + linear(attention(q, kv[0], kv[1]), w, b + "attn1.to_out.0")
         x = x + feed_forward(layer_norm(x, w, b + "norm3", ATTN_EPS), w, b)
-    _record(trace, "vl_self_attention", x)
+    record(trace, "vl_self_attention", x)
     return x
 
 
@@ -186,7 +186,7 @@ def observation_context(w: Weights, h: HeadConfig, features: Tensor, attention_m
                         state: Tensor, ids: Tensor, trace: Trace = None) -> HeadContext:
     """Backbone features -> everything the denoising loop reuses for this observation."""
     ctx = head_context(w, h, vl_tokens(w, h, features, trace), attention_mask, image_mask, state, ids)
-    _record(trace, "state_features", ctx.state)
+    record(trace, "state_features", ctx.state)
     return ctx
 
 

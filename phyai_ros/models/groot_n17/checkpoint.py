@@ -19,26 +19,16 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from phyai_ros.layers.quantized import QuantizedWeight
-from phyai_ros.quant.checkpoint import read_manifest
-from phyai_ros.quant.groot import quantized_state
-from phyai_ros.models.common.checkpoint_io import (CheckpointError, Shapes, read_json, read_safetensors,
-                                                   read_safetensors_file, require_finite, validate_keys)
+from phyai_ros.models.files import (CheckpointError, Shapes, read_json, read_safetensors, read_safetensors_file,
+                                    require_finite, validate_keys)
+from phyai_ros.models.quantized_checkpoint import read_manifest
+
 
 from .config import GrootConfig, HeadConfig, TextConfig, VisionConfig, groot_config
+from .quantization import quantized_state
+from .keys import (DECODE_STEP, DIT, EMBED, HEAD, LLM, PACK_STEP, POLICY_TYPE, PREFIX, UNNORM_STEP, UNUSED, VIS,
+                   VLM_STEP, VLSA)
 
-POLICY_TYPE = "groot"
-PREFIX = "_groot_model."
-VIS = "backbone.model.model.visual."
-LLM = "backbone.model.model.language_model."
-EMBED = "backbone.model.lm_head.weight"     # the tied token table: LeRobot's file keeps this name only
-HEAD = "action_head."
-DIT = HEAD + "model."
-VLSA = HEAD + "vl_self_attention.transformer_blocks."
-UNUSED = (LLM + "norm.weight",)             # final RMSNorm: the features are taken before it
-PACK_STEP = "groot_n1_7_pack_inputs_v1"
-VLM_STEP = "groot_n1_7_vlm_encode_v1"
-UNNORM_STEP = "groot_action_unpack_unnormalize_v2"
-DECODE_STEP = "groot_n1_7_action_decode_v1"
 
 __all__ = ["GrootCheckpoint", "load_groot_checkpoint", "groot_key_shapes", "CheckpointError"]
 
@@ -237,7 +227,7 @@ def load_groot_checkpoint(ckpt_dir, device="cpu", dtype: torch.dtype = torch.flo
     if lr.get("type") != POLICY_TYPE:
         raise CheckpointError(f"checkpoint {ckpt_dir}: config.json says type {lr.get('type')!r}, not {POLICY_TYPE!r}")
     pipes = read_pipelines(ckpt_dir)
-    manifest = read_manifest(ckpt_dir)   # a quantized folder (phyai_ros/quant/groot.py) names its source's folders
+    manifest = read_manifest(ckpt_dir)   # a quantized folder (quantization.py) names its source's folders
     if manifest is not None:
         base_model, backbone = base_model or manifest.get("base_model"), backbone or manifest.get("backbone")
     base_dir = resolve_folder(base_model or lr.get("base_model_path") or "", ckpt_dir, "base_model_path")

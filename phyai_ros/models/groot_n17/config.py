@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
-from phyai_ros.models.common.checkpoint_io import CheckpointError
+from phyai_ros.models.files import CheckpointError
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ from typing import List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from phyai_ros.models.common.checkpoint_io import CheckpointError
+from phyai_ros.models.files import CheckpointError
+
+from .keys import UNNORM_STEP
 
 Tensor = torch.Tensor
 
@@ -150,5 +152,4 @@ class GroupDecoder:
 
 def make_decoder(step_name: str, cfg: Mapping, state: Mapping[str, Tensor]):
     """The decoder of the checkpoint's postprocessor step."""
-    from .checkpoint import UNNORM_STEP
     return AbsoluteDecoder(cfg, state) if step_name == UNNORM_STEP else GroupDecoder(cfg)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from phyai_ros.models.common.checkpoint_io import CheckpointError, read_json
+from phyai_ros.models.files import CheckpointError, read_json
 
 from .bpe import ByteLevelBPE
 

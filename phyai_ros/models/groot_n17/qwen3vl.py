@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from phyai_ros.layers.quantized import QuantizedWeight
 from phyai_ros.layers import dispatch, ops
 
-from .checkpoint import EMBED, LLM, VIS
+from .keys import EMBED, LLM, VIS
 from .config import TextConfig, VisionConfig
 
 Tensor = torch.Tensor
@@ -148,19 +148,19 @@ def vision_tower(w: Weights, v: VisionConfig, pixels: Tensor, pos: Tensor, cos: 
     sin: backbone_plan's tables of the image grid)."""
     proj = w[VIS + "patch_embed.proj.weight"]
     x = F.linear(pixels.to(proj.dtype), proj.reshape(proj.shape[0], -1), w[VIS + "patch_embed.proj.bias"])
-    _record(trace, "visual_patch_embed", x)
-    _record(trace, "visual_pos_embeds", pos)
+    record(trace, "visual_patch_embed", x)
+    record(trace, "visual_pos_embeds", pos)
     x = x + pos
     deepstack = []
     for i in range(v.depth):
         x = vision_block(x, w, i, v, cos, sin, n_images)
-        _record(trace, f"visual_block_out.{i}", x)
+        record(trace, f"visual_block_out.{i}", x)
         if i in v.deepstack_indexes:
             j = v.deepstack_indexes.index(i)
             deepstack.append(patch_merger(x, w, f"deepstack_merger_list.{j}", v, norm_after_merge=True))
-            _record(trace, f"visual_deepstack.{j}", deepstack[-1])
+            record(trace, f"visual_deepstack.{j}", deepstack[-1])
     merged = patch_merger(x, w, "merger", v, norm_after_merge=False)
-    _record(trace, "visual_merged", merged)
+    record(trace, "visual_merged", merged)
     return merged, deepstack
 
 
@@ -248,7 +248,7 @@ def language_model(w: Weights, t: TextConfig, embeds: Tensor, cos: Tensor, sin: 
     x = embeds
     for i in range(t.depth):
         x = decoder_layer(x, w, i, t, cos, sin, mask, query_valid)
-        _record(trace, f"layer_out.{i}", x)
+        record(trace, f"layer_out.{i}", x)
         if i < len(deepstack) and i < t.depth - 1:
             x = x.reshape(-1, x.shape[-1]).index_add(0, image_index, deepstack[i].to(x.dtype)).view_as(x)
     return x
@@ -278,7 +278,7 @@ def backbone_plan(w: Weights, v: VisionConfig, t: TextConfig, image_token: int, 
         if cache is not None:
             cache[key] = vis
     positions = mrope_positions(ids, valid, grid_c, image_token, v.merge_size)
-    _record(trace, "position_ids", positions)
+    record(trace, "position_ids", positions)
     cos, sin = mrope_cos_sin(t, positions.to(dev))
     return {"input_ids": input_ids, "attention_mask": attention_mask, "pixels": pixels.to(dtype),
             "image_grid": grid.to(dev), "vision_pos": vis[0], "vision_cos": vis[1], "vision_sin": vis[2],
@@ -293,10 +293,10 @@ def backbone_compute(w: Weights, v: VisionConfig, t: TextConfig, p: Dict[str, Te
     embeds = F.embedding(p["input_ids"], w[EMBED])
     flat = embeds.reshape(-1, embeds.shape[-1]).index_copy(0, p["image_index"], merged.to(embeds.dtype))
     embeds = flat.view_as(embeds)
-    _record(trace, "inputs_embeds", embeds)
+    record(trace, "inputs_embeds", embeds)
     feats = language_model(w, t, embeds, p["text_cos"], p["text_sin"], p["attention_mask"], p["image_index"],
                            deepstack, trace)
-    _record(trace, "features", feats)
+    record(trace, "features", feats)
     return feats
 
 
@@ -339,6 +339,6 @@ def fuse(w: Weights, names: List[str], fused: str) -> None:
             start += part.shape[0]
 
 
-def _record(trace: Trace, key: str, x: Tensor) -> None:
+def record(trace: Trace, key: str, x: Tensor) -> None:
     if trace is not None:
         trace[key] = x.detach()

@@ -14,7 +14,8 @@ from phyai_ros.models.common.normalize import ACTION, STATE, MeanStdNormalizer, 
 from phyai_ros.models.common.policy import FlowPolicy, PromptTruncatedWarning, check_dims, resolve_cameras
 from phyai_ros.models.common.tokenizer import PromptTokenizer
 
-from .checkpoint import load_pi0_checkpoint
+from .checkpoint import load_pi0_checkpoint, make_random_checkpoint
+from .config import Pi0Config
 
 Tensor = torch.Tensor
 __all__ = ["Pi0Policy", "PromptTruncatedWarning", "pi0_prompt"]
@@ -25,6 +26,12 @@ def pi0_prompt(task: str) -> str:
 
 
 class Pi0Policy(FlowPolicy):
+    family = "pi0"
+    checkpoint_types = ("pi0",)
+    config_class = Pi0Config
+    checkpoint_loader = staticmethod(load_pi0_checkpoint)
+    random_checkpoint_writer = staticmethod(make_random_checkpoint)
+
     @classmethod
     def from_files(cls, checkpoint_dir, tokenizer_path, norm_stats_path=None,
                    camera_names: Optional[Sequence[str]] = None, device="cpu", dtype: torch.dtype = torch.float32,

@@ -47,7 +47,8 @@ from phyai_ros.models.common.policy import (FlowPolicy, PolicyInputs, PromptTrun
                                             resolve_cameras)
 from phyai_ros.models.common.tokenizer import PromptTokenizer
 
-from .checkpoint import load_pi05_checkpoint
+from .checkpoint import load_pi05_checkpoint, make_random_checkpoint
+from .config import Pi05Config
 from .preprocess import prompt_parts
 
 Tensor = torch.Tensor
@@ -57,6 +58,12 @@ __all__ = ["Pi05Policy", "Pi05Inputs", "PromptTruncatedWarning"]
 
 
 class Pi05Policy(FlowPolicy):
+    family = "pi05"
+    checkpoint_types = ("pi05", "")          # "": a config.json that names no type (the parity fixtures')
+    config_class = Pi05Config
+    checkpoint_loader = staticmethod(load_pi05_checkpoint)
+    random_checkpoint_writer = staticmethod(make_random_checkpoint)
+
     @classmethod
     def from_files(cls, checkpoint_dir, tokenizer_path, norm_stats_path=None,
                    camera_names: Optional[Sequence[str]] = None, device="cpu", dtype: torch.dtype = torch.float32,

@@ -1,0 +1,254 @@
+"""The model contract: everything a policy family provides, in one base class (design.md §1).
+
+A family is one folder under ``phyai_ros/models/`` and one registry entry (``phyai_ros/models/__init__.py``): its
+adapter class subclasses ``PolicyAdapter``. The shared tools reach a family only through that class, so a new
+family changes no shared file:
+
+- the policy bridge (``phyai_ros.policies``) loads it (``load``) and drives it at batch 1 in robot units;
+- ``python -m phyai_ros.predict`` runs a case of the parity-fixture format through it (``case_runner``);
+- ``python -m phyai_ros.quant`` quantizes its checkpoints (``quantize``);
+- the serve engine batches its requests (``serving == "batched"``: ``serve_prepare`` / ``serve_group`` /
+  ``serve_sample``) or runs them one by one through ``predict``;
+- tests and demos make small random checkpoints of it (``make_small_checkpoint``).
+
+What differs by family is stated here as class facts (``family``, ``checkpoint_types``, ``rtc_modes``,
+``needs_files``, ``masks_cameras``, ``serving``, ``embodiments``), never found out with ``hasattr`` or a switch
+on the model type. ``test/test_model_contract.py`` checks every registered family against this class.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from phyai_ros.control.rtc import RTC_MODES
+
+if TYPE_CHECKING:
+    from phyai_ros.control.rtc import RtcRequest
+    from phyai_ros.layers.quantized import QuantScheme
+
+Tensor = torch.Tensor
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+SERVING = ("batched", "single")
+FILE_KINDS = ("tokenizer", "norm_stats")
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """The files a deployment names besides the checkpoint folder (node parameters ``model.tokenizer`` /
+    ``model.norm_stats``, predict's ``--tokenizer`` / ``--norm-stats``); None where not given."""
+    tokenizer: Optional[Path] = None
+    norm_stats: Optional[Path] = None
+
+    @classmethod
+    def of(cls, tokenizer=None, norm_stats=None) -> "ModelFiles":
+        return cls(Path(tokenizer) if tokenizer else None, Path(norm_stats) if norm_stats else None)
+
+
+NO_FILES = ModelFiles()
+
+
+@dataclass
+class PredictCase:
+    """One offline prediction in the parity-fixture format, as ``python -m phyai_ros.predict`` read it: the raw
+    inputs (``inputs``: every tensor of the file; ``images``: camera -> uint8 [B, H, W, 3]; ``state`` [B, D]),
+    the tasks, the fixture's metadata (``meta``: inputs.json) and case name, and the RTC flags. A family's
+    ``case_runner`` reads the case facts its fixtures carry (each family writes them its own way)."""
+    inputs: Dict[str, Tensor]
+    images: Dict[str, Tensor]
+    state: Tensor
+    tasks: List[str]
+    meta: Optional[dict] = None
+    case: Optional[str] = None
+    rtc: Optional[str] = None                   # a guided-RTC schedule (--rtc)
+    inference_delay: Optional[int] = None
+    execution_horizon: Optional[int] = None
+    max_guidance: Optional[float] = None
+    rtc_jacobian: str = "identity"
+    prev_left_over: str = "rtc.prev_chunk_left_over"   # key in inputs
+    prev_left_over_space: str = "normalized"           # or "robot"
+    source: str = ""                                   # the inputs file it was read from
+
+    @property
+    def batch(self) -> int:
+        return self.state.shape[0] if self.state.dim() == 2 else 1
+
+
+# What a case runner returns: a callable timed by predict (from the raw inputs on), giving the outputs
+# {"actions": [B, H, D] robot units, "actions.model": the model's own action tensor} and metadata to save.
+CaseInfer = Callable[[], Tuple[Dict[str, Tensor], dict]]
+
+
+@dataclass
+class QuantizeRequest:
+    """``python -m phyai_ros.quant``'s request to a family: quantize ``checkpoint`` into ``output``."""
+    checkpoint: Path
+    output: Path
+    scheme: "QuantScheme"
+    parts: Tuple[str, ...]
+    dtype: torch.dtype
+    device: str = "cpu"
+    files: ModelFiles = field(default_factory=ModelFiles)
+    calibration: Optional[PredictCase] = None   # static activation scales: observations to calibrate on
+
+
+@dataclass
+class QuantizeResult:
+    output: Path
+    layers: List[str]            # quantized weights
+    skipped: List[str]           # left in float (the scheme cannot store their K)
+    calibrated: bool = False
+
+
+class ContractError(TypeError):
+    """A registered family that does not keep the contract (a fact missing or of the wrong kind)."""
+
+
+class PolicyAdapter(abc.ABC):
+    """A policy family's adapter and registry entry: class facts, loading, the bridge's batch-1 API, serving
+    and the tools' hooks. Images are camera -> uint8 HxWx3 RGB (None / missing: no frame); state and actions are
+    float32 in robot units; ``rtc`` is the control loop's ``RtcRequest`` (robot units) or None."""
+
+    # ------------------------------------------------------------ facts of the family
+    family: ClassVar[str] = ""                         # the registry key: model.type
+    checkpoint_types: ClassVar[Tuple[str, ...]] = ()   # config.json "type" values it loads ("" = no type)
+    rtc_modes: Tuple[str, ...] = ("off",)              # of control.rtc.RTC_MODES; an instance may narrow them
+    needs_files: ClassVar[Tuple[str, ...]] = ()        # of FILE_KINDS: files it reads besides the checkpoint
+    masks_cameras: ClassVar[bool] = True               # a camera without a frame is a masked slot (else: required)
+    serving: ClassVar[str] = "single"                  # "batched": the serve_* methods; "single": predict
+    embodiments: ClassVar[bool] = False                # model.embodiment means something (select_embodiment)
+    token_budget: Optional[int] = None                 # prompt tokens, where a prompt can be cut (fit_task)
+
+    # ------------------------------------------------------------ loading
+    @classmethod
+    @abc.abstractmethod
+    def load(cls, checkpoint, files: ModelFiles = NO_FILES, camera_names: Optional[Sequence[str]] = None,
+             device="cpu", dtype: torch.dtype = torch.float32) -> "PolicyAdapter":
+        """Load a checkpoint folder (and the files it reads: ``needs_files``) for the robot's ``camera_names``
+        (None: all of the checkpoint's). FileNotFoundError / ValueError (CheckpointError) name what is wrong.
+        (Each family's ``from_files`` keeps its own convenient signature; this is the one the tools call.)"""
+
+    @classmethod
+    def check_files(cls, files: ModelFiles) -> None:
+        """Naming a file this family does not read is an error (it would be silently ignored otherwise)."""
+        for kind in FILE_KINDS:
+            given = getattr(files, kind)
+            if given is not None and kind not in cls.needs_files:
+                raise ValueError(f"{cls.family} reads its {kind.replace('_', ' ')} from its checkpoint folders; "
+                                 f"got a separate file '{given}' (leave it empty)")
+
+    def configure_rtc(self, max_guidance: float, jacobian: str) -> None:
+        """Guided RTC's settings (node parameters rtc.max_guidance / rtc.jacobian); families without guided
+        RTC ignore them."""
+        return None
+
+    def select_embodiment(self, value: str) -> None:
+        """Act as the embodiment ``value`` names (``embodiments`` families); others have none."""
+        raise ValueError(f"{value!r}: model type {self.family} has no embodiments (leave model.embodiment empty)")
+
+    # ------------------------------------------------------------ interface facts of a loaded checkpoint
+    camera_names: List[str]
+
+    @property
+    @abc.abstractmethod
+    def state_dim(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def action_dim(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def chunk_size(self) -> int:
+        """Actions per chunk (H)."""
+
+    @property
+    def image_size(self) -> Optional[int]:
+        """The square image input the model takes (frames resized with pad to it); None: any aspect ratio."""
+        return None
+
+    def quantization(self) -> str:
+        """One log line: the scheme this checkpoint runs ('quantization none' for float weights)."""
+        return "quantization none"
+
+    # ------------------------------------------------------------ the bridge's API (batch 1)
+    @abc.abstractmethod
+    def make_noise(self, batch: int, generator: Optional[torch.Generator] = None) -> Tensor: ...
+
+    @abc.abstractmethod
+    def predict(self, images: Mapping[str, Optional[np.ndarray]], state: np.ndarray, task: str, noise=None,
+                rtc: Optional["RtcRequest"] = None) -> np.ndarray:
+        """One observation -> float32 [chunk_size, action_dim] in robot units."""
+
+    @abc.abstractmethod
+    def fit_task(self, task: str, state=None) -> Tuple[str, bool]:
+        """(the text the model reads for ``task``, whether the task had to be cut to fit the prompt)."""
+
+    @abc.abstractmethod
+    def use_runner(self, use_graphs: bool = False, token_bucket: int = 0):
+        """The runner every sample goes through (graphs only take effect on CUDA)."""
+
+    @abc.abstractmethod
+    def capture_buckets(self, images, state, eager: bool = False, min_cameras: Optional[int] = None) -> list:
+        """Capture the graphs a deployment can need at start-up (eager: the same shapes without graphs, for the
+        operator autotune's recording; min_cameras: every count of cameras present from it up)."""
+
+    # ------------------------------------------------------------ serving (serving == "batched")
+    def serve_prepare(self, images, state, task: str, seed: int, rtc: Optional["RtcRequest"]):
+        """One request alone -> a row (ValueError: the request's own fault)."""
+        raise NotImplementedError(f"{self.family} serves requests one by one")
+
+    def serve_group(self, row) -> Hashable:
+        """Rows with the same key can share one runner call."""
+        raise NotImplementedError(f"{self.family} serves requests one by one")
+
+    def serve_sample(self, rows: list) -> np.ndarray:
+        """One runner call for a group of rows -> float32 [len(rows), H, D] robot units, each row what it
+        computes alone."""
+        raise NotImplementedError(f"{self.family} serves requests one by one")
+
+    # ------------------------------------------------------------ tools
+    def case_runner(self, case: PredictCase, noise: Tensor) -> CaseInfer:
+        """predict: the callable computing ``case`` from its raw inputs with ``noise`` (this family's noise
+        shape). InputError (phyai_ros.models.cases) for a case it cannot run."""
+        raise NotImplementedError(f"{self.family} has no offline prediction")
+
+    @classmethod
+    def quantize(cls, request: QuantizeRequest) -> QuantizeResult:
+        """The quantizer's hook: quantize ``request.checkpoint`` into a folder ``load`` loads."""
+        raise ValueError(f"quantization is not available for {cls.family} checkpoints")
+
+    @classmethod
+    @abc.abstractmethod
+    def make_small_checkpoint(cls, directory, *, fixtures: Optional[Path] = None, **sizes) -> Path:
+        """Write a small random-weight checkpoint (tests, demos); returns the folder ``load`` takes. ``fixtures``:
+        the shared parity-fixture folder, for families that copy files from it (processor configs, ...)."""
+
+
+def check_family(cls: type) -> None:
+    """ContractError unless ``cls`` is a complete PolicyAdapter with well-formed facts."""
+    if not (isinstance(cls, type) and issubclass(cls, PolicyAdapter)):
+        raise ContractError(f"{cls!r} is not a PolicyAdapter subclass")
+    if getattr(cls, "__abstractmethods__", None):
+        raise ContractError(f"{cls.__name__} leaves abstract: {', '.join(sorted(cls.__abstractmethods__))}")
+    problems = []
+    if not cls.family or not cls.family.isidentifier():
+        problems.append(f"family {cls.family!r} is not an identifier")
+    if not cls.checkpoint_types or not all(isinstance(t, str) for t in cls.checkpoint_types):
+        problems.append("checkpoint_types must name the config.json types it loads")
+    if not set(cls.rtc_modes) <= set(RTC_MODES) or "off" not in cls.rtc_modes:
+        problems.append(f"rtc_modes {cls.rtc_modes} must be of {RTC_MODES} and include 'off'")
+    if not set(cls.needs_files) <= set(FILE_KINDS):
+        problems.append(f"needs_files {cls.needs_files} must be of {FILE_KINDS}")
+    if cls.serving not in SERVING:
+        problems.append(f"serving {cls.serving!r} must be one of {SERVING}")
+    if problems:
+        raise ContractError(f"{cls.__name__}: " + "; ".join(problems))
+
+
+__all__ = ["PolicyAdapter", "ModelFiles", "PredictCase", "CaseInfer", "QuantizeRequest", "QuantizeResult",
+           "ContractError", "check_family", "DTYPES", "SERVING", "FILE_KINDS", "NO_FILES"]

@@ -1,0 +1,26 @@
+"""Fault drills for the served policy's tests: an engine that a request's task can make slow or kill.
+
+A replica runs it through ``ServeConfig.engine = "serve_drills:DrillEngine"`` (the test folder is on the Ray
+workers' PYTHONPATH). Task ``"sleep S"`` holds the whole batch S seconds before computing it (a slow replica);
+task ``"exit now"`` ends the replica's process mid-batch (a dying replica). Other tasks run normally."""
+from __future__ import annotations
+
+import os
+import time
+
+from phyai_ros.serve.engine import BatchEngine
+
+SLOW = "sleep "
+EXIT = "exit now"
+SLOW_TASK = "sleep 2.0"
+
+
+class DrillEngine(BatchEngine):
+    def run(self, requests):
+        for r in requests:
+            if r.task == EXIT:
+                os._exit(17)
+        delays = [float(r.task[len(SLOW):]) for r in requests if r.task.startswith(SLOW)]
+        if delays:
+            time.sleep(max(delays))
+        return super().run(requests)
