@@ -7,6 +7,10 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 # Loopback-only discovery and a DDS domain of this run's own (test/conftest.py picks one per run).
 export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
-# Lint first (rules: pyproject.toml [tool.ruff]); any finding fails the run before the tests start.
+# Lint first (rules: pyproject.toml [tool.ruff]), then the layering of docs/design.md (.importlinter); any finding
+# fails the run before the tests start.
 "$repo/.venv/bin/ruff" check "$repo"
+mkdir -p "$repo/build"
+(cd "$repo" && "$repo/.venv/bin/lint-imports" --no-cache > "$repo/build/lint-imports.log" 2>&1) \
+  || { cat "$repo/build/lint-imports.log"; exit 1; }
 exec "$repo/.venv/bin/python" -m pytest "$@"
