@@ -110,11 +110,6 @@ class TimeMap:
         n = bisect.bisect_right(self._jump_logs, log_ns)
         return sum(1 for j in self.jumps[:n] if j[2] < j[1])
 
-    def segment_start(self, log_ns: int) -> Optional[int]:
-        """Log time of the last jump at or before ``log_ns`` (None: first segment)."""
-        n = bisect.bisect_right(self._jump_logs, log_ns)
-        return self._jump_logs[n - 1] if n else None
-
 
 @dataclass
 class Session:
