@@ -7,6 +7,7 @@ import pytest
 
 from phyai_ros.control import (ERROR, OK, WARN, LatencyRecord, MarginMonitor, required_samples,
                                wilson_lower)
+from phyai_ros.control.roofline import y_roof, y_sequential
 from phyai_ros.control.testing import make_sim
 
 from control_cases import DT, MS, cfg
@@ -183,3 +184,15 @@ def test_roofline_environment_bound_and_inference_bound():
     assert r.roofline_x < 1 and r.roofline_y < 1
     assert r.roofline_y_roof == pytest.approx(r.roofline_x)
     assert r.roofline_y_seq <= r.roofline_y <= r.roofline_y_roof + 1e-9
+
+
+def test_roofline_bounds_order_and_limits():
+    """``control.roofline``, shared by this monitor and the replay report: no overlap never beats perfect
+    overlap; they meet where inference is free (X = inf, a stepped replay) or acting is (X = 0); an undefined
+    X leaves both undefined."""
+    for x in (1e-3, 0.5, 0.9, 1.0, 2.4, 1e3):
+        assert 0 < y_sequential(x) < y_roof(x) <= 1
+    assert y_sequential(0.0) == y_roof(0.0) == 0.0
+    assert y_sequential(1.0) == 0.5 and y_roof(1.0) == 1.0   # balanced: half the time acting without overlap
+    assert y_sequential(math.inf) == y_roof(math.inf) == 1.0
+    assert math.isnan(y_sequential(math.nan)) and math.isnan(y_roof(math.nan))

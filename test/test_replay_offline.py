@@ -321,6 +321,44 @@ def test_report_flags_misses_and_an_inference_bound_loop(tmp_path):
     assert not any("not the average" in f for f in v["facts"])
 
 
+def test_report_text_and_json_show_the_analysis_numbers(tmp_path):
+    """The report's jobs meet at the numbers: the verdict, the Markdown, the HTML tiles, the printed line and
+    report.json show what ``analysis`` computed, and none of them needs the figures."""
+    from phyai_ros.control.roofline import y_roof, y_sequential
+    from phyai_ros.replay import render
+    from phyai_ros.replay.analysis import LEVEL_NAMES, analyze
+    from phyai_ros.replay.report import make_report
+    from phyai_ros.replay.runbag import load_run
+    from phyai_ros.replay.verdict import verdict
+    bag = _write_output_bag(tmp_path / "out", n_chunks=30, miss_every=5)
+    run = load_run(bag)
+    num = analyze(run)
+    v = verdict(num)
+    r, lat = num["roofline"], num["latency_ms"]
+    assert num["deadline_misses"] == num["margin"]["n"] - num["margin"]["k"] == 6
+    assert r["Y_seq"] == y_sequential(r["X"]) and r["Y_roof"] == y_roof(r["X"])
+    assert f"inference p50 {render.fmt(lat['inference']['p50'], 1)} ms" in v["facts"][1]
+    md = render.markdown(num, v, {}, run.t0)
+    assert "![" not in md and f"**{LEVEL_NAMES[v['level']]}** - {v['headline']}" in md
+    for name, st in lat.items():
+        assert "| " + " | ".join([name] + [render.fmt(st[q], 1) for q in ("p50", "p95", "p99", "max")]) + " |" in md
+    page = render.html(num, v, {}, run.t0)
+    assert f'<div class="v">{render.fmt(r["X"])}</div><div class="s">{r["bound"]}</div>' in page
+    assert f'<div class="v">{num["deadline_misses"]}</div>' in page and "<img" not in page
+    line = render.verdict_line(num, v)
+    assert f"X = {render.fmt(r['X'])}" in line and f"n = {num['margin']['n']}" in line
+    assert f"deadline misses {num['deadline_misses']}" in line
+    # the command composes the same pieces: its numbers are these, its verdict this one
+    rep = make_report(bag, tmp_path / "rep", formats=["md"])
+    assert rep.index == rep.markdown and not (tmp_path / "rep" / "report.html").exists()
+    assert rep.verdict_line == line and (tmp_path / "rep" / "report.md").read_text().startswith(md.split("\n## ")[0])
+
+    def canonical(d) -> str:  # NaN-safe comparison of what report.json holds
+        return json.dumps(json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o))),
+                          sort_keys=True)
+    assert canonical(json.loads((tmp_path / "rep" / "report.json").read_text())) == canonical({**num, "verdict": v})
+
+
 # ----------------------------------------------------------------------------- command line
 def test_clis_answer_help_and_reject_a_missing_bag(tmp_path, capsys):
     from phyai_ros.replay.cli import main
@@ -426,7 +464,7 @@ def test_a_bag_cannot_make_the_replay_import_the_module_its_type_names(tmp_path,
     """Security (issue 11, item 13): a bag whose topic type is ``evilpkg/msg/Widget`` next to an
     ``evilpkg/`` package in the working directory must not run that package's code: only registered
     interface packages (ament index) are imported; the topic is reported and not played."""
-    from phyai_ros.replay.player import ReplayNode, ReplayOptions, _Replay, ros_type
+    from phyai_ros.replay.player import ReplayNode, ReplayOptions, _Playback, ros_type
     marker = tmp_path / "evil_code_ran"
     cwd = tmp_path / "cwd"
     (cwd / "evilpkg" / "msg").mkdir(parents=True)
@@ -446,7 +484,7 @@ def test_a_bag_cannot_make_the_replay_import_the_module_its_type_names(tmp_path,
         with pytest.raises(LookupError, match="unknown message type"):
             ros_type("evilpkg/msg/Widget")
         with ReplayNode(name="phyai_replay_security_test") as rn:
-            _Replay(rn, session, None, ReplayOptions(), None, lambda s: None)
+            _Playback(rn, session, None, ReplayOptions(), None)
         assert not marker.exists(), "the bag's type name imported and ran evilpkg"
         assert "evilpkg" not in sys.modules
     finally:
@@ -544,7 +582,7 @@ def test_report_judges_the_session_by_the_nodes_margin_rules(tmp_path):
     import dataclasses
 
     from phyai_ros.control.margin import ERROR, MarginReport
-    from phyai_ros.replay.report import analyze
+    from phyai_ros.replay.analysis import analyze
     from phyai_ros.replay.runbag import Run
     margins = [0.05] * 27 + [-0.01] * 3
     base = MarginReport(stamp_ns=0, chunk_seq=0, expired=False, budget=0.5, latency_observe=0.01,

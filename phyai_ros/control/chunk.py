@@ -76,10 +76,6 @@ class ActionChunk:
         """Nearest slot index for time t (may be < 0 or >= H)."""
         return slot_index(self.t0_ns, self.dt_ns, t_ns)
 
-    def remaining_after(self, i: int) -> int:
-        """Actions not yet executed once index i has been executed."""
-        return max(0, self.horizon - int(i) - 1)
-
 
 def slot_index(t0_ns: int, dt_ns: int, t_ns: int) -> int:
     """Nearest grid slot (round half up), integer arithmetic."""

@@ -203,10 +203,6 @@ class ControlLoop:
             return list(self.timer.history)
 
     @property
-    def current_chunk(self) -> Optional[ActionChunk]:
-        return self.timer.current
-
-    @property
     def inference_in_flight(self) -> bool:
         return self._in_flight
 

@@ -54,7 +54,7 @@ chunk), ``L_control = all ticks of the cycle * dt = L_env + exposed inference ti
 (deadline-miss ticks, i.e. the robot waiting on inference), ``L_inference`` = chunk k's
 inference segment (the inference overlapped with that cycle).  Reported over the window as
 ratios of sums: ``X = sum L_env / sum L_inference``, ``Y = sum L_env / sum L_control``,
-``Y_seq = X/(1+X)`` (fully sequential), ``Y_roof = min(X, 1)`` (perfect overlap).
+``Y_seq = X/(1+X)`` (fully sequential), ``Y_roof = min(X, 1)`` (perfect overlap): ``control.roofline``.
 """
 from __future__ import annotations
 
@@ -65,6 +65,8 @@ from statistics import NormalDist
 from typing import Optional, Tuple
 
 import numpy as np
+
+from .roofline import y_roof, y_sequential
 
 OK, WARN, ERROR = 0, 1, 2
 
@@ -323,8 +325,7 @@ class MarginMonitor:
             margin_p50=p50, margin_p95=p95, margin_p99=p99, window_size=len(m), p_nonnegative=p,
             p_nonnegative_lower=lo, confidence=self.confidence, target=self.target, level=level, message=msg,
             roofline_x=X, roofline_y=Y,
-            roofline_y_seq=(X / (1 + X) if math.isfinite(X) else (1.0 if X == math.inf else math.nan)),
-            roofline_y_roof=(min(X, 1.0) if not math.isnan(X) else math.nan),
+            roofline_y_seq=y_sequential(X), roofline_y_roof=y_roof(X),
             cycle_env=self._last_cycle[0], cycle_control=self._last_cycle[1], consumed=int(consumed),
             in_window=in_window)
 

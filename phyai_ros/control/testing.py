@@ -74,11 +74,6 @@ class TickDriver:
             self.tick_once()
             self.run_pending()
 
-    def run_until(self, t_ns: int) -> None:
-        while self.next_tick_ns <= t_ns:
-            self.tick_once()
-            self.run_pending()
-
     def jump_clock(self, t_ns: int) -> None:
         """Set the stamp clock (e.g. back, for a bag loop); the next tick happens at t_ns."""
         self.clock.set(t_ns)

@@ -26,7 +26,11 @@ from phyai_ros.diagnostics import NODE_NAME
 from phyai_ros.replay.accounting import CATEGORIES
 from phyai_ros.control.clock import NS_PER_S
 from phyai_ros.replay.bagtypes import parse_remaps
-from phyai_ros.replay.player import MODES, ReplayOptions, ReplayResult, _json_default
+from phyai_ros.replay.nodeinfo import NodeInfo, load_params_file, reconcile_with_graph
+from phyai_ros.replay.nodeproc import PolicyNodeProcess, default_params_file, node_info_for, parse_param_args
+from phyai_ros.replay.player import MODES, ReplayNode, ReplayOptions, ReplayResult, json_default
+from phyai_ros.replay.report import make_report
+from phyai_ros.replay.scan import Event, check_playable, scan_bag
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,7 +134,6 @@ def prepare_session(bag, info, *, remaps=None, topics=None, exclude=(), clock_so
                     publish_undecodable: bool = False, log=print):
     """Scan the bag against the node's inputs and check it is worth replaying (ValueError if not);
     a bag recovered from a cut-short file is announced here."""
-    from phyai_ros.replay.scan import check_playable, scan_bag
     session = check_playable(scan_bag(bag, info, remaps=remaps, exclude=exclude, only=topics,
                                       clock_source=clock_source, publish_undecodable=publish_undecodable))
     for e in session.events:
@@ -153,7 +156,6 @@ def run_replay(bag, *, out=None, options: Optional[ReplayOptions] = None, remaps
     ``node_info``: the node's NodeInfo if known (else asked from the live node); ``node_process``:
     a PolicyNodeProcess to watch (its death ends the replay); ``session``: the bag already scanned
     (``prepare_session``), rescanned only if the live node's inputs differ from the scan's."""
-    from phyai_ros.replay.player import ReplayNode
     options = options or ReplayOptions()
     alive = (lambda: node_process.alive) if node_process is not None else None
     with ReplayNode(node_name=node_name) as rn:
@@ -171,8 +173,6 @@ def run_replay(bag, *, out=None, options: Optional[ReplayOptions] = None, remaps
             raise RuntimeError(f"/{node_name} runs on the system clock: start it with -p use_sim_time:=true")
         if alive is None:
             alive = rn.node_present
-        from phyai_ros.replay.nodeinfo import reconcile_with_graph
-        from phyai_ros.replay.scan import Event
         for _ in range(30):  # the graph may still be filling in
             checked, warnings = reconcile_with_graph(info, rn.node)
             if not warnings:
@@ -193,8 +193,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a = build_parser().parse_args(argv)
     a.remap = [r for item in a.remap for r in item.replace(",", " ").split()]
     a.out = a.out or None
-    from phyai_ros.replay.nodeinfo import NodeInfo
-    from phyai_ros.replay.nodeproc import PolicyNodeProcess, node_info_for, parse_param_args
     proc = None
     if not (Path(a.bag) / "metadata.yaml").is_file():
         print(f"replay: {a.bag} is not a rosbag2 folder (no metadata.yaml)", file=sys.stderr)
@@ -210,8 +208,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if a.mode == "stepped":
                 dt = overrides.get("control.dt")
                 if dt is None:
-                    from phyai_ros.replay.nodeinfo import load_params_file
-                    from phyai_ros.replay.nodeproc import default_params_file
                     dt = load_params_file(a.params_file or default_params_file()).get("control.dt", 0.02)
                 overrides["diagnostics.period"] = dt
             else:
@@ -240,9 +236,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             proc.stop()
     print(format_summary(result), flush=True)
     if a.json:
-        Path(a.json).write_text(json.dumps(result.summary(), indent=2, default=_json_default))
+        Path(a.json).write_text(json.dumps(result.summary(), indent=2, default=json_default))
     if a.report == "true" and result.out_path is not None:
-        from phyai_ros.replay.report import make_report
         rep = make_report(result.out_path)
         print(f"report: {rep.index} — {rep.verdict_line}")
     failures = strict_failures(result) if a.strict else []

@@ -31,6 +31,13 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from phyai_ros.fixtures import fixtures_dir, make_small_checkpoint, tokenizer_path
+from phyai_ros.replay.cli import format_summary, run_replay
+from phyai_ros.replay.demo_bag import DemoBagConfig, make_demo_bag
+from phyai_ros.replay.nodeproc import PACKAGE_ROOT, PolicyNode
+from phyai_ros.replay.player import ReplayOptions
+from phyai_ros.replay.report import make_report
+
 CONTROL_RATES = (50.0, 25.0, 20.0, 10.0, 5.0)  # Hz, fastest first
 HEADROOM = 4.0       # chunk duration >= HEADROOM x measured latency: room for the RTC overlap and the replay's load
 STRESS_RATE = 5.0    # replay speed of the --stress run
@@ -100,9 +107,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--stress", action="store_true",
                     help=f"also replay the bag at {STRESS_RATE:g}x real time, an overload: the monitor must say ERROR")
     a = ap.parse_args(argv)
-
-    from phyai_ros.fixtures import fixtures_dir, make_small_checkpoint, tokenizer_path
-    from phyai_ros.replay.nodeproc import PACKAGE_ROOT
     t_start = time.monotonic()
 
     def say(msg: str) -> None:
@@ -144,16 +148,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         duration = a.duration or 40.0
 
-    from phyai_ros.replay.demo_bag import DemoBagConfig, make_demo_bag
     bag = make_demo_bag(run / "session", DemoBagConfig(duration=duration, storage=a.storage,
                                                        state_rate_hz=state_rate))
     say(f"demo session bag ({bag.storage}, {bag.duration:.0f} s, {bag.total} messages: "
         + ", ".join(f"{k.rsplit('/', 2)[-2] if k.count('/') > 1 else k.strip('/')} {v}"
                     for k, v in sorted(bag.counts.items())) + f"): {bag.path}")
 
-    from phyai_ros.replay.cli import format_summary, run_replay
-    from phyai_ros.replay.player import ReplayOptions
-    from phyai_ros.replay.nodeproc import PolicyNode
     overrides = {"control.dt": dt, "control.horizon": horizon}
 
     def replay_once(name: str, rate: float):
@@ -174,7 +174,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(format_summary(result), flush=True)
         return result
 
-    from phyai_ros.replay.report import make_report
     result = replay_once("replay_out", 1.0)
     if result is None:
         return 1

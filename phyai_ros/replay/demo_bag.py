@@ -236,6 +236,7 @@ def _in_gap(topic: str, t: float, gaps) -> bool:
 
 def make_demo_bag(path, config: Optional[DemoBagConfig] = None, **overrides) -> DemoBag:
     """Write the session to ``path`` (a rosbag2 folder that must not exist) and describe it."""
+    # rosbags is the optional ``bags`` extra: imported when a bag is written, so this module imports without it
     from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
     from rosbags.rosbag2 import StoragePlugin, Writer
 

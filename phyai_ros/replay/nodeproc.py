@@ -12,6 +12,8 @@ import threading
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
+import yaml
+
 from phyai_ros.replay.nodeinfo import NODE_NAME, NodeInfo, load_params_file
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]   # folder holding the phyai_ros package
@@ -43,7 +45,6 @@ def param_arg(name: str, value: Any) -> str:
 
 def parse_param_args(items) -> Dict[str, Any]:
     """['name:=value', ...] (as after -p) -> dict, values parsed as YAML like rcl does."""
-    import yaml
     out = {}
     for item in items or ():
         name, sep, value = item.partition(":=")

@@ -39,13 +39,16 @@ from phyai_ros.replay.accounting import Accounting, Snapshot, account
 from phyai_ros import diagnostics, needs_ros
 from phyai_ros.diagnostics import NODE_NAME
 from phyai_ros.control.clock import NS_PER_S
+from phyai_ros.control.loop import COUNTERS
 from phyai_ros.replay.recording import Received, Recording, parse_diagnostics  # noqa: F401  (public here too)
 from phyai_ros.replay.bagtypes import UnknownMessageType, ros_type, typestore
 from phyai_ros.replay.nodeinfo import NodeInfo, query_node
+from phyai_ros.replay.runbag import EVENTS_TOPIC, SUMMARY_TOPIC, match_chunks_and_margins
 from phyai_ros.replay.scan import CLOCK_TOPIC, Event, Session, iter_bag
 
-SUMMARY_TOPIC = "/replay/summary"
-EVENTS_TOPIC = "/replay/events"
+# rclpy, the ROS message types and the node's QoS profiles (which need rclpy), and rosbags' writer (the ``bags``
+# extra) are imported where playback starts: scans, reports and ``--help`` import this module without them.
+
 MODES = ("realtime", "stepped")
 
 
@@ -231,37 +234,42 @@ class ReplayNode:
     def play(self, session: Session, out_path, options: Optional[ReplayOptions] = None,
              alive: Optional[Callable[[], bool]] = None, log: Callable[[str], None] = lambda s: None
              ) -> ReplayResult:
-        return _Replay(self, session, out_path, options or ReplayOptions(), alive, log).run()
+        return _replay(_Playback(self, session, out_path, options or ReplayOptions(), alive), log)
 
 
-class _Replay:
-    def __init__(self, rn: ReplayNode, session: Session, out_path, options: ReplayOptions,
-                 alive: Optional[Callable[[], bool]], log: Callable[[str], None]):
+class _Playback:
+    """What both modes share while a bag plays: the /clock and input publishers, the replay clock (where it
+    stands on the replay and the input-bag timelines, and its segment), the replay clock and report count at
+    the first and the last played message, and the recording of the node's outputs (into the output bag
+    when there is one).  The modes (``_SteppedPlay``, ``_RealtimePlay``) decide when to move the clock."""
+
+    def __init__(self, replay_node: ReplayNode, session: Session, out_path, options: ReplayOptions,
+                 alive: Optional[Callable[[], bool]]):
         from rosgraph_msgs.msg import Clock
 
         from phyai_ros.node.qos import LATCHED, RELIABLE, reliable_depth
-        self.rn, self.s, self.o, self.log = rn, session, options, log
+        self.replay_node, self.session, self.options = replay_node, session, options
         self.alive = alive or (lambda: True)
-        node = rn.node
         self.info = session.node
         self.dt_ns = int(round(self.info.dt * NS_PER_S))
         self.clock_ns = 0          # replay clock (what /clock says)
         self.bag_ns = 0            # position on the input bag's timeline (monotonic): the output bag's time
         self._offset = 0           # bag time - replay clock in the current clock segment
-        self.epoch = 0
-        self.out = _Output(Path(out_path), options.out_storage) if out_path is not None else None
-        self.rec = Recording(self.info, self.out, lambda: (self.clock_ns, self.bag_ns, self.epoch),
-                             events=session.events)
-        self._first_pub: Optional[Tuple[int, int]] = None   # (diagnostics received, clock) at the first message
-        self._last_pub: Optional[Tuple[int, int]] = None    # ... at the last message
-        self.ClockMsg = Clock
-
+        self.epoch = 0             # replay-clock segment (one more at each backward jump)
+        self.output = _Output(Path(out_path), options.out_storage) if out_path is not None else None
+        self.recording = Recording(self.info, self.output, lambda: (self.clock_ns, self.bag_ns, self.epoch),
+                                   events=session.events)
+        # (reports received, replay clock, bag time) at the first and at the last played message
+        self.first_pub: Optional[Tuple[int, int, int]] = None
+        self.last_pub: Optional[Tuple[int, int, int]] = None
+        self._clock_type = Clock
+        node = replay_node.node
         self.clock_pub = node.create_publisher(Clock, CLOCK_TOPIC, reliable_depth(1))
-        self.pubs: Dict[str, Any] = {}
+        self.input_pubs: Dict[str, Any] = {}   # output topic -> publisher
         unavailable = set()
         for topic, meta in session.topics.items():
             out_topic = meta["out_topic"]
-            if meta.get("role") in ("clock", "excluded") or meta.get("unknown_type") or out_topic in self.pubs:
+            if meta.get("role") in ("clock", "excluded") or meta.get("unknown_type") or out_topic in self.input_pubs:
                 continue  # an unknown type was reported by the scan, its messages are not published
             try:
                 cls = ros_type(meta["msgtype"])
@@ -270,201 +278,299 @@ class _Replay:
                 continue
             qos = LATCHED if (out_topic == self.info.instruction_topic or _recorded_latched(session, topic)) \
                 else RELIABLE
-            self.pubs[out_topic] = node.create_publisher(cls, out_topic, qos)
+            self.input_pubs[out_topic] = node.create_publisher(cls, out_topic, qos)
         for it in session.items:
             if it.topic in unavailable and it.publish:
                 it.publish = False
                 it.detail = "message type not available to rclpy here"
         for topic in sorted(unavailable):
-            self.rec.add_event(Event("type_unavailable", f"{session.topics[topic]['msgtype']} cannot be published "
-                                     "(no rclpy type installed); not played", topic=topic, source="replay"))
+            self.recording.add_event(Event("type_unavailable", f"{session.topics[topic]['msgtype']} cannot be "
+                                           "published (no rclpy type installed); not played", topic=topic,
+                                           source="replay"))
 
-        self.rec.subscribe(node)
-        if self.out is not None and options.record_inputs:
+        self.recording.subscribe(node)
+        if self.output is not None and options.record_inputs:
             for topic, meta in session.topics.items():
-                if meta.get("role") not in ("excluded", "clock") and meta["out_topic"] in self.pubs:
-                    self.out.add(meta["out_topic"], meta["msgtype"])
+                if meta.get("role") not in ("excluded", "clock") and meta["out_topic"] in self.input_pubs:
+                    self.output.add(meta["out_topic"], meta["msgtype"])
 
     # ------------------------------------------------------------------ clock and publishing
-    def _set_clock(self, t_ns: int, bag_ns: Optional[int] = None) -> None:
+    def set_clock(self, t_ns: int, bag_ns: Optional[int] = None) -> None:
         """Publish /clock = t_ns.  ``bag_ns``: the input-bag time it corresponds to (else the current
         segment's offset applies); outputs are recorded on that (monotonic) timeline."""
         if bag_ns is not None:
             self._offset = int(bag_ns) - int(t_ns)
         self.bag_ns = max(self.bag_ns, int(t_ns) + self._offset)
         self.clock_ns = int(t_ns)
-        msg = self.ClockMsg()
+        msg = self._clock_type()
         msg.clock.sec, msg.clock.nanosec = divmod(int(t_ns), NS_PER_S)
         self.clock_pub.publish(msg)
 
-    def _publish(self, item, raw: bytes) -> None:
-        with self.rec.cond:
-            if self._first_pub is None:
-                self._first_pub = (len(self.rec.diags), self.clock_ns, self.bag_ns)
-            self._last_pub = (len(self.rec.diags), self.clock_ns, self.bag_ns)
-        pub = self.pubs.get(item.out_topic)
+    def jump_back(self, forget_reports: bool = False) -> None:
+        """The replay clock is about to jump back: a new segment begins.  ``forget_reports``: the node's reports
+        by stamp are dropped too (the stamps of the new segment repeat the old ones)."""
+        with self.recording.cond:
+            self.epoch += 1
+            if forget_reports:
+                self.recording.diag_by_stamp.clear()
+
+    def publish(self, item, raw: bytes) -> None:
+        with self.recording.cond:
+            if self.first_pub is None:
+                self.first_pub = (len(self.recording.diags), self.clock_ns, self.bag_ns)
+            self.last_pub = (len(self.recording.diags), self.clock_ns, self.bag_ns)
+        pub = self.input_pubs.get(item.out_topic)
         if pub is not None:
             pub.publish(bytes(raw))
-        if self.out is not None and self.o.record_inputs:
-            self.out.write(item.out_topic, self.bag_ns, bytes(raw))
+        if self.output is not None and self.options.record_inputs:
+            self.output.write(item.out_topic, self.bag_ns, bytes(raw))
 
-    def _wait(self, predicate: Callable[[], bool], timeout: float, republish: Optional[int] = None) -> bool:
+    def wait(self, predicate: Callable[[], bool], timeout: float, republish: Optional[int] = None) -> bool:
         """``Recording.wait``, re-sending /clock = ``republish`` every 0.5 s (best-effort on the node's side)."""
-        return self.rec.wait(predicate, timeout, None if republish is None else (lambda: self._set_clock(republish)))
+        return self.recording.wait(predicate, timeout,
+                                   None if republish is None else (lambda: self.set_clock(republish)))
+
+    def reported_at(self, t_ns: int) -> bool:
+        """Has the node reported on /diagnostics with its clock at ``t_ns``?"""
+        return t_ns in self.recording.diag_by_stamp
 
     # ------------------------------------------------------------------ startup
-    def _sync_start(self, t0: int) -> dict:
+    def sync_start(self, t0: int) -> dict:
         """Hold the replay clock at t0 until the node reports at exactly t0 (it follows /clock)."""
-        deadline = time.monotonic() + self.o.startup_timeout
+        o = self.options
+        deadline = time.monotonic() + o.startup_timeout
         t = t0
         while time.monotonic() < deadline:
             if not self.alive():
                 raise RuntimeError("the policy node exited before the replay started")
-            self._set_clock(t)
-            if self._wait(lambda: t in self.rec.diag_by_stamp, 2.0, republish=t):
-                return self.rec.diag_by_stamp[t]
-            with self.rec.cond:
-                foreign = [d.msg["stamp_ns"] for d in self.rec.diags if abs(d.msg["stamp_ns"] - t) > 60 * NS_PER_S]
+            self.set_clock(t)
+            if self.wait(lambda: self.reported_at(t), 2.0, republish=t):
+                return self.recording.diag_by_stamp[t]
+            with self.recording.cond:
+                foreign = [d.msg["stamp_ns"] for d in self.recording.diags
+                           if abs(d.msg["stamp_ns"] - t) > 60 * NS_PER_S]
             if len(foreign) >= 2:
                 raise RuntimeError("the policy node does not follow /clock (its reports carry another time): "
                                    "start it with -p use_sim_time:=true")
             # a node whose clock was ahead (an earlier replay) resets its timers on the jump back:
             # move on by one control period so they fire
             t += self.dt_ns
-        raise RuntimeError(f"the policy node did not report on /diagnostics within {self.o.startup_timeout:.0f} s "
+        raise RuntimeError(f"the policy node did not report on /diagnostics within {o.startup_timeout:.0f} s "
                            "of receiving /clock (is it running with use_sim_time:=true?)")
 
-    # ------------------------------------------------------------------ main
-    def run(self) -> ReplayResult:
-        s, o = self.s, self.o
-        playable = [it for it in s.items if it.role not in ("clock",)]
-        if not playable:
-            raise ValueError(f"{s.path}: nothing to play")
-        self.rn.wait_for_node(o.startup_timeout, self.alive)
-        start_sim = s.start_sim
-        t0 = ((start_sim - int(o.preroll * NS_PER_S)) // self.dt_ns) * self.dt_ns
-        w_start = time.monotonic()
-        baseline = self._sync_start(t0)
-        self.log(f"replay: node follows /clock; playing {len(s.items)} messages ({o.mode}"
-                 + (f" x{o.rate:g}" if o.mode == "realtime" else "") + ")")
-        played, lags = 0, []
-        complete = False
-        try:
-            if o.mode == "stepped":
-                played = self._run_stepped(t0)
-            else:
-                played, lags = self._run_realtime(t0)
-            complete = played == len(s.items)
-        except _NodeLost as exc:
-            played = exc.played
-            self.rec.add_event(Event("node_lost", "the policy node exited during the replay", sim_ns=self.clock_ns,
-                                     source="replay"))
-        wall = time.monotonic() - w_start
-        time.sleep(0.2)  # outputs still in flight
-        return self._finish(baseline, played, complete, wall, lags)
 
-    # ------------------------------------------------------------------ stepped
-    def _tick(self, t: int, inputs_pending: bool, stats: dict) -> None:
-        """Move the clock to grid instant t and wait until the node has ticked and finished any inference."""
-        if inputs_pending and self.o.settle > 0:
-            time.sleep(self.o.settle)
-        if not self.alive():
-            raise _NodeLost(stats["played"])
-        self._set_clock(t)
-        if not self._wait(lambda: t in self.rec.diag_by_stamp, self.o.step_timeout, republish=t):
-            stats["missed_reports"] += 1
-            if stats["missed_reports"] <= 3:
-                self.rec.add_event(Event("step_timeout", f"no node report for the tick at {t} within "
-                                         f"{self.o.step_timeout:g} s; stepping on (results may depend on timing)",
-                                         sim_ns=t, source="replay"))
-            return
-        d = self.rec.diag_by_stamp[t]
-        ticks = d["counters"].get("ticks")
-        if stats["ticks"] is not None and ticks is not None and ticks != stats["ticks"] + 1:
-            stats["tick_mismatch"] += 1
-        stats["ticks"] = ticks
-        if diagnostics.in_flight(d):
-            base = stats["baseline_chunks"]
-            want = d["counters"].get("chunks", 0) - base + 1
-            if not self._wait(lambda: len(self.rec.chunks) >= want, self.o.inference_timeout):
-                self.rec.add_event(Event("inference_timeout", f"an inference started by the tick at {t} delivered "
-                                         f"no chunk within {self.o.inference_timeout:g} s", sim_ns=t,
-                                         source="replay"))
+def _replay(playback: _Playback, log: Callable[[str], None]) -> ReplayResult:
+    """Start the node's clock at the grid instant before the preroll, play the bag in the chosen mode and
+    collect what the node did."""
+    s, o = playback.session, playback.options
+    playable = [it for it in s.items if it.role not in ("clock",)]
+    if not playable:
+        raise ValueError(f"{s.path}: nothing to play")
+    playback.replay_node.wait_for_node(o.startup_timeout, playback.alive)
+    t0 = ((s.start_sim - int(o.preroll * NS_PER_S)) // playback.dt_ns) * playback.dt_ns
+    w_start = time.monotonic()
+    baseline = playback.sync_start(t0)
+    log(f"replay: node follows /clock; playing {len(s.items)} messages ({o.mode}"
+        + (f" x{o.rate:g}" if o.mode == "realtime" else "") + ")")
+    played, lags = 0, []
+    complete = False
+    try:
+        if o.mode == "stepped":
+            played = _SteppedPlay(playback).run(t0)
+        else:
+            played, lags = _RealtimePlay(playback).run(t0)
+        complete = played == len(s.items)
+    except _NodeLost as exc:
+        played = exc.played
+        playback.recording.add_event(Event("node_lost", "the policy node exited during the replay",
+                                           sim_ns=playback.clock_ns, source="replay"))
+    wall = time.monotonic() - w_start
+    time.sleep(0.2)  # outputs still in flight
+    result = _collect(playback, baseline, played, complete, wall, lags)
+    if playback.output is not None:
+        _write_result(playback.output, result, playback.bag_ns)
+    playback.recording.unsubscribe(playback.replay_node.node)
+    return result
 
-    def _resync(self, t: int, stats: dict, attempts: int = 5) -> int:
-        """Step on grid points from t until the node reports a tick; returns the grid point reached."""
-        for _ in range(attempts):
-            self._set_clock(t)
-            if self._wait(lambda: t in self.rec.diag_by_stamp, 1.0, republish=t):
-                stats["ticks"] = None
-                self._tick(t, False, stats)  # consumes the report (in-flight inference, tick count)
-                return t
-            t += self.dt_ns
-        self.rec.add_event(Event("step_timeout", "the node did not report a tick after the clock jump; stepping on",
-                                 sim_ns=t, source="replay"))
-        return t
 
-    def _run_stepped(self, t0: int) -> int:
-        s, dt = self.s, self.dt_ns
-        if abs(self.info.diagnostics_period - self.info.dt) > 1e-9:
+@dataclass
+class _StepCounts:
+    """What stepping counted: the messages played, the ticks the node did not report in time, the steps that
+    did not advance its tick counter by one, and that counter at the last step (None: unknown)."""
+
+    played: int = 0
+    missed_reports: int = 0
+    tick_mismatch: int = 0
+    ticks: Optional[int] = None
+    baseline_chunks: int = 0       # the node's chunk counter when the replay started
+
+
+class _SteppedPlay:
+    """Stepped mode (module doc): the clock moves one control period at a time, each move waits for the node's
+    report of that tick and for any inference it started.  Owns the step counts and the pending inputs."""
+
+    def __init__(self, playback: _Playback):
+        self.playback = playback
+        self.counts = _StepCounts()
+        self.pending = False        # inputs published since the last tick (the node gets ``settle`` to take them)
+
+    def run(self, t0: int) -> int:
+        """Play every message; the number played."""
+        pb = self.playback
+        s, dt, info = pb.session, pb.dt_ns, pb.info
+        if abs(info.diagnostics_period - info.dt) > 1e-9:
             raise RuntimeError(f"stepped mode needs one node report per tick: start the node with "
-                               f"-p diagnostics.period:={self.info.dt:g} (it has {self.info.diagnostics_period:g})")
-        stats = {"played": 0, "missed_reports": 0, "tick_mismatch": 0, "ticks": None,
-                 "baseline_chunks": self.rec.latest_diag()["counters"].get("chunks", 0)}
+                               f"-p diagnostics.period:={info.dt:g} (it has {info.diagnostics_period:g})")
+        self.counts.baseline_chunks = pb.recording.latest_diag()["counters"].get("chunks", 0)
         cur = t0
-        pending = False
         jumps = list(s.time_map.jumps)  # (bag time, clock before, clock after), in bag order
         n = len(s.items)
         for item, (conn, log_ns, raw, _) in zip(s.items, iter_bag(s.path)):
             assert item.log_ns == log_ns and item.topic == conn.topic, "bag changed between scan and play"
             while jumps and jumps[0][0] <= item.log_ns:
                 _, before, after = jumps.pop(0)
-                target = (after // dt) * dt
-                self.rec.add_event(Event("clock_jump_played", f"replay clock jumped {(target - cur) / NS_PER_S:+.3f} s",
-                                         sim_ns=target, log_ns=item.log_ns, source="replay"))
-                if after < before:
-                    # The node resets its timers on a jump back to (new time + period).  Land the jump on
-                    # the grid point before the target and publish nothing but grid points until the node
-                    # reports a tick again, so its timer phase stays on the grid.
-                    with self.rec.cond:
-                        self.epoch += 1
-                        self.rec.diag_by_stamp.clear()
-                    if pending and self.o.settle > 0:
-                        time.sleep(self.o.settle)
-                    pending = False
-                    self._set_clock(target - dt, item.log_ns - (item.sim_ns - (target - dt)))
-                    time.sleep(max(self.o.settle, 0.02))
-                    cur = self._resync(target, stats)
-                else:
-                    self._tick(target, pending, stats)  # a jump forward fires the timers once
-                    pending = False
-                    cur = target
+                cur = self._jump(item, cur, before, after)
             while item.role != "clock" and cur + dt <= item.sim_ns:
                 cur += dt
-                self._tick(cur, pending, stats)
-                pending = False
+                self._tick(cur)
             if item.publish and item.role not in ("clock", "excluded"):
-                if item.sim_ns > self.clock_ns:
-                    self._set_clock(item.sim_ns, item.log_ns)
-                self._publish(item, raw)
-                pending = True
-            stats["played"] += 1
-        end = s.end_sim + int(self.o.tail * NS_PER_S)
+                if item.sim_ns > pb.clock_ns:
+                    pb.set_clock(item.sim_ns, item.log_ns)
+                pb.publish(item, raw)
+                self.pending = True
+            self.counts.played += 1
+        end = s.end_sim + int(pb.options.tail * NS_PER_S)
         while cur + dt <= end:
             cur += dt
-            self._tick(cur, pending, stats)
-            pending = False
-        if stats["tick_mismatch"]:
-            self.rec.add_event(Event("tick_mismatch", f"{stats['tick_mismatch']} steps did not advance the node's tick "
-                                     "counter by exactly one (timer phase off the grid?)", source="replay"))
-        return n if stats["played"] == n else stats["played"]
+            self._tick(cur)
+        if self.counts.tick_mismatch:
+            pb.recording.add_event(Event("tick_mismatch", f"{self.counts.tick_mismatch} steps did not advance the "
+                                         "node's tick counter by exactly one (timer phase off the grid?)",
+                                         source="replay"))
+        return n if self.counts.played == n else self.counts.played
 
-    # ------------------------------------------------------------------ realtime
+    def _jump(self, item, cur: int, before: int, after: int) -> int:
+        """Play a recorded clock jump at ``item``; the grid instant the clock stands at afterwards."""
+        pb = self.playback
+        dt, o = pb.dt_ns, pb.options
+        target = (after // dt) * dt
+        pb.recording.add_event(Event("clock_jump_played", f"replay clock jumped {(target - cur) / NS_PER_S:+.3f} s",
+                                     sim_ns=target, log_ns=item.log_ns, source="replay"))
+        if after >= before:
+            self._tick(target)  # a jump forward fires the timers once
+            return target
+        # The node resets its timers on a jump back to (new time + period).  Land the jump on the grid point
+        # before the target and publish nothing but grid points until the node reports a tick again, so its
+        # timer phase stays on the grid.
+        pb.jump_back(forget_reports=True)
+        if self.pending and o.settle > 0:
+            time.sleep(o.settle)
+        self.pending = False
+        pb.set_clock(target - dt, item.log_ns - (item.sim_ns - (target - dt)))
+        time.sleep(max(o.settle, 0.02))
+        return self._resync(target)
+
+    def _tick(self, t: int) -> None:
+        """Move the clock to grid instant t and wait until the node has ticked and finished any inference."""
+        pb, o, counts = self.playback, self.playback.options, self.counts
+        if self.pending and o.settle > 0:
+            time.sleep(o.settle)
+        self.pending = False
+        if not pb.alive():
+            raise _NodeLost(counts.played)
+        pb.set_clock(t)
+        if not pb.wait(lambda: pb.reported_at(t), o.step_timeout, republish=t):
+            counts.missed_reports += 1
+            if counts.missed_reports <= 3:
+                pb.recording.add_event(Event("step_timeout", f"no node report for the tick at {t} within "
+                                             f"{o.step_timeout:g} s; stepping on (results may depend on timing)",
+                                             sim_ns=t, source="replay"))
+            return
+        d = pb.recording.diag_by_stamp[t]
+        ticks = d["counters"].get("ticks")
+        if counts.ticks is not None and ticks is not None and ticks != counts.ticks + 1:
+            counts.tick_mismatch += 1
+        counts.ticks = ticks
+        if diagnostics.in_flight(d):
+            want = d["counters"].get("chunks", 0) - counts.baseline_chunks + 1
+            if not pb.wait(lambda: len(pb.recording.chunks) >= want, o.inference_timeout):
+                pb.recording.add_event(Event("inference_timeout", f"an inference started by the tick at {t} "
+                                             f"delivered no chunk within {o.inference_timeout:g} s", sim_ns=t,
+                                             source="replay"))
+
+    def _resync(self, t: int, attempts: int = 5) -> int:
+        """Step on grid points from t until the node reports a tick; returns the grid point reached."""
+        pb = self.playback
+        for _ in range(attempts):
+            pb.set_clock(t)
+            if pb.wait(lambda: pb.reported_at(t), 1.0, republish=t):
+                self.counts.ticks = None
+                self._tick(t)  # consumes the report (in-flight inference, tick count)
+                return t
+            t += pb.dt_ns
+        pb.recording.add_event(Event("step_timeout", "the node did not report a tick after the clock jump; "
+                                     "stepping on", sim_ns=t, source="replay"))
+        return t
+
+
+class _RealtimePlay:
+    """Real-time mode (module doc): messages and /clock leave at the bag's spacing divided by the rate, paced
+    on the monotonic clock.  Owns the pacing (the bag time and wall time the replay started at), the clock
+    plan and the recorded clock jumps still ahead."""
+
+    def __init__(self, playback: _Playback):
+        self.playback = playback
+        self.log0 = 0            # the bag time whose replay clock is the start instant
+        self.wall0 = 0.0         # time.monotonic() at log0
+        self.jumps: List[Tuple[int, int, int]] = []   # (bag time, clock before, clock after) still to come
+
+    def run(self, t0: int) -> Tuple[int, list]:
+        """Play every message; the number played and each message's lateness (s) against its pace."""
+        pb = self.playback
+        s, o, tm = pb.session, pb.options, pb.session.time_map
+        first_log = min(it.log_ns for it in s.items)
+        # the bag time whose replay clock is t0 (identity map: t0 itself)
+        self.log0 = first_log - (tm(first_log) - t0)
+        log_end = max(it.log_ns for it in s.items) + int(o.tail * NS_PER_S)
+        plan = self._clock_plan(self.log0, log_end)
+        self.wall0 = time.monotonic()
+        self.jumps = list(tm.jumps)
+        lags: List[float] = []
+        played = 0
+        k = 0
+        n_plan = len(plan)
+        last_alive_check = time.monotonic()
+        for item, (conn, log_ns, raw, _) in zip(s.items, iter_bag(s.path)):
+            assert item.log_ns == log_ns and item.topic == conn.topic, "bag changed between scan and play"
+            while k < n_plan and plan[k] < item.log_ns:
+                self._wait_until(int(plan[k]))
+                self._pass_jumps(int(plan[k]))
+                pb.set_clock(tm(int(plan[k])), int(plan[k]))
+                k += 1
+            lag = self._wait_until(item.log_ns)
+            self._pass_jumps(item.log_ns)
+            if item.publish and item.role not in ("clock", "excluded"):
+                if item.sim_ns != pb.clock_ns:
+                    pb.set_clock(item.sim_ns, item.log_ns)
+                pb.publish(item, raw)
+                lags.append(lag)
+            played += 1
+            if time.monotonic() - last_alive_check > 0.5:
+                last_alive_check = time.monotonic()
+                if not pb.alive():
+                    raise _NodeLost(played)
+        while k < n_plan:
+            self._wait_until(int(plan[k]))
+            pb.set_clock(tm(int(plan[k])), int(plan[k]))
+            k += 1
+        self._run_on(log_end)
+        return played, lags
+
     def _clock_plan(self, log_start: int, log_end: int) -> np.ndarray:
         """Bag times (ns) at which /clock is published besides the messages: every 1/clock_hz and
         where the replay clock crosses a control-grid instant."""
-        tm, dt = self.s.time_map, self.dt_ns
-        step = int(NS_PER_S / self.o.clock_hz)
+        tm, dt = self.playback.session.time_map, self.playback.dt_ns
+        step = int(NS_PER_S / self.playback.options.clock_hz)
         uniform = np.arange(log_start, log_end + 1, step, dtype=np.int64)
         if tm.identity:
             grid = np.arange(((log_start // dt) + 1) * dt, log_end + 1, dt, dtype=np.int64)
@@ -481,148 +587,117 @@ class _Replay:
             grid = np.array(pts, dtype=np.int64)
         return np.unique(np.concatenate([uniform, grid]))
 
-    def _run_realtime(self, t0: int) -> Tuple[int, list]:
-        s, o = self.s, self.o
-        tm = s.time_map
-        first_log = min(it.log_ns for it in s.items)
-        # the bag time whose replay clock is t0 (identity map: t0 itself)
-        log0 = first_log - (tm(first_log) - t0)
-        log_end = max(it.log_ns for it in s.items) + int(o.tail * NS_PER_S)
-        plan = self._clock_plan(log0, log_end)
-        wall0 = time.monotonic()
+    def _wait_until(self, log_ns: int) -> float:
+        """Sleep until bag time ``log_ns`` is due; how late it is (s) when the sleep ends."""
+        target = self.wall0 + (log_ns - self.log0) / NS_PER_S / self.playback.options.rate
+        delay = target - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        return time.monotonic() - target
 
-        def wait_until(log_ns: int) -> float:
-            target = wall0 + (log_ns - log0) / NS_PER_S / o.rate
-            delay = target - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            return time.monotonic() - target
-
-        lags: List[float] = []
-        played = 0
-        k = 0
-        n_plan = len(plan)
-        jumps = list(tm.jumps)
-        last_alive_check = time.monotonic()
-
-        def pass_jumps(log_ns: int) -> None:
-            while jumps and jumps[0][0] <= log_ns:
-                jl, before, after = jumps.pop(0)
-                self.rec.add_event(Event("clock_jump_played", f"replay clock jumped {(after - before) / NS_PER_S:+.3f} s",
+    def _pass_jumps(self, log_ns: int) -> None:
+        """Play the recorded clock jumps at or before bag time ``log_ns``."""
+        pb = self.playback
+        while self.jumps and self.jumps[0][0] <= log_ns:
+            jl, before, after = self.jumps.pop(0)
+            pb.recording.add_event(Event("clock_jump_played", f"replay clock jumped {(after - before) / NS_PER_S:+.3f} s",
                                          sim_ns=after, log_ns=jl, source="replay"))
-                if after < before:
-                    with self.rec.cond:
-                        self.epoch += 1
-                    # land on the control grid so the node's reset timer keeps ticking on it
-                    g = (after // self.dt_ns) * self.dt_ns
-                    self._set_clock(g, jl - (after - g))
+            if after < before:
+                pb.jump_back()
+                # land on the control grid so the node's reset timer keeps ticking on it
+                g = (after // pb.dt_ns) * pb.dt_ns
+                pb.set_clock(g, jl - (after - g))
 
-        for item, (conn, log_ns, raw, _) in zip(s.items, iter_bag(s.path)):
-            assert item.log_ns == log_ns and item.topic == conn.topic, "bag changed between scan and play"
-            while k < n_plan and plan[k] < item.log_ns:
-                wait_until(int(plan[k]))
-                pass_jumps(int(plan[k]))
-                self._set_clock(tm(int(plan[k])), int(plan[k]))
-                k += 1
-            lag = wait_until(item.log_ns)
-            pass_jumps(item.log_ns)
-            if item.publish and item.role not in ("clock", "excluded"):
-                if item.sim_ns != self.clock_ns:
-                    self._set_clock(item.sim_ns, item.log_ns)
-                self._publish(item, raw)
-                lags.append(lag)
-            played += 1
-            if time.monotonic() - last_alive_check > 0.5:
-                last_alive_check = time.monotonic()
-                if not self.alive():
-                    raise _NodeLost(played)
-        while k < n_plan:
-            wait_until(int(plan[k]))
-            self._set_clock(tm(int(plan[k])), int(plan[k]))
-            k += 1
-        # run the clock on until the node reports once more, so the counters cover the whole replay
-        end_clock = self.clock_ns
+    def _run_on(self, log_end: int) -> None:
+        """Run the clock on after the last message until the node reports once more, so the counters cover
+        the whole replay."""
+        pb = self.playback
+        o, tm = pb.options, pb.session.time_map
+        end_clock = pb.clock_ns
         step = int(NS_PER_S / o.clock_hz)
-        deadline = time.monotonic() + 2.0 + 2 * self.info.diagnostics_period / o.rate
+        deadline = time.monotonic() + 2.0 + 2 * pb.info.diagnostics_period / o.rate
         log_now = log_end
         while time.monotonic() < deadline:
-            with self.rec.cond:
-                if any(d.msg["stamp_ns"] >= end_clock for d in self.rec.diags[-3:]):
+            with pb.recording.cond:
+                if any(d.msg["stamp_ns"] >= end_clock for d in pb.recording.diags[-3:]):
                     break
             log_now += step
-            wait_until(log_now)
-            self._set_clock(tm(log_now), log_now)
-        return played, lags
+            self._wait_until(log_now)
+            pb.set_clock(tm(log_now), log_now)
 
-    # ------------------------------------------------------------------ results
-    def _finish(self, baseline: dict, played: int, complete: bool, wall: float, lags: list) -> ReplayResult:
-        s, o = self.s, self.o
-        with self.rec.cond:
-            chunks, margins = list(self.rec.chunks), list(self.rec.margins)
-            commands, diags = list(self.rec.commands), list(self.rec.diags)
-        from phyai_ros.control.loop import COUNTERS
-        last = diags[-1].msg if diags else baseline
-        # The session: from the last report before the first message to the first report after the last
-        # one.  Preroll ticks (no data yet) and the tail (inputs age out after the bag ends, so the node
-        # reports stale snapshots and misses) are not the recorded session's doing.
-        start = diags[self._first_pub[0] - 1].msg if self._first_pub and self._first_pub[0] > 0 else baseline
-        end = (diags[self._last_pub[0]].msg if self._last_pub and len(diags) > self._last_pub[0] else last)
 
-        def delta(a: dict, b: dict) -> Dict[str, int]:
-            return {k: v - a["counters"].get(k, 0) for k, v in b["counters"].items() if k in COUNTERS}
+# ---------------------------------------------------------------------- results
+def _collect(playback: _Playback, baseline: dict, played: int, complete: bool, wall: float,
+             lags: list) -> ReplayResult:
+    """What the replay produced: the node's outputs, its counters over the session (and the tail apart),
+    the input accounting and every event."""
+    pb, s, o = playback, playback.session, playback.options
+    rec = pb.recording
+    with rec.cond:
+        chunks, margins = list(rec.chunks), list(rec.margins)
+        commands, diags = list(rec.commands), list(rec.diags)
+    last = diags[-1].msg if diags else baseline
+    # The session: from the last report before the first message to the first report after the last
+    # one.  Preroll ticks (no data yet) and the tail (inputs age out after the bag ends, so the node
+    # reports stale snapshots and misses) are not the recorded session's doing.
+    start = diags[pb.first_pub[0] - 1].msg if pb.first_pub and pb.first_pub[0] > 0 else baseline
+    end = (diags[pb.last_pub[0]].msg if pb.last_pub and len(diags) > pb.last_pub[0] else last)
 
-        counters = delta(start, end)
-        tail = {k: v for k, v in delta(end, last).items() if v > 0 and k not in ("ticks", "ticks_without_chunk")}
-        first, last_pub = self._first_pub or (None, None, None), self._last_pub or (None, None, None)
-        bounds = SessionBounds(start_ns=first[1], end_ns=last_pub[1], report_ns=end["stamp_ns"],
-                               start_bag_ns=first[2], end_bag_ns=last_pub[2])
-        snapshots = reconstruct_snapshots(chunks, margins, self.dt_ns)
-        race = o.race_window if o.race_window is not None else (0.0 if o.mode == "stepped" else 0.02 * o.rate)
-        end_epoch = max((it.epoch for it in s.items[:played]), default=0)
-        acc = account(s, snapshots, played=played, end_sim_ns=self._last_pub[1] if self._last_pub else self.clock_ns,
-                      end_epoch=end_epoch,
-                      node_counters=counters, race_window_ns=int(race * NS_PER_S))
-        events = list(self.rec.events)
-        for kind in ("stale_snapshots", "deadline_misses", "clock_jumps", "inference_errors", "bad_chunks",
-                     "expired_chunks", "late_chunks", "discarded_after_reset", "callback_errors", "worker_crashes"):
-            if counters.get(kind, 0) > 0:
-                events.append(Event(f"node_{kind}", f"the node counted {counters[kind]} {kind.replace('_', ' ')}",
-                                    source="node"))
-        if tail:
-            events.append(Event("after_bag_end", "in the replay's tail after the last message the node counted "
-                                + ", ".join(f"{k} {v}" for k, v in sorted(tail.items()))
-                                + " (not counted as the session's)", sim_ns=end["stamp_ns"],
-                                log_ns=self._last_pub[2] if self._last_pub else None, source="node"))
-        lag_ms = {}
-        if lags:
-            arr = np.array(lags) * 1e3
-            lag_ms = {"p50": float(np.percentile(arr, 50)), "p99": float(np.percentile(arr, 99)),
-                      "max": float(arr.max())}
-            if lag_ms["p99"] > 20.0:
-                events.append(Event("replay_lag", f"messages left up to {lag_ms['max']:.0f} ms late (p99 "
-                                    f"{lag_ms['p99']:.1f} ms): this machine could not keep the recorded timing",
-                                    source="replay"))
-        events.sort(key=lambda e: (0 if e.log_ns is None and e.source != "node" else 1 if e.log_ns is not None else 2,
-                                   e.log_ns or 0))
-        result = ReplayResult(session=s, options=o, out_path=self.out.path if self.out else None, chunks=chunks,
-                              margins=margins, commands=commands, diagnostics=diags, events=events, accounting=acc,
-                              node_counters=counters, played=played, complete=complete, wall_s=wall, lag_ms=lag_ms,
-                              snapshots=snapshots, session_bounds=bounds, tail_counters=tail)
-        if self.out is not None:
-            ts = typestore()
-            String = ts.types["std_msgs/msg/String"]
-            self.out.add(SUMMARY_TOPIC, "std_msgs/msg/String")
-            self.out.add(EVENTS_TOPIC, "std_msgs/msg/String")
-            for e in events:
-                t = e.log_ns if e.log_ns is not None else self.bag_ns
-                self.out.write(EVENTS_TOPIC, max(0, t), bytes(ts.serialize_cdr(String(data=json.dumps(e.to_dict())),
-                                                                              "std_msgs/msg/String")))
-            summary = json.dumps(result.summary(), default=_json_default)
-            self.out.write(SUMMARY_TOPIC, self.bag_ns, bytes(ts.serialize_cdr(String(data=summary),
-                                                                               "std_msgs/msg/String")))
-            self.out.close()
-        self.rec.unsubscribe(self.rn.node)
-        return result
+    def delta(a: dict, b: dict) -> Dict[str, int]:
+        return {k: v - a["counters"].get(k, 0) for k, v in b["counters"].items() if k in COUNTERS}
+
+    counters = delta(start, end)
+    tail = {k: v for k, v in delta(end, last).items() if v > 0 and k not in ("ticks", "ticks_without_chunk")}
+    first, last_pub = pb.first_pub or (None, None, None), pb.last_pub or (None, None, None)
+    bounds = SessionBounds(start_ns=first[1], end_ns=last_pub[1], report_ns=end["stamp_ns"],
+                           start_bag_ns=first[2], end_bag_ns=last_pub[2])
+    snapshots = reconstruct_snapshots(chunks, margins, pb.dt_ns)
+    race = o.race_window if o.race_window is not None else (0.0 if o.mode == "stepped" else 0.02 * o.rate)
+    end_epoch = max((it.epoch for it in s.items[:played]), default=0)
+    acc = account(s, snapshots, played=played, end_sim_ns=pb.last_pub[1] if pb.last_pub else pb.clock_ns,
+                  end_epoch=end_epoch,
+                  node_counters=counters, race_window_ns=int(race * NS_PER_S))
+    events = list(rec.events)
+    for kind in ("stale_snapshots", "deadline_misses", "clock_jumps", "inference_errors", "bad_chunks",
+                 "expired_chunks", "late_chunks", "discarded_after_reset", "callback_errors", "worker_crashes"):
+        if counters.get(kind, 0) > 0:
+            events.append(Event(f"node_{kind}", f"the node counted {counters[kind]} {kind.replace('_', ' ')}",
+                                source="node"))
+    if tail:
+        events.append(Event("after_bag_end", "in the replay's tail after the last message the node counted "
+                            + ", ".join(f"{k} {v}" for k, v in sorted(tail.items()))
+                            + " (not counted as the session's)", sim_ns=end["stamp_ns"],
+                            log_ns=pb.last_pub[2] if pb.last_pub else None, source="node"))
+    lag_ms = {}
+    if lags:
+        arr = np.array(lags) * 1e3
+        lag_ms = {"p50": float(np.percentile(arr, 50)), "p99": float(np.percentile(arr, 99)),
+                  "max": float(arr.max())}
+        if lag_ms["p99"] > 20.0:
+            events.append(Event("replay_lag", f"messages left up to {lag_ms['max']:.0f} ms late (p99 "
+                                f"{lag_ms['p99']:.1f} ms): this machine could not keep the recorded timing",
+                                source="replay"))
+    events.sort(key=lambda e: (0 if e.log_ns is None and e.source != "node" else 1 if e.log_ns is not None else 2,
+                               e.log_ns or 0))
+    return ReplayResult(session=s, options=o, out_path=pb.output.path if pb.output else None, chunks=chunks,
+                        margins=margins, commands=commands, diagnostics=diags, events=events, accounting=acc,
+                        node_counters=counters, played=played, complete=complete, wall_s=wall, lag_ms=lag_ms,
+                        snapshots=snapshots, session_bounds=bounds, tail_counters=tail)
+
+
+def _write_result(output: _Output, result: ReplayResult, bag_ns: int) -> None:
+    """The events and the summary into the output bag (what ``runbag.load_run`` reads back), then close it."""
+    ts = typestore()
+    String = ts.types["std_msgs/msg/String"]
+    output.add(SUMMARY_TOPIC, "std_msgs/msg/String")
+    output.add(EVENTS_TOPIC, "std_msgs/msg/String")
+    for e in result.events:
+        t = e.log_ns if e.log_ns is not None else bag_ns
+        output.write(EVENTS_TOPIC, max(0, t), bytes(ts.serialize_cdr(String(data=json.dumps(e.to_dict())),
+                                                                     "std_msgs/msg/String")))
+    summary = json.dumps(result.summary(), default=json_default)
+    output.write(SUMMARY_TOPIC, bag_ns, bytes(ts.serialize_cdr(String(data=summary), "std_msgs/msg/String")))
+    output.close()
 
 
 class _NodeLost(Exception):
@@ -635,7 +710,9 @@ def _recorded_latched(session: Session, topic: str) -> bool:
     return session.topics.get(topic, {}).get("latched", False)
 
 
-def _json_default(o):
+def json_default(o):
+    """``json.dumps`` default for a replay summary: numpy scalars as numbers, paths as text, non-finite floats
+    as null."""
     if isinstance(o, (np.integer,)):
         return int(o)
     if isinstance(o, (np.floating,)):
@@ -652,7 +729,6 @@ def reconstruct_snapshots(chunks: List[Received], margins: List[Received], dt_ns
     adopts or expires it) makes the snapshot time exact: observation stamp + L_observe + L_transfer.
     A chunk without a margin (dropped by a clock reset before adoption) gets t0 - dt, the tick that
     triggered it."""
-    from phyai_ros.replay.runbag import match_chunks_and_margins
     pairs = match_chunks_and_margins([(r.seq, r.msg) for r in chunks], [(r.seq, r.msg) for r in margins])
     out = []
     for i, r in enumerate(chunks):
@@ -667,4 +743,4 @@ def reconstruct_snapshots(chunks: List[Received], margins: List[Received], dt_ns
 
 
 __all__ = ["ReplayNode", "ReplayOptions", "ReplayResult", "Received", "SessionBounds", "reconstruct_snapshots", "parse_diagnostics",
-           "SUMMARY_TOPIC", "EVENTS_TOPIC", "MODES", "ros_type"]
+           "SUMMARY_TOPIC", "EVENTS_TOPIC", "MODES", "ros_type", "json_default"]

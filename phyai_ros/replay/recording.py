@@ -1,7 +1,7 @@
 """What the policy node publishes during a replay, recorded: chunks, margins, commands and its
 /diagnostics reports (parsed), thread-safe, in receipt order, each with the replay clock and bag time
-at receipt; optionally written raw to the output bag.  The replay (``player._Replay``) drives the
-clock and waits on this record; it owns no output state itself."""
+at receipt; optionally written raw to the output bag.  The replay (``player._Playback`` and its modes)
+drives the clock and waits on this record; it owns no output state itself."""
 from __future__ import annotations
 
 import threading
@@ -13,8 +13,12 @@ import numpy as np
 
 from phyai_ros import diagnostics
 from phyai_ros.control.clock import stamp_to_ns
+from phyai_ros.messages import msg_to_chunk, msg_to_margin
 from phyai_ros.replay.bagtypes import ros_type
 from phyai_ros.replay.scan import Event
+
+# rclpy and the node's QoS profiles (which need it) are imported when recording starts: reading bags back
+# (``parse_diagnostics``, the report) needs no ROS.
 
 
 @dataclass
@@ -64,7 +68,6 @@ class Recording:
 
     def _recorder(self, topic: str, cls):
         from rclpy.serialization import deserialize_message
-        from phyai_ros.messages import msg_to_chunk, msg_to_margin
         info = self.info
 
         def parse(raw: bytes):

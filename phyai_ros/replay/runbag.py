@@ -17,8 +17,12 @@ import numpy as np
 from phyai_ros.control.chunk import ActionChunk
 from phyai_ros.control.clock import stamp_to_ns
 from phyai_ros.control.margin import MarginReport
+from phyai_ros.messages import MalformedMessageError, msg_to_chunk, msg_to_margin
 from phyai_ros.replay.bagtypes import open_bag
+from phyai_ros.replay.recording import parse_diagnostics
 
+SUMMARY_TOPIC = "/replay/summary"   # what the replay adds to an output bag (player writes them): its summary
+EVENTS_TOPIC = "/replay/events"     # and its events, JSON in std_msgs/String
 CHUNK_TYPE = "phyai_ros/msg/ActionChunk"
 MARGIN_TYPE = "phyai_ros/msg/ControlMargin"
 DIAG_TYPE = "diagnostic_msgs/msg/DiagnosticArray"
@@ -43,10 +47,6 @@ class Run:
 
 
 def load_run(path) -> Run:
-    from phyai_ros.messages import MalformedMessageError, msg_to_chunk, msg_to_margin
-    from phyai_ros.replay.player import EVENTS_TOPIC, SUMMARY_TOPIC
-    from phyai_ros.replay.recording import parse_diagnostics
-
     path = Path(path)
     run = Run(path=path)
     with open_bag(path) as reader:   # an output bag cut short (a killed replay) still gives its complete part
@@ -128,4 +128,5 @@ def match_chunks_and_margins(chunks: List[Tuple[int, ActionChunk]],
     return {by_seq[m.chunk_seq]: j for j, (_, m) in enumerate(margins) if m.chunk_seq in by_seq}
 
 
-__all__ = ["Run", "load_run", "match_chunks_and_margins", "require_node_outputs", "NotAnOutputBag"]
+__all__ = ["Run", "load_run", "match_chunks_and_margins", "require_node_outputs", "NotAnOutputBag", "SUMMARY_TOPIC",
+           "EVENTS_TOPIC"]

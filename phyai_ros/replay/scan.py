@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
+import yaml
 
 from phyai_ros.control.clock import NS_PER_S, stamp_to_ns
-from phyai_ros.control.observation import FutureStampError, OutOfOrderStampError, check_stamp
+from phyai_ros.control.observation import (FutureStampError, JointStateMapper, ObservationError,
+                                           OutOfOrderStampError, check_stamp)
+from phyai_ros.node.images import ImageConverter, ImageDecodeError
 from phyai_ros.replay.bagtypes import absolute_topic, open_bag, recovered_files, registered_msgtype
 from phyai_ros.replay.nodeinfo import CLOCK_JUMP_TOLERANCE, FUTURE_STAMP_TOLERANCE, NodeInfo
 
@@ -110,11 +113,6 @@ class TimeMap:
         n = bisect.bisect_right(self._jump_logs, log_ns)
         return sum(1 for j in self.jumps[:n] if j[2] < j[1])
 
-    def segment_start(self, log_ns: int) -> Optional[int]:
-        """Log time of the last jump at or before ``log_ns`` (None: first segment)."""
-        n = bisect.bisect_right(self._jump_logs, log_ns)
-        return self._jump_logs[n - 1] if n else None
-
 
 @dataclass
 class Session:
@@ -148,7 +146,6 @@ class Session:
 
 def bag_metadata(path) -> dict:
     """The ``rosbag2_bagfile_information`` of a rosbag2 folder's metadata.yaml."""
-    import yaml
     meta = Path(path) / "metadata.yaml"
     if not meta.is_file():
         raise FileNotFoundError(f"{path} is not a rosbag2 folder (no metadata.yaml)")
@@ -177,13 +174,9 @@ class _Judge:
     same field names as rclpy messages, so the node's own converters are reused)."""
 
     def __init__(self, node: NodeInfo):
-        from phyai_ros.control.observation import JointStateMapper, ObservationError
-        from phyai_ros.node.images import ImageConverter, ImageDecodeError
         self.node = node
         self.images = ImageConverter()
         self.mapper = JointStateMapper(node.joint_names)
-        self._errors = (ImageDecodeError,)
-        self._obs_error = ObservationError
 
     def __call__(self, item: Item, msg) -> Tuple[str, str]:
         node = self.node
@@ -193,7 +186,7 @@ class _Judge:
                 return "type_mismatch", f"node subscribes {cam.msgtype}, bag has {item.msgtype}"
             try:
                 rgb = self.images.from_compressed(msg) if cam.compressed else self.images.from_image(msg)
-            except self._errors as exc:
+            except ImageDecodeError as exc:
                 return "bad_image", _first_line(exc)
             if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3 or 0 in rgb.shape:
                 return "bad_image", f"decoded to {rgb.dtype} {list(rgb.shape)}"
@@ -204,7 +197,7 @@ class _Judge:
                 return "bad_state", f"JointState has {len(msg.name)} names and {len(msg.position)} positions"
             try:
                 self.mapper.map(list(msg.name), np.asarray(msg.position, dtype=np.float64))
-            except self._obs_error as exc:
+            except ObservationError as exc:
                 return exc.kind, _first_line(exc)
         elif item.role == "instruction":
             if item.msgtype != "std_msgs/msg/String":
@@ -258,20 +251,43 @@ def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
     ``clock_source``: 'auto' (recorded /clock if the bag has one, else bag timestamps),
     'bag' (bag timestamps) or 'clock' (recorded /clock, required)."""
     path = Path(path)
-    remaps = dict(remaps or {})
-    exclude = {absolute_topic(t) for t in exclude}
-    only_set = {absolute_topic(t) for t in only} if only else None
+    read = _read_bag(path, node, remaps=dict(remaps or {}), exclude={absolute_topic(t) for t in exclude},
+                     only={absolute_topic(t) for t in only} if only else None, clock_source=clock_source,
+                     publish_undecodable=publish_undecodable)
+    if clock_source == "clock" and not read.clock_samples:
+        raise ValueError(f"clock source 'clock' asked for, but {path} has no decodable {CLOCK_TOPIC} topic")
+    tmap = _place_on_replay_clock(read, forward_jump)
+    _judge_stamp_order(read.items)
+    events = _bag_events(path, node, read, tmap)
+    events += _timing_events(read, gap_factor, min_gap)
+    events.sort(key=lambda e: (e.log_ns if e.log_ns is not None else -1))
+    return Session(path=path, storage=bag_storage(path), items=read.items, events=events, time_map=tmap,
+                   topics=read.topics, node=node,
+                   clock_source="recorded /clock" if read.clock_samples else "bag timestamps",
+                   publish_undecodable=publish_undecodable)
+
+
+@dataclass
+class _BagRead:
+    """The first phase's result: every message as an ``Item`` (replay clock = bag time until the time map is
+    known), the topics, the recorded /clock samples, the node's verdicts on its inputs (applied once the
+    items are complete) and the mcap files found cut short."""
+
+    items: List[Item] = field(default_factory=list)
+    topics: Dict[str, dict] = field(default_factory=dict)
+    clock_samples: List[Tuple[int, int]] = field(default_factory=list)   # (bag time, recorded clock)
+    verdicts: Dict[int, Tuple[str, str]] = field(default_factory=dict)   # item index -> (verdict, detail)
+    cut_files: List[dict] = field(default_factory=list)
+
+
+def _read_bag(path: Path, node: NodeInfo, *, remaps: Dict[str, str], exclude: set, only: Optional[set],
+              clock_source: str, publish_undecodable: bool) -> _BagRead:
+    """Phase 1: read and decode every message, give it its role and judge the node's inputs."""
     judge = _Judge(node)
     roles = node.input_topics
-    items: List[Item] = []
-    msgs_clock: List[Tuple[int, int]] = []
-    topics: Dict[str, dict] = {}
-    events: List[Event] = []
-    decoded_stamps: Dict[int, Optional[int]] = {}
-    pending_verdicts: Dict[int, Tuple[str, str]] = {}
-
-    cut_files: List[dict] = []
-    for conn, log_ns, raw, reader in iter_bag(path, recovered=cut_files):
+    read = _BagRead()
+    items, topics = read.items, read.topics
+    for conn, log_ns, raw, reader in iter_bag(path, recovered=read.cut_files):
         topic = conn.topic
         out = remaps.get(topic, topic)
         info = topics.get(topic)
@@ -291,7 +307,7 @@ def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
         info["role"] = role
         item = Item(index=len(items), topic=topic, out_topic=out, msgtype=conn.msgtype, log_ns=int(log_ns),
                     sim_ns=int(log_ns), stamp_ns=None, role=role)
-        excluded = topic in exclude or (only_set is not None and topic not in only_set and role != "clock")
+        excluded = topic in exclude or (only is not None and topic not in only and role != "clock")
         try:
             msg = reader.deserialize(raw, conn.msgtype)
         except Exception as exc:  # noqa: BLE001 - any decoding failure is the same verdict
@@ -301,30 +317,35 @@ def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
         if msg is not None:
             item.stamp_ns = _header_stamp(msg)
             if role == "clock":
-                msgs_clock.append((int(log_ns), stamp_to_ns(msg.clock)))
+                read.clock_samples.append((int(log_ns), stamp_to_ns(msg.clock)))
                 item.stamp_ns = stamp_to_ns(msg.clock)
                 item.publish = False
             elif role in ("camera", "state", "instruction"):
-                pending_verdicts[item.index] = judge(item, msg)
+                read.verdicts[item.index] = judge(item, msg)
         if info["unknown_type"] and role != "clock":
             item.publish = False
             item.detail = item.detail or "unknown message type (not published)"
         if excluded:
             item.role, item.publish, item.detail = "excluded", False, "excluded by --exclude/--topics"
         items.append(item)
-        decoded_stamps[item.index] = item.stamp_ns
+    return read
 
-    if clock_source == "clock" and not msgs_clock:
-        raise ValueError(f"clock source 'clock' asked for, but {path} has no decodable {CLOCK_TOPIC} topic")
-    tmap = TimeMap(msgs_clock if msgs_clock else (), forward_jump=forward_jump)
-    for it in items:
+
+def _place_on_replay_clock(read: _BagRead, forward_jump: float) -> TimeMap:
+    """Phase 2: the time map from the recorded clock (if any); every message's replay clock and clock segment,
+    and the inputs' verdicts."""
+    tmap = TimeMap(read.clock_samples if read.clock_samples else (), forward_jump=forward_jump)
+    for it in read.items:
         it.sim_ns = tmap(it.log_ns)
         it.epoch = tmap.epoch(it.log_ns)
-        v = pending_verdicts.get(it.index)
+        v = read.verdicts.get(it.index)
         if v is not None and it.verdict == "ok":
             it.verdict, it.detail = v
+    return tmap
 
-    # stamp order and future stamps, as the node's buffer judges them (reset at backward jumps)
+
+def _judge_stamp_order(items: List[Item]) -> None:
+    """Phase 3: stamp order and future stamps, as the node's buffer judges them (reset at backward jumps)."""
     held: Dict[str, Tuple[int, int]] = {}  # out_topic -> (epoch, stamp)
     for it in items:
         if it.role not in ("camera", "state") or it.verdict != "ok" or it.stamp_ns is None:
@@ -339,7 +360,12 @@ def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
             continue
         held[it.out_topic] = (it.epoch, it.stamp_ns)
 
-    # ---- events
+
+def _bag_events(path: Path, node: NodeInfo, read: _BagRead, tmap: TimeMap) -> List[Event]:
+    """Phase 4: what is wrong with the bag: the node's inputs it lacks, every rejected message (one summary
+    per topic for the faults its every message shares), files cut short and recorded clock jumps."""
+    items, topics = read.items, read.topics
+    events: List[Event] = []
     present = {info["out_topic"] for info in topics.values() if info["count"]}
     for cam in node.cameras:
         if cam.topic not in present:
@@ -368,13 +394,21 @@ def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
         what = (f"{its[0].msgtype}: unknown message type (no registered interface package provides it), not played"
                 if kind == "unknown_type" else its[0].detail + ("" if its[0].publish else " (not published)"))
         events.append(_topic_summary(kind, its, what, t_first))
-    events.extend(_truncation_event(path, f, len(items)) for f in cut_files)
+    events.extend(_truncation_event(path, f, len(items)) for f in read.cut_files)
     for log_ns, before, after in tmap.jumps:
         direction = "back" if after < before else "forward"
         events.append(Event("clock_jump", f"recorded clock jumps {direction} {(after - before) / NS_PER_S:+.3f} s",
                             topic=CLOCK_TOPIC, log_ns=log_ns, sim_ns=after))
+    return events
+
+
+def _timing_events(read: _BagRead, gap_factor: float, min_gap: float) -> List[Event]:
+    """Phase 5: per played topic, its rate and delivery age (into ``read.topics``), and the gaps and the
+    header-stamp jumps in it."""
+    topics = read.topics
+    events: List[Event] = []
     by_topic: Dict[str, List[Item]] = defaultdict(list)
-    for it in items:
+    for it in read.items:
         if it.role not in ("clock", "excluded"):
             by_topic[it.topic].append(it)
     for topic, its in by_topic.items():
@@ -396,10 +430,7 @@ def scan_bag(path, node: NodeInfo, *, remaps: Optional[Dict[str, str]] = None,
                     events.append(Event("stamp_jump", f"header stamps jump {(a0 - a1) / NS_PER_S:+.3f} s relative to the "
                                         "replay clock", topic=topic, log_ns=i1.log_ns, sim_ns=i1.sim_ns,
                                         index=i1.index))
-    events.sort(key=lambda e: (e.log_ns if e.log_ns is not None else -1))
-    return Session(path=path, storage=bag_storage(path), items=items, events=events, time_map=tmap, topics=topics,
-                   node=node, clock_source="recorded /clock" if msgs_clock else "bag timestamps",
-                   publish_undecodable=publish_undecodable)
+    return events
 
 
 def check_playable(session: Session) -> Session:

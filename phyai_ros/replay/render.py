@@ -1,0 +1,181 @@
+"""The report's text: Markdown and self-contained HTML (plots embedded) of the numbers
+(``analysis``), the verdict (``verdict``) and the figures (``figures``), the one-line verdict the
+commands print, and how a number is written in all of them (``fmt``)."""
+from __future__ import annotations
+
+import base64
+import html as html_text
+import math
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from phyai_ros.control.clock import NS_PER_S
+from phyai_ros.replay.accounting import CATEGORIES
+from phyai_ros.replay.analysis import LEVEL_NAMES
+
+LEVEL_COLORS = {0: "#2e7d32", 1: "#ef8f00", 2: "#c62828"}
+Appendix = Sequence[Tuple[str, Sequence[str]]]   # extra sections after the verdict: (title, lines)
+
+
+def fmt(v, digits: int = 2) -> str:
+    """A number as every text of the report writes it (NaN and None: n/a)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    if isinstance(v, float) and math.isinf(v):
+        return "inf"
+    if isinstance(v, float) and abs(v) >= 100:
+        return f"{v:.0f}"
+    return f"{v:.{digits}f}"
+
+
+def _events_rows(events: List[dict], t0: Optional[int]) -> List[List[str]]:
+    """Event table rows; times on the bag timeline, seconds from ``t0``."""
+    rows = []
+    for e in events:
+        t = ""
+        if e.get("log_ns") is not None and t0 is not None:
+            t = f"{(e['log_ns'] - t0) / NS_PER_S:+.3f}"
+        rows.append([t, e.get("source", ""), e.get("kind", ""), e.get("topic", ""), e.get("detail", "")])
+    return rows
+
+
+def markdown(num: dict, v: dict, figs: Dict[str, Path], t0: int, appendix: Appendix = ()) -> str:
+    """``report.md``: the verdict, the appendix, the plots (as files next to it) and the tables."""
+    lines = [f"# Replay report: {Path(num['input_bag'] or num['bag']).name}", "",
+             f"**{LEVEL_NAMES[v['level']]}** - {v['headline']}", ""]
+    lines += [f"- {f}" for f in v["facts"]]
+    if v["caveat"]:
+        lines += ["", f"> {v['caveat']}"]
+    for title, body in appendix:
+        lines += ["", f"## {title}", ""] + [f"- {x}" for x in body]
+    lines += ["", f"Mode: {num['mode']}" + (f" x{num['rate']:g}" if num.get('rate') else "")
+              + f"; model {num['model_id']}; dt {num['dt']} s, H {num['horizon']}; {num['chunks']} chunks, "
+              f"{num['commands']} commands; output bag `{num['bag']}`.", ""]
+    for name, title in (("roofline", "Control-time roofline"), ("margin", "Margin distribution and budget"),
+                        ("latency_time", "Latency segments over time"), ("latency_hist", "Latency histograms"),
+                        ("discontinuity", "Chunk-boundary discontinuity"), ("problems", "Deadline misses"),
+                        ("accounting", "Input accounting")):
+        if name in figs:
+            lines += [f"## {title}", "", f"![{title}]({figs[name].name})", ""]
+    lines += ["## Latency segments (ms)", "", "| segment | p50 | p95 | p99 | max |", "|---|---|---|---|---|"]
+    for name, st in num["latency_ms"].items():
+        lines.append(f"| {name} | {fmt(st['p50'], 1)} | {fmt(st['p95'], 1)} | {fmt(st['p99'], 1)} | {fmt(st['max'], 1)} |")
+    d = num["discontinuity"]
+    lines += ["", f"Chunk boundaries: {len(d['boundaries'])}; command step at a switch max {fmt(d.get('max_jump'), 4)}"
+              f" vs median step within a chunk {fmt(d['median_step'], 4)} (p99 {fmt(d['p99_step'], 4)}).", ""]
+    acc = num.get("accounting")
+    if acc:
+        lines += ["## Accounting", "", "| topic | played | " + " | ".join(CATEGORIES) + " |",
+                  "|---|---|" + "---|" * len(CATEGORIES)]
+        for t, row in sorted(acc["per_topic"].items()):
+            lines.append(f"| {t} | {row['played']} | " + " | ".join(str(row[c]) for c in CATEGORIES) + " |")
+        for t, reasons in sorted(acc.get("reasons", {}).items()):
+            for reason, n in sorted(reasons.items()):
+                lines.append(f"\n- {t}: {n} {reason}")
+        lines += ["", f"Snapshots: {acc['snapshots']} chunks, {acc['verified']} observation stamps verified, "
+                  f"{acc.get('races', 0)} after resolving a delivery race. " + ("Accounting check OK." if acc.get("ok") else
+                                                        "Problems: " + "; ".join(acc.get("problems", []))), ""]
+    if num["counters"]:
+        lines += ["## Node counters (this replay)", "", ", ".join(f"{k} {v2}" for k, v2 in sorted(num["counters"].items())
+                                                                 if v2), ""]
+    lines += ["## Events", ""]
+    rows = _events_rows(num["events"], t0)
+    if rows:
+        lines += ["| t [s] | source | kind | topic | detail |", "|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
+    else:
+        lines.append("None.")
+    return "\n".join(lines) + "\n"
+
+
+def html(num: dict, v: dict, figs: Dict[str, Path], t0: int, appendix: Appendix = ()) -> str:
+    """``report.html``, self-contained: the verdict and its tiles on the first screen, the plots embedded."""
+    def img(name, width="100%"):
+        if name not in figs:
+            return ""
+        data = base64.b64encode(figs[name].read_bytes()).decode()
+        return f'<img src="data:image/png;base64,{data}" style="width:{width};max-width:100%">'
+
+    color = LEVEL_COLORS[v["level"]]
+    e = html_text.escape
+    mg, r = num["margin"], num["roofline"]
+    big = [("X", fmt(r["X"]), r["bound"]), ("P(M&ge;0)", fmt(mg["p_hat"], 3),
+                                             f"lower {fmt(mg['p_lower'], 3)} ({mg['bound_label']}) vs {mg['target']:.3f}"),
+           ("deadline misses", str(num["deadline_misses"]), f"{num['expired_chunks']} expired of {num['chunks']} chunks"),
+           ("missed slots", str(num["counters"].get("missed_slots", 0)),
+            f"command delay p99 {fmt(num['commands_delivery']['delay_p99_ms'], 1)} ms, max "
+            f"{fmt(num['commands_delivery']['delay_max_ms'], 1)} ms"),
+           ("inference p99", f"{fmt(num['latency_ms']['inference']['p99'], 1)} ms",
+            f"p50 {fmt(num['latency_ms']['inference']['p50'], 1)} ms")]
+    tiles = "".join(f'<div class="tile"><div class="k">{k}</div><div class="v">{val}</div><div class="s">{e(sub)}</div></div>'
+                    for k, val, sub in big)
+    facts = "".join(f"<li>{e(f)}</li>" for f in v["facts"])
+    caveat = f'<p class="caveat">{e(v["caveat"])}</p>' if v["caveat"] else ""
+    acc = num.get("accounting")
+    acc_html = ""
+    if acc:
+        head = "".join(f"<th>{c}</th>" for c in CATEGORIES)
+        body = "".join(f"<tr><td>{e(t)}</td><td>{row['played']}</td>" + "".join(f"<td>{row[c]}</td>" for c in CATEGORIES)
+                       + "</tr>" for t, row in sorted(acc["per_topic"].items()))
+        reasons = "".join(f"<li>{e(t)}: {n} {e(reason)}</li>" for t, rs in sorted(acc.get("reasons", {}).items())
+                          for reason, n in sorted(rs.items()))
+        check = ("Accounting check OK: every input message is in exactly one category." if acc.get("ok")
+                 else "Accounting problems: " + e("; ".join(acc.get("problems", []))))
+        acc_html = (f"<h2>Input accounting</h2>{img('accounting')}<table><tr><th>topic</th><th>played</th>{head}</tr>"
+                    f"{body}</table><ul>{reasons}</ul><p>Snapshots: {acc['snapshots']} chunks, {acc['verified']} "
+                    f"observation stamps verified ({acc.get('races', 0)} after resolving a delivery race). "
+                    f"{check}</p>")
+    lat = "".join(f"<tr><td>{n}</td>" + "".join(f"<td>{fmt(st[q], 1)}</td>" for q in ("p50", "p95", "p99", "max"))
+                  + "</tr>" for n, st in num["latency_ms"].items())
+    rows = _events_rows(num["events"], t0)
+    ev = ("<table><tr><th>t [s]</th><th>source</th><th>kind</th><th>topic</th><th>detail</th></tr>"
+          + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows) + "</table>"
+          ) if rows else "<p>None.</p>"
+    d = num["discontinuity"]
+    counters = ", ".join(f"{k} {v2}" for k, v2 in sorted(num["counters"].items()) if v2)
+    extra = "".join(f"<h2>{e(t)}</h2><ul>" + "".join(f"<li>{e(x)}</li>" for x in body) + "</ul>" for t, body in appendix)
+    title = e(Path(num["input_bag"] or num["bag"]).name)
+    return f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>Replay report: {title}</title>
+<style>
+body{{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:18px auto;max-width:1180px;color:#222}}
+.verdict{{border-left:10px solid {color};background:#fafafa;padding:10px 16px;margin-bottom:10px}}
+.verdict h1{{margin:0 0 4px 0;font-size:21px}} .badge{{background:{color};color:#fff;padding:2px 10px;border-radius:4px;margin-right:8px}}
+.tiles{{display:flex;gap:10px;margin:8px 0}} .tile{{flex:1;background:#fff;border:1px solid #ddd;border-radius:6px;padding:6px 10px}}
+.tile .k{{font-size:12px;color:#666}} .tile .v{{font-size:24px;font-weight:600}} .tile .s{{font-size:11px;color:#666}}
+.row{{display:flex;gap:12px;align-items:flex-start}} .row>div{{flex:1}}
+.caveat{{background:#fff4e0;border:1px solid #f0c070;padding:6px 10px}}
+table{{border-collapse:collapse;font-size:12px;margin:6px 0}} td,th{{border:1px solid #ddd;padding:3px 7px;text-align:left}}
+ul{{margin:4px 0}} li{{margin:2px 0}} .meta{{color:#666;font-size:12px}}
+</style></head><body>
+<div class="verdict"><h1><span class="badge">{LEVEL_NAMES[v['level']]}</span>{e(v['headline'])}</h1>
+<div class="tiles">{tiles}</div><ul>{facts}</ul>{caveat}</div>
+{extra}
+<div class="row"><div>{img('roofline')}</div><div>{img('problems')}{img('accounting') if acc else ''}</div></div>
+<p class="meta">Input bag {e(str(num['input_bag']))} &middot; mode {e(str(num['mode']))}{(' x' + format(num['rate'], 'g')) if num.get('rate') else ''}
+&middot; model {e(str(num['model_id']))} &middot; dt {num['dt']} s, H {num['horizon']} &middot; {num['chunks']} chunks,
+{num['commands']} commands &middot; output bag {e(num['bag'])}</p>
+<h2>Margin</h2>{img('margin')}
+<h2>Latency segments</h2>{img('latency_time')}{img('latency_hist')}
+<table><tr><th>segment (ms)</th><th>p50</th><th>p95</th><th>p99</th><th>max</th></tr>{lat}</table>
+<h2>Chunk boundaries</h2>{img('discontinuity')}
+<p>{len(d['boundaries'])} boundaries; command step at a switch max {fmt(d.get('max_jump'), 4)} vs median step within a
+chunk {fmt(d['median_step'], 4)} (p99 {fmt(d['p99_step'], 4)}).</p>
+{acc_html}
+<h2>Node counters (this replay)</h2><p>{e(counters) or 'all zero'}</p>
+<h2>Events</h2>{ev}
+</body></html>
+"""
+
+
+def verdict_line(num: dict, v: dict) -> str:
+    """The verdict in one line, as the commands print it."""
+    bound = "stepped: timing not measured" if num["mode"] == "stepped" else num["roofline"]["bound"]
+    return f"{LEVEL_NAMES[v['level']]}: {bound} (X = {fmt(num['roofline']['X'])}), " \
+           f"P(M_ctrl >= 0) = {fmt(num['margin']['p_hat'], 3)} (lower {fmt(num['margin']['p_lower'], 3)}, " \
+           f"{num['margin']['bound_label']}, vs target {num['margin']['target']:.3f}, n = {num['margin']['n']}), " \
+           f"deadline misses {num['deadline_misses']} (expired {num['expired_chunks']}), missed slots " \
+           f"{num['counters'].get('missed_slots', 0)}, longest command silence " \
+           f"{fmt(num['commands_delivery']['longest_silence_s'], 2)} s"
+
+
+__all__ = ["fmt", "markdown", "html", "verdict_line", "LEVEL_COLORS", "Appendix"]
