@@ -66,7 +66,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from .roofline import y_roof, y_sequential
+from .roofline import roofline_x, y_roof, y_sequential
 
 OK, WARN, ERROR = 0, 1, 2
 
@@ -314,7 +314,7 @@ class MarginMonitor:
         p, lo, level, msg = self.status()
         if self._cycles:
             env, ctl, inf = (sum(c[i] for c in self._cycles) for i in range(3))
-            X = env / inf if inf > 0 else math.inf
+            X = roofline_x(env, inf)
             Y = env / ctl if ctl > 0 else math.nan
         else:
             X = Y = math.nan

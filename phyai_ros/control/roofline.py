@@ -12,6 +12,14 @@ from __future__ import annotations
 import math
 
 
+def roofline_x(env: float, inference: float) -> float:
+    """``X = sum L_env / sum L_inference`` over some chunk cycles: ``inf`` when inference took no time but the
+    environment ran (a stepped replay), NaN when neither did (nothing to place)."""
+    if inference > 0:
+        return env / inference
+    return math.inf if env > 0 else math.nan
+
+
 def y_sequential(x: float) -> float:
     """``Y_seq = X/(1+X)``: the share of control time spent acting when inference and execution never overlap."""
     if math.isfinite(x):
@@ -24,4 +32,4 @@ def y_roof(x: float) -> float:
     return math.nan if math.isnan(x) else min(x, 1.0)
 
 
-__all__ = ["y_sequential", "y_roof"]
+__all__ = ["roofline_x", "y_sequential", "y_roof"]

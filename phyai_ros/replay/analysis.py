@@ -18,7 +18,7 @@ import numpy as np
 from phyai_ros.control.clock import NS_PER_S, ns_to_s
 from phyai_ros.control.loop import ControlConfig
 from phyai_ros.control.margin import MarginReport, bound_label as margin_bound_label, margin_status
-from phyai_ros.control.roofline import y_roof, y_sequential
+from phyai_ros.control.roofline import roofline_x, y_roof, y_sequential
 from phyai_ros.replay.runbag import Run, match_chunks_and_margins
 
 # (MarginReport field, segment name) of the five latency segments, in critical-path order
@@ -136,7 +136,7 @@ def session_roofline(run: Run, pairs: Dict[int, int], in_session: List[bool],
         ctl += (a_next - a_prev) / NS_PER_S
         inf += max(0.0, run.chunks[ib][1].inference_latency)
         cycles += 1
-    X = env / inf if inf > 0 else (math.inf if env > 0 else math.nan)
+    X = roofline_x(env, inf)
     Y = env / ctl if ctl > 0 else math.nan
     last_window = next(((m.roofline_x, m.roofline_y, m.window_size) for m in reversed(margins)
                         if not math.isnan(m.roofline_x)), (math.nan, math.nan, 0))
