@@ -138,7 +138,7 @@ def _run_and_save(args, infer, label: str = "") -> int:
     if str(args.device).startswith("cuda"):
         torch.cuda.synchronize()
     dt_ms = (time.perf_counter() - t0) * 1e3
-    out = {key: t.float().cpu().contiguous() for key, t in tensors.items()}
+    out = {key: t.detach().to("cpu", torch.float32).clone() for key, t in tensors.items()}   # own storage each
     for key, t in out.items():
         bad = int((~torch.isfinite(t)).sum())
         if bad:
