@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU latency of the pi0.5 reference path, batch 1, 3 cameras (480x640 RGB), for the parity-fixture model
 and a mid-size random model. Prints the median over --runs timed calls (after one warm-up) of the whole
-`Pi05Policy.predict` and of its stages (preprocess, embed_prefix, prefix_kv, time tables, 10-step loop).
+`Pi05Adapter.predict` and of its stages (preprocess, embed_prefix, prefix_kv, time tables, 10-step loop).
 
     .venv/bin/python scripts/bench_cpu_latency.py [--runs 5] [--threads N] [--only fixture|mid]
 """
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from phyai_ros.modeling import solver  # noqa: E402
 from phyai_ros.modeling.config import GemmaConfig, SiglipConfig  # noqa: E402
-from phyai_ros.models.pi05 import Pi05Config, Pi05Policy, make_random_checkpoint  # noqa: E402
+from phyai_ros.models.pi05 import Pi05Config, Pi05Adapter, make_random_checkpoint  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "lerobot_parity"
 TOKENIZER = FIXTURES / "tokenizer" / "tokenizer.model"
@@ -42,7 +42,7 @@ def timed(fn, runs):
 
 
 @torch.no_grad()
-def bench(name: str, policy: Pi05Policy, runs: int):
+def bench(name: str, policy: Pi05Adapter, runs: int):
     rng = np.random.default_rng(0)
     images = {c: rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for c in policy.camera_names}
     state = np.zeros(policy.state_dim, np.float32)
@@ -87,12 +87,12 @@ def main():
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, batch 1, 3 cameras 480x640")
     if args.only in (None, "fixture"):
         ck = FIXTURES / "pi05" / "checkpoint"
-        bench("fixture-size pi0.5", Pi05Policy.from_files(ck, TOKENIZER, FIXTURES / "pi05" / "norm_stats.json"),
+        bench("fixture-size pi0.5", Pi05Adapter.from_files(ck, TOKENIZER, FIXTURES / "pi05" / "norm_stats.json"),
               args.runs)
     if args.only in (None, "mid"):
         with tempfile.TemporaryDirectory() as d:
             make_random_checkpoint(d, MID, seed=0)
-            bench("mid-size pi0.5 (random)", Pi05Policy.from_files(d, TOKENIZER, Path(d) / "norm_stats.json"),
+            bench("mid-size pi0.5 (random)", Pi05Adapter.from_files(d, TOKENIZER, Path(d) / "norm_stats.json"),
                   args.runs)
 
 

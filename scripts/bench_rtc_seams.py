@@ -8,7 +8,7 @@ with prefix-action conditioning).
 
 Method (deterministic, no ROS, no wall-clock timing):
 * The ROS-free ``ControlLoop`` with the real policy (``phyai_ros.policies.ControlPolicy`` over
-  ``Pi05Policy.from_files``, the node's loaders), on a ``FakeClock`` driven tick by tick (``TickDriver``):
+  ``Pi05Adapter.from_files``, the node's loaders), on a ``FakeClock`` driven tick by tick (``TickDriver``):
   each inference takes a fixed ``--delay-ms`` of fake time, during which the action timer keeps ticking;
   the loop's RTC scheduling (delay estimate, trigger at remaining <= d + overlap, frozen prefix) is the
   node's. Noise seed 0 per mode.
@@ -55,9 +55,9 @@ RUNS = {"off": (NAMES["plain"], "off"), "guided": (NAMES["plain"], "guided"),
 
 def load_policy(ckpt: Path, tokenizer: Path, noise_seed: int = 0):
     """The node's policy object for a checkpoint folder (its own norm_stats.json)."""
-    from phyai_ros.models.pi05 import Pi05Policy
+    from phyai_ros.models.pi05 import Pi05Adapter
     from phyai_ros.policies import ControlPolicy
-    adapter = Pi05Policy.from_files(ckpt, tokenizer, ckpt / "norm_stats.json", camera_names=list(SLOTS.values()))
+    adapter = Pi05Adapter.from_files(ckpt, tokenizer, ckpt / "norm_stats.json", camera_names=list(SLOTS.values()))
     return ControlPolicy(adapter, noise_seed=noise_seed)   # guided RTC: the adapter's default max guidance
 
 

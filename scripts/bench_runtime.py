@@ -42,8 +42,8 @@ TOKEN_BUCKET = 0
 PRESENT = 3          # --cameras: the first PRESENT of CAMERAS send frames, the rest are absent
 SKIP_ABSENT = True   # --keep-absent: compute absent cameras masked instead of skipping them
 # --model: (config class, policy class, checkpoint module, display name, pi0's state token in the suffix)
-MODELS = {"pi05": (pi05.Pi05Config, pi05.Pi05Policy, pi05_checkpoint, "pi0.5", False),
-          "pi0": (pi0.Pi0Config, pi0.Pi0Policy, pi0_checkpoint, "pi0", True)}
+MODELS = {"pi05": (pi05.Pi05Config, pi05.Pi05Adapter, pi05_checkpoint, "pi0.5", False),
+          "pi0": (pi0.Pi0Config, pi0.Pi0Adapter, pi0_checkpoint, "pi0", True)}
 MODEL = "pi05"
 DEVICE, DTYPE = "cuda", torch.bfloat16  # --device cpu: a float32 smoke run of the same code
 CAMERAS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")

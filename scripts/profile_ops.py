@@ -54,8 +54,8 @@ def load_model(ckpt, tokenizer):
     if ckpt is None:
         cfg = pi05.Pi05Config()
         return make_random_model(cfg, seed=0, std=0.02, dtype=torch.bfloat16, device="cuda"), cfg
-    policy_cls = pi0.Pi0Policy if json.loads((ckpt / "config.json").read_text()).get("type") == "pi0" \
-        else pi05.Pi05Policy
+    policy_cls = pi0.Pi0Adapter if json.loads((ckpt / "config.json").read_text()).get("type") == "pi0" \
+        else pi05.Pi05Adapter
     stats = ckpt / "norm_stats.json"
     policy = policy_cls.from_files(ckpt, tokenizer, stats if stats.is_file() else None, device="cuda",
                                    dtype=torch.bfloat16)

@@ -45,7 +45,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from phyai_ros.models.pi05 import Pi05Policy, make_random_checkpoint  # noqa: E402
+from phyai_ros.models.pi05 import Pi05Adapter, make_random_checkpoint  # noqa: E402
 from phyai_ros.models.pi05.training import (flow_matching_loss, lerobot_state_dict, sample_flow_time,  # noqa: E402
                                             train_parameters)
 from phyai_ros.replay.demo_bag import (DEFAULT_CAMERAS, DEFAULT_INSTRUCTION, Renderer, arm_joints,  # noqa: E402
@@ -113,12 +113,12 @@ class Cache:
     actions: torch.Tensor    # [N, H, max_action_dim] normalized, zero-padded
 
 
-def prepare(policy: Pi05Policy, s: Samples, idx) -> "object":
+def prepare(policy: Pi05Adapter, s: Samples, idx) -> "object":
     return policy.prepare({k: v[idx] for k, v in s.images.items()}, s.state[idx], [DEFAULT_INSTRUCTION] * len(idx))
 
 
 @torch.no_grad()
-def build_cache(policy: Pi05Policy, s: Samples, batch: int = 16) -> Cache:
+def build_cache(policy: Pi05Adapter, s: Samples, batch: int = 16) -> Cache:
     m = policy.model
     ks, vs, pads = [], [], []
     for i in range(0, len(s.times), batch):
@@ -134,7 +134,7 @@ def build_cache(policy: Pi05Policy, s: Samples, batch: int = 16) -> Cache:
     return Cache([(k[i], v[i]) for i in range(k.shape[0])], torch.cat(pads), a)
 
 
-def batch_loss(policy: Pi05Policy, cache: Cache, idx: torch.Tensor, gen: torch.Generator,
+def batch_loss(policy: Pi05Adapter, cache: Cache, idx: torch.Tensor, gen: torch.Generator,
                prefix_prob: float = 0.0, max_prefix: int = 0) -> torch.Tensor:
     a = cache.actions[idx]
     noise = torch.randn(a.shape, generator=gen)
@@ -148,7 +148,7 @@ def batch_loss(policy: Pi05Policy, cache: Cache, idx: torch.Tensor, gen: torch.G
 
 
 @torch.no_grad()
-def fixed_loss(policy: Pi05Policy, cache: Cache, seed: int, prefix_prob: float = 0.0, max_prefix: int = 0) -> float:
+def fixed_loss(policy: Pi05Adapter, cache: Cache, seed: int, prefix_prob: float = 0.0, max_prefix: int = 0) -> float:
     """Flow loss over every cached observation with one fixed draw of noise / t (comparable across steps)."""
     gen = torch.Generator().manual_seed(seed)
     n = cache.actions.shape[0]
@@ -160,7 +160,7 @@ def fixed_loss(policy: Pi05Policy, cache: Cache, seed: int, prefix_prob: float =
 
 
 @torch.no_grad()
-def action_rms(policy: Pi05Policy, s: Samples, seed: int, prefix: int = 0, start: int = 0) -> float:
+def action_rms(policy: Pi05Adapter, s: Samples, seed: int, prefix: int = 0, start: int = 0) -> float:
     """RMS error (robot units) of sampled chunks vs the true next-H trajectory from action ``start`` on, fixed
     noise per observation. ``prefix`` > 0: the true first ``prefix`` actions are given as the frozen prefix of
     ``rtc.mode: trained`` (how well the model continues a plan it is handed)."""
@@ -181,7 +181,7 @@ def hold_rms(s: Samples) -> float:
     return float(np.sqrt(((s.state[:, None, ACTION_JOINTS] - s.actions) ** 2).mean()))
 
 
-def train(policy: Pi05Policy, cache: Cache, args, prefix_prob: float, log) -> None:
+def train(policy: Pi05Adapter, cache: Cache, args, prefix_prob: float, log) -> None:
     params = train_parameters(policy.model, ("expert",))
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=args.steps, pct_start=0.1)
@@ -204,7 +204,7 @@ def train(policy: Pi05Policy, cache: Cache, args, prefix_prob: float, log) -> No
     policy.model.eval()
 
 
-def save(policy: Pi05Policy, out: Path) -> None:
+def save(policy: Pi05Adapter, out: Path) -> None:
     from safetensors.torch import load_file, save_file
     path = out / "model.safetensors"
     unused = {k: v for k, v in load_file(str(path)).items() if k not in (sd := lerobot_state_dict(policy.model))}
@@ -223,7 +223,7 @@ def write_start(kind: str, args, stats: dict) -> Path:
 def make_one(kind: str, out: Path, args, tok: Path, data: Dict[str, Samples], caches: Dict[str, Cache],
              random_rms: float, log) -> dict:
     """Measure the random start, train, save, reload through the real loader, measure again."""
-    policy = Pi05Policy.from_files(out, tok, out / "norm_stats.json")
+    policy = Pi05Adapter.from_files(out, tok, out / "norm_stats.json")
     prefix_prob = args.prefix_prob if kind == "prefix" else 0.0
 
     def losses():
@@ -236,7 +236,7 @@ def make_one(kind: str, out: Path, args, tok: Path, data: Dict[str, Samples], ca
     train(policy, caches["train"], args, prefix_prob, log)
     r["train_seconds"] = round(time.monotonic() - t0, 1)
     save(policy, out)
-    policy = Pi05Policy.from_files(out, tok, out / "norm_stats.json")   # what the node will load
+    policy = Pi05Adapter.from_files(out, tok, out / "norm_stats.json")   # what the node will load
     r["train_loss"], r["heldout_loss"] = losses()
     r.update(train_action_rms=action_rms(policy, data["train_eval"], args.seed),
              action_rms=action_rms(policy, data["held"], args.seed), hold_rms=hold_rms(data["held"]),
@@ -295,7 +295,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     kinds = [args.only] if args.only else ["plain", "prefix"]
     outs = {k: write_start(k, args, stats) for k in kinds}
     # Same seed, same init: both starts share the frozen prefix side, so one K/V cache and one random baseline.
-    start = Pi05Policy.from_files(outs[kinds[0]], tok, outs[kinds[0]] / "norm_stats.json")
+    start = Pi05Adapter.from_files(outs[kinds[0]], tok, outs[kinds[0]] / "norm_stats.json")
     caches = {k: build_cache(start, data[k]) for k in ("train", "held")}
     log(f"cached the prefix K/V of {args.frames} + {args.held_out} observations")
     random_rms = action_rms(start, data["held"], args.seed)

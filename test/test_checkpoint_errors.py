@@ -9,8 +9,8 @@ import torch
 
 from node_harness import make_small_checkpoint, require_tokenizer
 from phyai_ros.models.files import CheckpointError
-from phyai_ros.models.pi0 import Pi0Policy
-from phyai_ros.models.pi05 import Pi05Policy
+from phyai_ros.models.pi0 import Pi0Adapter
+from phyai_ros.models.pi05 import Pi05Adapter
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def broken_copy(small, tmp_path, name="broken"):
     return copy
 
 
-def load(ckpt, tokenizer=None, cls=Pi05Policy):
+def load(ckpt, tokenizer=None, cls=Pi05Adapter):
     return cls.from_files(ckpt, tokenizer or require_tokenizer(), ckpt / "norm_stats.json")
 
 
@@ -95,7 +95,7 @@ def test_nan_in_a_used_weight_is_refused_naming_the_tensor(small, tmp_path):
 
 def test_pi0_label_on_pi05_weights_says_so(small, tmp_path):
     with pytest.raises(CheckpointError, match="config.json says type pi05 but model.type .* is pi0"):
-        load(small, cls=Pi0Policy)
+        load(small, cls=Pi0Adapter)
     # Without a type in config.json the weights tell: pi0.5's, not a key-mismatch dump.
     ckpt = broken_copy(small, tmp_path)
     cfg = json.loads((ckpt / "config.json").read_text())
@@ -103,7 +103,7 @@ def test_pi0_label_on_pi05_weights_says_so(small, tmp_path):
     (ckpt / "config.json").write_text(json.dumps(cfg))
     (ckpt / "model_dims.json").unlink()
     with pytest.raises(CheckpointError, match="its weights are pi05's but model.type .* is pi0"):
-        load(ckpt, cls=Pi0Policy)
+        load(ckpt, cls=Pi0Adapter)
 
 
 def test_pi05_label_on_pi0_weights_says_so(tmp_path):

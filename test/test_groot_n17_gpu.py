@@ -27,9 +27,9 @@ def fx():
 
 def setup(fx, device="cpu", dtype=torch.float32, resize_mode="auto", use_graphs=True, weights=None):
     """(policy, prepared inputs of the plain case, runner)."""
-    from phyai_ros.models.groot_n17 import GrootPolicy
+    from phyai_ros.models.groot_n17 import GrootAdapter
     from phyai_ros.runtime.groot_runner import GrootRunner
-    pol = GrootPolicy.from_files(GROOT / "checkpoint", device=device, dtype=dtype, resize_mode=resize_mode)
+    pol = GrootAdapter.from_files(GROOT / "checkpoint", device=device, dtype=dtype, resize_mode=resize_mode)
     if weights is not None:
         weights(pol.weights)
     inputs = pol.prepare(fx["images"], fx["inp"]["raw.observation.state"], fx["meta"]["tasks"],

@@ -27,8 +27,8 @@ def fx():
 
 
 def load(name="checkpoint", **kw):
-    from phyai_ros.models.groot_n17 import GrootPolicy
-    return GrootPolicy.from_files(GROOT / name, **kw)
+    from phyai_ros.models.groot_n17 import GrootAdapter
+    return GrootAdapter.from_files(GROOT / name, **kw)
 
 
 @pytest.fixture(scope="module")

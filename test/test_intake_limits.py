@@ -138,12 +138,12 @@ def test_positions_at_the_bound_are_accepted():
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory):
     from node_harness import require_tokenizer
-    from phyai_ros.models.pi0 import Pi0Policy
-    from phyai_ros.models.pi05 import Pi05Policy
+    from phyai_ros.models.pi0 import Pi0Adapter
+    from phyai_ros.models.pi05 import Pi05Adapter
     from phyai_ros.testing import make_small_checkpoint
     tokenizer = require_tokenizer()
     out = {}
-    for name, cls in (("pi05", Pi05Policy), ("pi0", Pi0Policy)):
+    for name, cls in (("pi05", Pi05Adapter), ("pi0", Pi0Adapter)):
         d = make_small_checkpoint(tmp_path_factory.mktemp(name), horizon=H, state_dim=8, action_dim=7,
                                   token_budget=48, policy=name)
         out[name] = cls.from_files(d, tokenizer, d / "norm_stats.json")

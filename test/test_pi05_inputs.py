@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from phyai_ros.control.rtc import make_request
 from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
 from phyai_ros.models.common.normalize import load_norm_stats
-from phyai_ros.models.pi05 import (CheckpointError, Pi05Config, Pi05Policy, PromptTruncatedWarning,
+from phyai_ros.models.pi05 import (CheckpointError, Pi05Config, Pi05Adapter, PromptTruncatedWarning,
                                    load_pi05_checkpoint, make_random_checkpoint)
 from phyai_ros.models.pi05.checkpoint import EXP, LM, VIS
 
@@ -42,7 +42,7 @@ def ckpt_dir(tmp_path_factory):
 def policy(ckpt_dir):
     if not TOKENIZER.is_file():
         pytest.skip(f"fixture tokenizer not found at {TOKENIZER}")
-    return Pi05Policy.from_files(ckpt_dir, TOKENIZER, ckpt_dir / "norm_stats.json")
+    return Pi05Adapter.from_files(ckpt_dir, TOKENIZER, ckpt_dir / "norm_stats.json")
 
 
 def obs(h=40, w=30):
@@ -159,7 +159,7 @@ def test_bad_noise_and_rtc(policy):
         policy.predict(images, state, "task", rtc=request(np.full((5, 4), np.nan, np.float32)))
     with pytest.raises(ValueError, match="schedule"):
         policy.predict(images, state, "task", rtc=request(np.zeros((5, 4), np.float32), "cosine"))
-    with pytest.raises(ValueError, match="RTC mode 'native' is not supported by Pi05Policy"):
+    with pytest.raises(ValueError, match="RTC mode 'native' is not supported by Pi05Adapter"):
         policy.predict(images, state, "task", rtc=request(np.zeros((5, 4), np.float32), mode="native"))
 
 
@@ -228,17 +228,17 @@ def test_missing_files(ckpt_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_pi05_checkpoint(d)
     with pytest.raises(FileNotFoundError, match="missing.model"):
-        Pi05Policy.from_files(ckpt_dir, tmp_path / "missing.model", ckpt_dir / "norm_stats.json")
+        Pi05Adapter.from_files(ckpt_dir, tmp_path / "missing.model", ckpt_dir / "norm_stats.json")
     if TOKENIZER.is_file():
         with pytest.raises(FileNotFoundError, match="stats.json"):
-            Pi05Policy.from_files(ckpt_dir, TOKENIZER, tmp_path / "stats.json")
+            Pi05Adapter.from_files(ckpt_dir, TOKENIZER, tmp_path / "stats.json")
 
 
 @needs_tokenizer
 def test_camera_names_must_be_known(ckpt_dir):
     with pytest.raises(ValueError, match="camera_names"):
-        Pi05Policy.from_files(ckpt_dir, TOKENIZER, ckpt_dir / "norm_stats.json", camera_names=["top_rgb"])
-    p = Pi05Policy.from_files(ckpt_dir, TOKENIZER, ckpt_dir / "norm_stats.json",
+        Pi05Adapter.from_files(ckpt_dir, TOKENIZER, ckpt_dir / "norm_stats.json", camera_names=["top_rgb"])
+    p = Pi05Adapter.from_files(ckpt_dir, TOKENIZER, ckpt_dir / "norm_stats.json",
                               camera_names=["observation.images.base_0_rgb"])
     assert p.camera_names == list(CAMS)
 

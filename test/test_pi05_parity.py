@@ -13,7 +13,7 @@ import torch
 
 from phyai_ros.modeling import solver
 from phyai_ros.control.rtc import make_request
-from phyai_ros.models.pi05 import Pi05Policy
+from phyai_ros.models.pi05 import Pi05Adapter
 from phyai_ros.models.pi05.modeling import prefix_positions
 
 FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
@@ -40,7 +40,7 @@ def fx():
 
 
 def load_policy(device="cpu", dtype=torch.float32):
-    return Pi05Policy.from_files(PI05 / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model",
+    return Pi05Adapter.from_files(PI05 / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model",
                                  PI05 / "norm_stats.json", device=device, dtype=dtype)
 
 

@@ -13,7 +13,7 @@ from phyai_ros.modeling import solver
 from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
 from phyai_ros.modeling.paligemma import prefix_positions
 from phyai_ros.models.common.paligemma_keys import EXP
-from phyai_ros.models.pi0 import (CheckpointError, Pi0Config, Pi0Policy, load_pi0_checkpoint,
+from phyai_ros.models.pi0 import (CheckpointError, Pi0Config, Pi0Adapter, load_pi0_checkpoint,
                                   make_random_checkpoint)
 
 FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
@@ -40,7 +40,7 @@ def fx():
 
 @pytest.fixture(scope="module")
 def policy():
-    return Pi0Policy.from_files(PI0 / "checkpoint", TOKENIZER, PI0 / "norm_stats.json")
+    return Pi0Adapter.from_files(PI0 / "checkpoint", TOKENIZER, PI0 / "norm_stats.json")
 
 
 def raw_images(fx):
@@ -144,7 +144,7 @@ def test_random_checkpoint_round_trip_and_errors(tmp_path):
     sd = load_file(str(tmp_path / "model.safetensors"))
     w = sd["model.action_time_mlp_in.weight"]
     assert torch.equal(ck.model.atm_in_action_w, w[:, :16]) and torch.equal(ck.model.atm_in_time_w, w[:, 16:])
-    pol = Pi0Policy.from_files(tmp_path, TOKENIZER, tmp_path / "norm_stats.json")
+    pol = Pi0Adapter.from_files(tmp_path, TOKENIZER, tmp_path / "norm_stats.json")
     rng = np.random.default_rng(0)
     a = pol.predict({"base_0_rgb": rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)}, np.zeros(5, np.float32),
                     "wipe the table")
@@ -164,7 +164,7 @@ def test_cuda_fp32_and_bf16(fx):
     exp, inp = fx["exp"], fx["inp"]
     scale = exp["actions.model"].abs().max().item()
     for dtype in (torch.float32, torch.bfloat16):
-        pol = Pi0Policy.from_files(PI0 / "checkpoint", TOKENIZER, PI0 / "norm_stats.json", device="cuda", dtype=dtype)
+        pol = Pi0Adapter.from_files(PI0 / "checkpoint", TOKENIZER, PI0 / "norm_stats.json", device="cuda", dtype=dtype)
         x = pol.prepare(raw_images(fx), inp["raw.observation.state"].numpy(), fx["meta"]["tasks"])
         d = (pol.sample_actions(x, inp["noise"]).cpu() - exp["actions.model"]).abs()
         if dtype == torch.float32:

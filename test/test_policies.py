@@ -11,8 +11,8 @@ import pytest
 from safetensors.torch import load_file
 
 from phyai_ros.control.rtc import make_request
-from phyai_ros.models.pi0 import Pi0Policy
-from phyai_ros.models.pi05 import Pi05Policy
+from phyai_ros.models.pi0 import Pi0Adapter
+from phyai_ros.models.pi05 import Pi05Adapter
 from phyai_ros.policies import ControlPolicy
 
 FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not (FIXTURES / "pi05" / "expected.safetensors")
 IMG = "raw.observation.images."
 
 
-@pytest.mark.parametrize("name, cls", [("pi05", Pi05Policy), ("pi0", Pi0Policy)])
+@pytest.mark.parametrize("name, cls", [("pi05", Pi05Adapter), ("pi0", Pi0Adapter)])
 def test_runner_path_equals_adapter_path_with_and_without_rtc(name, cls):
     d = FIXTURES / name
     adapter = cls.from_files(d / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model", d / "norm_stats.json")
@@ -49,7 +49,7 @@ def test_runner_path_equals_adapter_path_with_and_without_rtc(name, cls):
 
 def test_paper_vjp_form_is_selectable_and_runs_eagerly_beside_a_runner():
     d = FIXTURES / "pi05"
-    adapter = Pi05Policy.from_files(d / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model", d / "norm_stats.json")
+    adapter = Pi05Adapter.from_files(d / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model", d / "norm_stats.json")
     cfg = adapter.config
     inp = load_file(str(d / "inputs.safetensors"))
     images = {k[len(IMG):]: v[0].numpy() for k, v in inp.items() if k.startswith(IMG)}
@@ -62,7 +62,7 @@ def test_paper_vjp_form_is_selectable_and_runs_eagerly_beside_a_runner():
     assert np.isfinite(vjp).all() and np.abs(vjp - ident).max() > 1e-3
 
 
-@pytest.mark.parametrize("name, cls", [("pi05", Pi05Policy), ("pi0", Pi0Policy)])
+@pytest.mark.parametrize("name, cls", [("pi05", Pi05Adapter), ("pi0", Pi0Adapter)])
 def test_training_time_rtc_feeds_the_frozen_prefix_as_clean_actions(name, cls):
     d = FIXTURES / name
     adapter = cls.from_files(d / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model", d / "norm_stats.json")
@@ -103,7 +103,7 @@ def test_build_policy_takes_type_and_horizon_from_the_checkpoint_and_checks_give
     assert p["model.type"] == "" and p["control.horizon"] == 0   # nothing restated by hand
     policy = build_policy(p)
     assert (policy.model_type, policy.horizon) == ("pi0", 20)
-    assert type(policy.adapter).__name__ == "Pi0Policy"
+    assert type(policy.adapter).__name__ == "Pi0Adapter"
     resolved = resolved_parameters(p, policy)
     assert (resolved.model.type, resolved.control.horizon) == ("pi0", 20)
     # The start-up captures camera counts from the required cameras up (an optional one may go missing).

@@ -288,13 +288,13 @@ GROOT_BOUNDS = {("w8a16",): 0.01, ("w8a8", "--parts", "vision,prefix,expert"): 0
 def test_groot_quantized_checkpoint_loads_fuses_and_stays_close(tmp_path, scheme):
     from phyai_ros.fixtures import groot_fixture_dir
     from phyai_ros.models.files import read_safetensors_file
-    from phyai_ros.models.groot_n17.adapter import GrootPolicy
+    from phyai_ros.models.groot_n17.adapter import GrootAdapter
     g = groot_fixture_dir()
     if g is None or not (g / "checkpoint").is_dir():
         pytest.skip("no GR00T N1.7 fixture")
     assert _quantize_cli(g / "checkpoint", tmp_path / "q", "--scheme", *scheme) == 0
     manifest = json.loads((tmp_path / "q" / "quantization.json").read_text())
-    policy = GrootPolicy.from_files(tmp_path / "q")    # base model / backbone from the manifest, not relative paths
+    policy = GrootAdapter.from_files(tmp_path / "q")    # base model / backbone from the manifest, not relative paths
     assert policy.quantization().startswith(f"quantization {scheme[0]}")
     fused = [k for k, w in policy.weights.items() if isinstance(w, QuantizedWeight) and "qkv" in k]
     assert fused, "the adapter fuses quantized q/k/v as it does float ones"

@@ -156,7 +156,7 @@ def test_groot_quantized_runner_graphs_match_eager(tmp_path, scheme):
     GELU / LayerNorm epilogues on the quantized kernels, the observation runner's CUDA graphs equal to its eager
     run, and the actions near the float model's."""
     from phyai_ros.fixtures import groot_fixture_dir, load_groot_fixture
-    from phyai_ros.models.groot_n17 import GrootPolicy
+    from phyai_ros.models.groot_n17 import GrootAdapter
     from phyai_ros.quant.__main__ import main as quantize
     from phyai_ros.runtime.groot_runner import GrootRunner
     g = groot_fixture_dir()
@@ -167,7 +167,7 @@ def test_groot_quantized_runner_graphs_match_eager(tmp_path, scheme):
                      "--device", "cuda"]) == 0
     outs = {}
     for name, folder in (("float", g / "checkpoint"), ("quantized", tmp_path / "q")):
-        pol = GrootPolicy.from_files(folder, device="cuda", dtype=torch.bfloat16, resize_mode="float")
+        pol = GrootAdapter.from_files(folder, device="cuda", dtype=torch.bfloat16, resize_mode="float")
         x = pol.prepare(fx["images"], fx["inp"]["raw.observation.state"], fx["meta"]["tasks"],
                         fx["inp"]["embodiment_id"].tolist())
         for graphs in (False, True):

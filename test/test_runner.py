@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from phyai_ros.models.pi05 import Pi05Policy
+from phyai_ros.models.pi05 import Pi05Adapter
 from phyai_ros.runtime.runner import FlowRunner
 
 FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not (PI05 / "expected.safetensors").is_file(),
 
 def load(device="cpu", dtype=torch.float32):
     from safetensors.torch import load_file
-    policy = Pi05Policy.from_files(PI05 / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model",
+    policy = Pi05Adapter.from_files(PI05 / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model",
                                    PI05 / "norm_stats.json", device=device, dtype=dtype)
     inp = load_file(str(PI05 / "inputs.safetensors"))
     exp = load_file(str(PI05 / "expected.safetensors"))
@@ -126,9 +126,9 @@ def test_the_same_runner_runs_pi0(case):
     """pi0 (state as a suffix token, action-time MLP) through the unchanged runner: the adapter boundary holds."""
     from safetensors.torch import load_file
 
-    from phyai_ros.models.pi0 import Pi0Policy
+    from phyai_ros.models.pi0 import Pi0Adapter
     pi0 = FIXTURES / "pi0"
-    policy = Pi0Policy.from_files(pi0 / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model",
+    policy = Pi0Adapter.from_files(pi0 / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model",
                                   pi0 / "norm_stats.json")
     inp, exp = load_file(str(pi0 / "inputs.safetensors")), load_file(str(pi0 / "expected.safetensors"))
     tasks = json.loads((pi0 / "inputs.json").read_text())["tasks"]
@@ -147,9 +147,9 @@ def test_the_same_runner_runs_pi0(case):
 def pi0_inputs():
     from safetensors.torch import load_file
 
-    from phyai_ros.models.pi0 import Pi0Policy
+    from phyai_ros.models.pi0 import Pi0Adapter
     pi0 = FIXTURES / "pi0"
-    policy = Pi0Policy.from_files(pi0 / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model",
+    policy = Pi0Adapter.from_files(pi0 / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model",
                                   pi0 / "norm_stats.json")
     inp = load_file(str(pi0 / "inputs.safetensors"))
     tasks = json.loads((pi0 / "inputs.json").read_text())["tasks"]

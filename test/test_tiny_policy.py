@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from phyai_ros.models.pi05 import Pi05Policy, make_random_checkpoint
+from phyai_ros.models.pi05 import Pi05Adapter, make_random_checkpoint
 from phyai_ros.models.common.policy import norm_stats_file
 from phyai_ros.testing import require_tokenizer, small_model_config
 
@@ -23,9 +23,9 @@ CKPTS = REPO / "checkpoints"
 PLAIN, PREFIX = CKPTS / tiny.NAMES["plain"], CKPTS / tiny.NAMES["prefix"]
 
 
-def load(ckpt: Path, tok: Path, stats: Path = None) -> Pi05Policy:
+def load(ckpt: Path, tok: Path, stats: Path = None) -> Pi05Adapter:
     """As the node does: the checkpoint folder, its statistics found by ``norm_stats_file``."""
-    return Pi05Policy.from_files(ckpt, tok, stats or norm_stats_file(None, ckpt), camera_names=list(tiny.SLOTS.values()))
+    return Pi05Adapter.from_files(ckpt, tok, stats or norm_stats_file(None, ckpt), camera_names=list(tiny.SLOTS.values()))
 
 
 @pytest.mark.parametrize("ckpt", [PLAIN, PREFIX], ids=["plain", "prefix"])
@@ -41,7 +41,7 @@ def test_committed_checkpoint_loads_through_the_node_loader(ckpt, tmp_path):
     assert torch.equal(policy.model.embed_tokens, start.model.embed_tokens)   # frozen prefix side
 
 
-def load_random(tok: Path, like: Path, folder: Path) -> Pi05Policy:
+def load_random(tok: Path, like: Path, folder: Path) -> Pi05Adapter:
     """The random-weight start of a trained checkpoint (same seed and init), with its fitted statistics."""
     make_random_checkpoint(folder, small_model_config(50), seed=0, dtype=torch.float32, std=0.1,
                            camera_names=tuple(tiny.SLOTS.values()), state_dim=8, action_dim=7)

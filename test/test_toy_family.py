@@ -20,7 +20,7 @@ from phyai_ros.models.contract import FILE_KINDS, RTC_MODES, SERVING, PolicyAdap
 from ros_helpers import REPO, python_env
 
 TEST_DIR = Path(__file__).resolve().parent
-TOY = "toy_flow=toy_family.adapter:ToyFlowPolicy"
+TOY = "toy_flow=toy_family.adapter:ToyFlowAdapter"
 H, STATE, ACTION = 20, 8, 7
 
 
@@ -61,13 +61,13 @@ def test_every_registered_family_keeps_the_contract(name):
 
 def test_a_plugin_cannot_take_a_built_in_name_or_be_malformed(monkeypatch):
     from phyai_ros.models import registered
-    monkeypatch.setenv(PLUGIN_ENV, "pi05=toy_family.adapter:ToyFlowPolicy")
+    monkeypatch.setenv(PLUGIN_ENV, "pi05=toy_family.adapter:ToyFlowAdapter")
     with pytest.raises(ValueError, match="takes a built-in family's name"):
         registered()
     monkeypatch.setenv(PLUGIN_ENV, "toy_flow")
     with pytest.raises(ValueError, match="not name=module:Class"):
         registered()
-    monkeypatch.setenv(PLUGIN_ENV, "other=toy_family.adapter:ToyFlowPolicy")
+    monkeypatch.setenv(PLUGIN_ENV, "other=toy_family.adapter:ToyFlowAdapter")
     with pytest.raises(ValueError, match="registered as 'other' but says it is family 'toy_flow'"):
         family("other")
 

@@ -20,9 +20,9 @@ from phyai_ros.models.files import read_json
 from .contract import PolicyAdapter, check_family
 
 FAMILIES: Dict[str, str] = {
-    "pi05": "phyai_ros.models.pi05.adapter:Pi05Policy",
-    "pi0": "phyai_ros.models.pi0.adapter:Pi0Policy",
-    "groot_n17": "phyai_ros.models.groot_n17.adapter:GrootPolicy",
+    "pi05": "phyai_ros.models.pi05.adapter:Pi05Adapter",
+    "pi0": "phyai_ros.models.pi0.adapter:Pi0Adapter",
+    "groot_n17": "phyai_ros.models.groot_n17.adapter:GrootAdapter",
 }
 PLUGIN_ENV = "PHYAI_ROS_FAMILIES"
 ENTRY_POINT_GROUP = "phyai_ros.families"

@@ -34,7 +34,7 @@ import torch
 
 from phyai_ros.fixtures import fixtures_dir, make_small_checkpoint, tokenizer_path
 from phyai_ros.models.common.policy import norm_stats_file
-from phyai_ros.models.pi05 import Pi05Policy
+from phyai_ros.models.pi05 import Pi05Adapter
 from phyai_ros.replay.cli import format_summary, run_replay
 from phyai_ros.replay.demo_bag import DEFAULT_CAMERAS, DemoBagConfig, make_demo_bag
 from phyai_ros.replay.nodeproc import PACKAGE_ROOT, PolicyNode
@@ -75,7 +75,7 @@ def size_control_rate(latency_s: float, horizon: int) -> Tuple[float, str]:
 def measure_inference(checkpoint, tokenizer, runs: int = 3) -> float:
     """Slowest of ``runs`` end-to-end calls (after one warm-up) of the model on this machine, with the
     demo's camera sizes: what the node will spend per chunk."""
-    policy = Pi05Policy.from_files(checkpoint, tokenizer, norm_stats_file(None, Path(checkpoint)))
+    policy = Pi05Adapter.from_files(checkpoint, tokenizer, norm_stats_file(None, Path(checkpoint)))
     rng = np.random.default_rng(0)
     images = {name: rng.integers(0, 256, (cam.height, cam.width, 3), dtype=np.uint8)
               for name, cam in zip(policy.camera_names, DEFAULT_CAMERAS)}

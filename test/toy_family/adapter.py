@@ -85,7 +85,7 @@ class ToyInputs:
     state: torch.Tensor
 
 
-class ToyFlowPolicy(PolicyAdapter):
+class ToyFlowAdapter(PolicyAdapter):
     family = "toy_flow"
     checkpoint_types = (TYPE,)
     rtc_modes = ("off",)
@@ -102,7 +102,7 @@ class ToyFlowPolicy(PolicyAdapter):
     # ------------------------------------------------------------ loading
     @classmethod
     def load(cls, checkpoint, files: ModelFiles = NO_FILES, camera_names: Optional[Sequence[str]] = None,
-             device="cpu", dtype: torch.dtype = torch.float32) -> "ToyFlowPolicy":
+             device="cpu", dtype: torch.dtype = torch.float32) -> "ToyFlowAdapter":
         cls.check_files(files)
         folder = Path(checkpoint)
         raw = read_json(folder / "config.json")

@@ -104,7 +104,7 @@ class ServeRow:
     guide: Optional[solver.RtcTensors]
 
 
-class FlowPolicy(PolicyAdapter):
+class FlowAdapter(PolicyAdapter):
     """Base adapter. Subclasses set `family`, `checkpoint_types`, `prompt_parts` and their loader (`from_files`,
     `checkpoint_loader`, `config_class`)."""
 
@@ -146,7 +146,7 @@ class FlowPolicy(PolicyAdapter):
     # ---------------------------------------------------------------- the contract's loading and facts
     @classmethod
     def load(cls, checkpoint, files: ModelFiles = NO_FILES, camera_names: Optional[Sequence[str]] = None,
-             device="cpu", dtype: torch.dtype = torch.float32) -> "FlowPolicy":
+             device="cpu", dtype: torch.dtype = torch.float32) -> "FlowAdapter":
         """The tokenizer file is required; the statistics default to the checkpoint folder's own."""
         if files.tokenizer is None or not files.tokenizer.is_file():
             raise FileNotFoundError(f"{cls.family} needs a tokenizer file (model.tokenizer / --tokenizer): "
@@ -511,7 +511,7 @@ def stack_inputs(parts: Sequence[PolicyInputs]) -> PolicyInputs:
 
 def _stack_guides(rows: Sequence[ServeRow]) -> Optional[solver.RtcTensors]:
     """The rows' RTC tensors as one batch: per-row Y and weights (zero rows: RTC off) for the graphable form; one
-    group's shared weights otherwise (FlowPolicy.serve_group)."""
+    group's shared weights otherwise (FlowAdapter.serve_group)."""
     given = [r.guide for r in rows if r.guide is not None]
     if not given:
         return None

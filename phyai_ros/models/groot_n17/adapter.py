@@ -1,7 +1,7 @@
 """GR00T N1.7 policy adapter (the registry's "groot_n17"): robot observation in, action chunk out, with LeRobot
 0.6.1's semantics, and the family's side of the model contract (phyai_ros/models/contract.py).
 
-    policy = GrootPolicy.from_files(checkpoint_dir, device="cpu", dtype=torch.float32)
+    policy = GrootAdapter.from_files(checkpoint_dir, device="cpu", dtype=torch.float32)
     actions = policy.predict(images={"front": rgb_uint8_HxWx3, "wrist": ...}, state=np.float32[state_dim],
                              task="pick up the cup", noise=None,             # or [H, A] / [1, H, A] (x at t=0)
                              rtc=make_request(prev_robot_units, d, mode="native", horizon=H))  # control.rtc
@@ -65,7 +65,7 @@ class GrootRtc:
     execution_horizon: Optional[int] = None
 
 
-class GrootPolicy(PolicyAdapter):
+class GrootAdapter(PolicyAdapter):
     family = "groot_n17"
     checkpoint_types = ("groot",)
     rtc_modes = ("native", "off")
@@ -99,7 +99,7 @@ class GrootPolicy(PolicyAdapter):
     @classmethod
     def from_files(cls, checkpoint_dir, device="cpu", dtype: torch.dtype = torch.float32,
                    base_model: Optional[str] = None, backbone: Optional[str] = None, resize_mode: str = "auto",
-                   embodiment_tag: Optional[str] = None) -> "GrootPolicy":
+                   embodiment_tag: Optional[str] = None) -> "GrootAdapter":
         """Load a LeRobot GR00T N1.7 checkpoint folder (and the base-model / backbone folders it names)."""
         ckpt = load_groot_checkpoint(checkpoint_dir, device=device, dtype=dtype, base_model=base_model,
                                      backbone=backbone)
@@ -107,7 +107,7 @@ class GrootPolicy(PolicyAdapter):
 
     @classmethod
     def load(cls, checkpoint, files: ModelFiles = NO_FILES, camera_names: Optional[Sequence[str]] = None,
-             device="cpu", dtype: torch.dtype = torch.float32) -> "GrootPolicy":
+             device="cpu", dtype: torch.dtype = torch.float32) -> "GrootAdapter":
         """The tools' call: camera_names, when given, must be the checkpoint's cameras (any order)."""
         cls.check_files(files)
         policy = cls.from_files(checkpoint, device=device, dtype=dtype)
@@ -418,4 +418,4 @@ def _small_pipelines(src: Path, dst: Path, cameras, state_dim: int, action_dim: 
         (dst / name).write_text(json.dumps(pipeline, indent=2))
 
 
-__all__ = ["GrootPolicy", "GrootRtc", "GrootInputs", "FLOAT_RESIZE_CASE"]
+__all__ = ["GrootAdapter", "GrootRtc", "GrootInputs", "FLOAT_RESIZE_CASE"]

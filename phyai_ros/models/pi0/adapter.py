@@ -11,21 +11,21 @@ import numpy as np
 import torch
 
 from phyai_ros.models.common.normalize import ACTION, STATE, MeanStdNormalizer, load_norm_stats
-from phyai_ros.models.common.policy import FlowPolicy, PromptTruncatedWarning, check_dims, resolve_cameras
+from phyai_ros.models.common.policy import FlowAdapter, PromptTruncatedWarning, check_dims, resolve_cameras
 from phyai_ros.models.common.tokenizer import PromptTokenizer
 
 from .checkpoint import load_pi0_checkpoint, make_random_checkpoint
 from .config import Pi0Config
 
 Tensor = torch.Tensor
-__all__ = ["Pi0Policy", "PromptTruncatedWarning", "pi0_prompt"]
+__all__ = ["Pi0Adapter", "PromptTruncatedWarning", "pi0_prompt"]
 
 
 def pi0_prompt(task: str) -> str:
     return task if task.endswith("\n") else task + "\n"
 
 
-class Pi0Policy(FlowPolicy):
+class Pi0Adapter(FlowAdapter):
     family = "pi0"
     checkpoint_types = ("pi0",)
     config_class = Pi0Config
@@ -35,8 +35,8 @@ class Pi0Policy(FlowPolicy):
     @classmethod
     def from_files(cls, checkpoint_dir, tokenizer_path, norm_stats_path=None,
                    camera_names: Optional[Sequence[str]] = None, device="cpu", dtype: torch.dtype = torch.float32,
-                   action_dim: Optional[int] = None, dims=None) -> "Pi0Policy":
-        """As Pi05Policy.from_files; stats need mean/std for observation.state and action."""
+                   action_dim: Optional[int] = None, dims=None) -> "Pi0Adapter":
+        """As Pi05Adapter.from_files; stats need mean/std for observation.state and action."""
         ckpt = load_pi0_checkpoint(checkpoint_dir, device=device, dtype=dtype, dims=dims)
         tok = PromptTokenizer(tokenizer_path, ckpt.config.token_budget)
         stats = load_norm_stats(norm_stats_path if norm_stats_path is not None else checkpoint_dir)

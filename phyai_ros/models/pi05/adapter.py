@@ -7,7 +7,7 @@ buffers by default, CUDA graphs after `use_runner(use_graphs=True)`) and picks n
 
 API used by the onboard node (batch 1, numpy in / numpy out)::
 
-    policy = Pi05Policy.from_files(checkpoint_dir, tokenizer_path, norm_stats_path, camera_names,
+    policy = Pi05Adapter.from_files(checkpoint_dir, tokenizer_path, norm_stats_path, camera_names,
                                    device="cpu", dtype=torch.float32, action_dim=None)
     actions = policy.predict(images={"base_0_rgb": rgb_uint8_HxWx3, "left_wrist_0_rgb": None, ...},
                              state=np.float32[state_dim], task="pick up the cup",
@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from phyai_ros.models.common.normalize import ACTION, STATE, QuantileNormalizer, load_norm_stats
-from phyai_ros.models.common.policy import (FlowPolicy, PolicyInputs, PromptTruncatedWarning, check_dims,
+from phyai_ros.models.common.policy import (FlowAdapter, PolicyInputs, PromptTruncatedWarning, check_dims,
                                             resolve_cameras)
 from phyai_ros.models.common.tokenizer import PromptTokenizer
 
@@ -54,10 +54,10 @@ from .preprocess import prompt_parts
 Tensor = torch.Tensor
 Pi05Inputs = PolicyInputs
 
-__all__ = ["Pi05Policy", "Pi05Inputs", "PromptTruncatedWarning"]
+__all__ = ["Pi05Adapter", "Pi05Inputs", "PromptTruncatedWarning"]
 
 
-class Pi05Policy(FlowPolicy):
+class Pi05Adapter(FlowAdapter):
     family = "pi05"
     checkpoint_types = ("pi05", "")          # "": a config.json that names no type (the parity fixtures')
     config_class = Pi05Config
@@ -67,7 +67,7 @@ class Pi05Policy(FlowPolicy):
     @classmethod
     def from_files(cls, checkpoint_dir, tokenizer_path, norm_stats_path=None,
                    camera_names: Optional[Sequence[str]] = None, device="cpu", dtype: torch.dtype = torch.float32,
-                   action_dim: Optional[int] = None, dims=None) -> "Pi05Policy":
+                   action_dim: Optional[int] = None, dims=None) -> "Pi05Adapter":
         """Load checkpoint (LeRobot layout), tokenizer (SentencePiece .model) and normalization stats
         (norm_stats.json / normalizer .safetensors; default: the normalizer file in checkpoint_dir).
 
