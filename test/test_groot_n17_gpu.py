@@ -37,10 +37,12 @@ def setup(fx, device="cpu", dtype=torch.float32, resize_mode="auto", use_graphs=
     return pol, inputs, GrootRunner(pol.model, use_graphs=use_graphs)
 
 
-def rtc_request(fx):
+def rtc_request(fx, pol):
+    """The fixture's native RTC case as the runner takes it: the model's request (the adapter checks it)."""
     from phyai_ros.models.groot_n17 import GrootRtc
     case = fx["meta"]["cases"]["rtc"]
-    return GrootRtc(fx["inp"]["rtc.prev_chunk_left_over"], case["inference_delay"], case["execution_horizon"])
+    prev = fx["inp"]["rtc.prev_chunk_left_over"]
+    return pol.native_rtc(GrootRtc(prev, case["inference_delay"], case["execution_horizon"]), prev.shape[0])
 
 
 # ------------------------------------------------------------------ CPU: the runner's eager path (CI)
@@ -59,7 +61,7 @@ def test_runner_cpu_native_rtc_then_plain_on_one_context(fx):
     pol, inputs, runner = setup(fx)
     bucket = runner.set_observation(runner.model.observation(inputs))
     noise = fx["inp"]["noise"]
-    with_rtc = runner.sample(bucket, noise, rtc_request(fx)).clone()
+    with_rtc = runner.sample(bucket, noise, rtc_request(fx, pol)).clone()
     assert maxabs(with_rtc, fx["exp"]["rtc.actions.model"]) <= TOL
     prev = fx["inp"]["rtc.prev_chunk_left_over"]
     assert torch.equal(with_rtc[:, :3, :12], prev[:, 2:5])     # overlap 8 of 10 rows: rows 2.. seed x; 3 frozen
@@ -122,10 +124,10 @@ def test_bf16_gpu_within_bound_and_graphs_equal_eager(fx):
     which move actions by > 0.1). Graph replay equals the same stages run eagerly on the same buffers."""
     floor = bf16_rounding_floor(fx)
     exp = fx["exp"]
-    _, inputs, graphed = setup(fx, device="cuda", dtype=torch.bfloat16, resize_mode="float")
-    obs = graphed.stages.observation(inputs)
+    pol, inputs, graphed = setup(fx, device="cuda", dtype=torch.bfloat16, resize_mode="float")
+    obs = graphed.model.observation(inputs)
     out = graphed.run(obs, fx["inp"]["noise"]).clone()
-    eager = graphed.__class__(graphed.stages, use_graphs=False)
+    eager = graphed.__class__(graphed.model, use_graphs=False)
     ref = eager.run(obs, fx["inp"]["noise"])
     assert graphed.use_graphs and not eager.use_graphs
     assert maxabs(out, ref) <= 1e-5
@@ -134,7 +136,7 @@ def test_bf16_gpu_within_bound_and_graphs_equal_eager(fx):
     assert err <= 4 * floor
     # native RTC inside the captured loop: frozen rows exactly the previous chunk, the rest within the bound
     bucket = graphed.set_observation(obs)
-    rtc = graphed.sample(bucket, fx["inp"]["noise"], rtc_request(fx)).clone()
+    rtc = graphed.sample(bucket, fx["inp"]["noise"], rtc_request(fx, pol)).clone()
     assert torch.equal(rtc[:, :3, :12].cpu(), fx["inp"]["rtc.prev_chunk_left_over"][:, 2:5])
-    assert maxabs(rtc, eager.sample(eager.set_observation(obs), fx["inp"]["noise"], rtc_request(fx))) <= 1e-5
+    assert maxabs(rtc, eager.sample(eager.set_observation(obs), fx["inp"]["noise"], rtc_request(fx, pol))) <= 1e-5
     assert maxabs(rtc, exp["rtc.actions.model"]) <= 4 * floor + 1e-3   # + the uint8/float resize difference (6.4e-4)
