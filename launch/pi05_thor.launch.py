@@ -16,6 +16,9 @@ PARAMETERS = {
     "checkpoint": ("/opt/phyai/models/pi05", "model.checkpoint"),
     "tokenizer": ("/opt/phyai/models/pi05/tokenizer.model", "model.tokenizer"),
     "norm_stats": ("", "model.norm_stats"),  # empty: the checkpoint folder's statistics
+    # lifecycle state the node brings itself to: active (default), configured (loaded, waiting for `ros2 lifecycle
+    # set /phyai_policy activate`) or unconfigured (a lifecycle manager drives it)
+    "autostart": ("active", "lifecycle.autostart"),
 }
 # launch argument -> (default, node topic it remaps; the node's names are in the params file)
 TOPICS = {

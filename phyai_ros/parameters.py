@@ -135,6 +135,10 @@ SPECS: dict[str, Spec] = {
                                           "this and an OK lower bound the status is WARN", range=(0.0, 1.0)),
     "margin.error_consecutive_misses": Spec(_loop("error_consecutive_misses"), "ERROR when this many chunks in a row had M_ctrl < 0",
                                             range=(1, 1000)),
+    "lifecycle.autostart": Spec("active", "how far the node brings itself at start: active (configure, then act), "
+                                          "configured (policy loaded and warmed up, waiting for activate) or "
+                                          "unconfigured (a lifecycle manager drives every transition)",
+                                choices=("active", "configured", "unconfigured")),
     "diagnostics.period": Spec(1.0, "seconds between /diagnostics reports", range=(0.001, 60.0)),
 }
 

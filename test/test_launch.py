@@ -23,6 +23,7 @@ import yaml
 
 from node_harness import (NODE_NAME, REPO, THOR_CONFIG, FakeRobot, NodeProcess, load_params, make_small_checkpoint,
                           param_arg, remapped, require_tokenizer)
+from phyai_ros import fixtures
 from phyai_ros.fixtures import require_groot_fixture
 from phyai_ros.parameters import SPECS
 
@@ -324,8 +325,8 @@ def test_equivalent_command_line_remaps_the_running_node(stand_ins, tmp_path, po
     if policy == "groot":   # GR00T's tokenizer and statistics are its checkpoint's; cameras the Thor YAML's
         require_groot_fixture()
         horizon = 16
-        ckpt = make_small_checkpoint(tmp_path / "groot_small", policy="groot_n17", horizon=horizon, cameras=thor["cameras.slots"],
-                                           **dims)
+        ckpt = fixtures.make_small_checkpoint(tmp_path / "groot_small", policy="groot_n17", horizon=horizon,
+                                              cameras=thor["cameras.slots"], **dims)
         arguments = {"checkpoint": str(ckpt)}
     else:
         tokenizer = require_tokenizer()

@@ -48,7 +48,7 @@ def test_exception_inside_inference_is_counted_and_the_node_keeps_publishing(tmp
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
 
-    from phyai_ros.node.main import PolicyNode
+    from phyai_ros.node.main import PolicyNode, start
 
     tokenizer = require_tokenizer()
     ckpt = make_small_checkpoint(tmp_path / "pi05_small")
@@ -57,6 +57,7 @@ def test_exception_inside_inference_is_counted_and_the_node_keeps_publishing(tmp
     context = rclpy.Context()
     rclpy.init(context=context)
     node = PolicyNode(context=context, cli_args=["--ros-args", *node_ros_args(ckpt, tokenizer, overrides=overrides)])
+    start(node)
     policy = FailingPolicy(node.loop.policy, raise_on={3, 4}, nan_on={6}, slow_on={8})
     node.loop.policy = policy
     executor = SingleThreadedExecutor(context=context)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.ros
 def node(tmp_path):
     import rclpy
 
-    from phyai_ros.node.main import PolicyNode
+    from phyai_ros.node.main import PolicyNode, start
 
     tokenizer = require_tokenizer()
     ckpt = make_small_checkpoint(tmp_path / "pi05_small")
@@ -24,6 +24,7 @@ def node(tmp_path):
     rclpy.init(context=context)
     node = PolicyNode(context=context,
                       cli_args=["--ros-args", *node_ros_args(ckpt, tokenizer, overrides=with_test_defaults())])
+    start(node)
     try:
         yield node
     finally:

@@ -80,11 +80,11 @@ def test_yaml_files_load_through_rcl_into_valid_values(ros_context, params_file)
     for name, value in in_file.items():
         assert values[name] == value, name
     missing = set(SPECS) - set(in_file)
-    # Left out: the model files (from the launch file / command line), what the checkpoint says, and the
-    # remote backend's settings (onboard by default).
+    # Left out: the model files and the lifecycle start (from the launch file / command line), what the
+    # checkpoint says, and the remote backend's settings (onboard by default).
     assert missing <= {"model.checkpoint", "model.tokenizer", "model.norm_stats", "model.type", "control.horizon",
-                       "model.embodiment", "policy.backend", "policy.endpoint", "policy.timeout"}, \
-        missing
+                       "model.embodiment", "policy.backend", "policy.endpoint", "policy.timeout",
+                       "lifecycle.autostart"}, missing
     node.destroy_node()
 
 

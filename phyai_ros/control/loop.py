@@ -275,6 +275,22 @@ class ControlLoop:
         self._fire(cbs)
         return em if em is not None and em.action is not None else None
 
+    def pause(self) -> Optional[np.ndarray]:
+        """Stop acting (the node is deactivated): the chunk timeline is dropped (a chunk pending or in flight is
+        discarded on delivery), observations and statistics are kept, and control starts anew at the next tick.
+        Returns the action the deadline policy leaves the robot at: the last one commanded (hold_last and
+        extrapolate_tail: extrapolating without new chunks is not safe), or None (stop: command nothing)."""
+        with self._lock:
+            last = self.timer.last
+            held = None if self.config.deadline_policy == "stop" or last is None or last.action is None \
+                else np.array(last.action, dtype=np.float32)
+            self.timer.reset()
+            self._pending = None
+            self._epoch += 1
+            self._started_ns = self._last_adopted_ns = self._last_plan_ns = None
+            self.clock_rate.reset()
+            return held
+
     def close(self, timeout: float = 1.0) -> None:
         if self._owns_executor:
             self.executor.close(timeout)

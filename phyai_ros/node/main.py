@@ -10,6 +10,11 @@ Threads: the executor (one thread) runs subscriptions, the action timer and diag
 loop's worker thread runs inference and publishes each chunk as it is delivered. The timer
 never waits for inference: it only takes the loop's short bookkeeping lock.
 
+A managed (lifecycle) node: configure loads, warms up and captures the policy; activate starts the
+action timer; deactivate applies the deadline policy's safe behaviour; cleanup releases everything.
+``lifecycle.autostart`` (default ``active``) brings it there by itself at start; ``unconfigured`` leaves
+the transitions to a lifecycle manager (``ros2 lifecycle set /phyai_policy configure``, Nav2's manager).
+
 Run: ``python -m phyai_ros.node.main --ros-args --params-file config/pi05_cpu_test.yaml
 -p model.checkpoint:=DIR -p model.tokenizer:=FILE`` (``ros2 run phyai_ros onboard_node`` or
 ``ros2 launch phyai_ros pi05_thor.launch.py`` on a ROS install). A node that cannot start logs
@@ -18,6 +23,7 @@ why and exits with status 1.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import sys
 import time
 from collections import deque
@@ -33,7 +39,7 @@ with needs_ros(__name__):  # the one module that needs ROS to import: a missing 
     from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
     from rclpy.event_handler import SubscriptionEventCallbacks
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
-    from rclpy.node import Node
+    from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
     from sensor_msgs.msg import CompressedImage, Image, JointState
     from std_msgs.msg import Float64MultiArray, MultiArrayDimension, String
     from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
@@ -54,9 +60,14 @@ _INPUT_PROBLEMS = ("stale_snapshots", "bad_image", "bad_state", "missing_joint",
                    "deadline_misses", "callback_errors", "truncated_instructions")
 
 
-class PolicyNode(Node):
-    """Construction declares and checks the parameters (cheap, no model); ``configure()`` loads the policy, warms
-    it up, captures its graphs and wires the topics, timers and control loop."""
+class PolicyNode(LifecycleNode):
+    """A managed (lifecycle) node, as Nav2 and ros2_control deploy theirs. Construction declares and checks the
+    parameters (cheap, no model). configure: load the policy, warm it up, capture its graphs, make the control loop,
+    publishers, subscriptions and /diagnostics (inputs are buffered, nothing is commanded). activate: the action
+    timer starts and commands flow. deactivate: the timer stops and the deadline policy's safe behaviour applies
+    (hold_last / extrapolate_tail: the last command is published once more and held; stop: nothing more); a chunk
+    in flight is discarded and control starts anew at the next activate. cleanup / shutdown: everything is
+    released, the GPU memory included. ``lifecycle.autostart`` says how far the node brings itself at start."""
 
     def __init__(self, **kwargs):
         super().__init__(diagnostics.NODE_NAME, **kwargs)
@@ -67,8 +78,44 @@ class PolicyNode(Node):
         self._last_counters: dict[str, int] = {}
         self.policy = None
         self.loop: Optional[ControlLoop] = None
+        self.active = False
+        self.configure_error = ""
+        self._action_timer = None
+        self._entities: list = []   # subscriptions, timers and publishers made at configure, destroyed at cleanup
 
-    def configure(self) -> "PolicyNode":
+    # -- lifecycle ------------------------------------------------------------------------------
+    def on_configure(self, state) -> TransitionCallbackReturn:
+        try:
+            self._configure()
+        except Exception as exc:  # noqa: BLE001 - a failed configure leaves the node unconfigured, explained
+            self.configure_error = f"{type(exc).__name__}: {exc}"
+            self.get_logger().error(f"cannot configure: {self.configure_error}")
+            self._release()
+            return TransitionCallbackReturn.FAILURE
+        self.configure_error = ""
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state) -> TransitionCallbackReturn:
+        self._action_timer = self.create_timer(self.p.control.dt, self._guarded("action timer", self._tick))
+        self.active = True
+        self.get_logger().info("active: acting on the robot")
+        return super().on_activate(state)
+
+    def on_deactivate(self, state) -> TransitionCallbackReturn:
+        self._stop_acting()
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state) -> TransitionCallbackReturn:
+        self._release()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state) -> TransitionCallbackReturn:
+        if self.active:
+            self._stop_acting()
+        self._release()
+        return TransitionCallbackReturn.SUCCESS
+
+    def _configure(self) -> None:
         t = time.monotonic()
         self.policy = build_policy(self.p, robot_id=self.get_fully_qualified_name())
         self.p = resolved_parameters(self.p, self.policy)   # model.type and control.horizon: the checkpoint's
@@ -84,9 +131,35 @@ class PolicyNode(Node):
                                 on_chunk=self._publish_chunk, on_margin=self._publish_margin,
                                 on_event=self._on_event)
         self._make_subscriptions()
-        self.create_timer(self.p.control.dt, self._guarded("action timer", self._tick))
-        self.create_timer(self.p.diagnostics.period, self._guarded("diagnostics", self._publish_diagnostics))
-        return self
+        self._entities.append(self.create_timer(self.p.diagnostics.period,
+                                                self._guarded("diagnostics", self._publish_diagnostics)))
+        self.get_logger().info("configured: inputs are buffered; activate to act")
+
+    def _stop_acting(self) -> None:
+        """The action timer stops; the deadline policy's safe behaviour is the last word to the robot."""
+        if self._action_timer is not None:
+            self.destroy_timer(self._action_timer)
+            self._action_timer = None
+        self.active = False
+        held = self.loop.pause() if self.loop is not None else None
+        if held is not None:
+            self._publish_command(held, self.get_clock().now().nanoseconds)
+        self.get_logger().info("inactive: no more commands" + (" (the last one held)" if held is not None else ""))
+
+    def _release(self) -> None:
+        """Everything configure made, the policy and its device memory included."""
+        for entity in reversed(self._entities):
+            destroy = {"Timer": self.destroy_timer, "Subscription": self.destroy_subscription,
+                       "LifecyclePublisher": self.destroy_lifecycle_publisher}.get(type(entity).__name__,
+                                                                                    self.destroy_publisher)
+            destroy(entity)
+        self._entities.clear()
+        if self.loop is not None:
+            self.loop.close()
+        self.loop, self.policy = None, None
+        gc.collect()
+        if _cuda_in_use():   # the policy ran on a GPU: its cached memory goes back too
+            sys.modules["torch"].cuda.empty_cache()
 
     def _guarded(self, what: str, fn: Callable, with_info: bool = False) -> Callable:
         """An executor callback that cannot raise: an exception (a bug or an input no check foresaw) is
@@ -106,22 +179,27 @@ class PolicyNode(Node):
         p = self.p
         self._command_is_trajectory = p.output.command_type == "joint_trajectory"
         command_type = JointTrajectory if self._command_is_trajectory else Float64MultiArray
-        self.command_pub = self.create_publisher(command_type, p.output.command_topic, RELIABLE)
-        self.chunk_pub = self.create_publisher(ActionChunk, p.output.chunk_topic, RELIABLE)
-        self.chunk_traj_pub = (self.create_publisher(JointTrajectory, p.output.chunk_trajectory_topic, RELIABLE)
+        # What acts on the robot publishes only while active (lifecycle publishers); /diagnostics always.
+        self.command_pub = self._made(self.create_lifecycle_publisher(command_type, p.output.command_topic, RELIABLE))
+        self.chunk_pub = self._made(self.create_lifecycle_publisher(ActionChunk, p.output.chunk_topic, RELIABLE))
+        self.chunk_traj_pub = (self._made(self.create_lifecycle_publisher(JointTrajectory,
+                                                                          p.output.chunk_trajectory_topic, RELIABLE))
                                if p.output.chunk_trajectory_topic else None)
-        self.margin_pub = self.create_publisher(ControlMargin, p.output.margin_topic, RELIABLE)
-        self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", RELIABLE)
+        self.margin_pub = self._made(self.create_lifecycle_publisher(ControlMargin, p.output.margin_topic, RELIABLE))
+        self.diag_pub = self._made(self.create_publisher(DiagnosticArray, "/diagnostics", RELIABLE))
+
+    def _made(self, entity):
+        self._entities.append(entity)
+        return entity
 
     def _make_subscriptions(self) -> None:
         p = self.p
         for slot, topic, compressed in zip(p.cameras.slots, p.cameras.topics, p.cameras.compressed):
             msg_type = CompressedImage if compressed else Image
-            self.create_subscription(msg_type, topic, self._guarded(f"camera {slot}",
-                                                                    self._camera_callback(slot, compressed)),
-                                     SENSOR)
-        self.create_subscription(JointState, p.state.topic, self._guarded("joint state", self._on_joint_state),
-                                 SENSOR)
+            self._made(self.create_subscription(msg_type, topic, self._guarded(
+                f"camera {slot}", self._camera_callback(slot, compressed)), SENSOR))
+        self._made(self.create_subscription(JointState, p.state.topic,
+                                            self._guarded("joint state", self._on_joint_state), SENSOR))
         # The instruction is latched: a transient-local subscription gets the last instruction of a
         # publisher that started earlier. A volatile publisher (a plain `ros2 topic pub`, a bag replay)
         # cannot match it, so a second, volatile subscription takes those. A latched publisher matches
@@ -130,9 +208,10 @@ class PolicyNode(Node):
         # flap back to A for a moment and a long B be counted twice.
         self._instructions_taken: deque = deque(maxlen=64)
         on_instruction = self._guarded("instruction", self._on_instruction, with_info=True)
-        self.create_subscription(String, p.instruction.topic, on_instruction, LATCHED,
-                                 event_callbacks=SubscriptionEventCallbacks(incompatible_qos=lambda _: None))
-        self.create_subscription(String, p.instruction.topic, on_instruction, RELIABLE)
+        self._made(self.create_subscription(String, p.instruction.topic, on_instruction, LATCHED,
+                                            event_callbacks=SubscriptionEventCallbacks(
+                                                incompatible_qos=lambda _: None)))
+        self._made(self.create_subscription(String, p.instruction.topic, on_instruction, RELIABLE))
 
     # -- inputs ---------------------------------------------------------------------------------
     def _camera_callback(self, slot: str, compressed: bool):
@@ -180,14 +259,17 @@ class PolicyNode(Node):
     # -- outputs --------------------------------------------------------------------------------
     def _tick(self) -> None:
         emission = self.loop.tick()
-        if emission is None or emission.kind == "duplicate":
-            # Nothing to act on, or a tick whose slot was already served (timer jitter): the
-            # command for that slot is out already and the loop counted the duplicate.
+        if emission is None or emission.kind == "duplicate" or emission.action is None:
+            # Nothing to act on, a tick whose slot was already served (timer jitter: the command for that slot
+            # is out already and the loop counted the duplicate), or the deadline policy 'stop'.
             return
-        action = emission.action.astype(np.float64)
+        self._publish_command(emission.action, emission.slot_ns)
+
+    def _publish_command(self, action: np.ndarray, slot_ns: int) -> None:
+        action = np.asarray(action, dtype=np.float64)
         if self._command_is_trajectory:
             msg = JointTrajectory()
-            msg.header.stamp = ns_to_time(max(0, emission.slot_ns))
+            msg.header.stamp = ns_to_time(max(0, slot_ns))
             msg.joint_names = self._names
             msg.points = [JointTrajectoryPoint(positions=action.tolist(), time_from_start=Duration())]
         else:
@@ -233,7 +315,10 @@ class PolicyNode(Node):
         name = self.get_name()
         margin = DiagnosticStatus(name=diagnostics.status_name(name, diagnostics.MARGIN_STATUS),
                                   hardware_id=self.p.model.id)
-        level, margin.message = self.loop.health()
+        if self.active:
+            level, margin.message = self.loop.health()
+        else:   # configured and inactive: deliberately not commanding, which a monitor must still see
+            level, margin.message = 1, "inactive (lifecycle): the policy is loaded, no commands are published"
         margin.level = _LEVEL_BYTES[level]
         margin.values = [KeyValue(key=k, value=f"{v:.6g}") for k, v in diagnostics.margin_values(
             report, self.loop.delivery.summary(), self.loop.clock_rate.rate())]
@@ -253,6 +338,23 @@ class PolicyNode(Node):
         super().destroy_node()
 
 
+def _cuda_in_use() -> bool:
+    torch = sys.modules.get("torch")   # the policy imported it; a node that never loaded one has nothing to free
+    return torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def start(node: PolicyNode) -> None:
+    """Bring the node to ``lifecycle.autostart``: configured, then active (the default); 'unconfigured' leaves
+    every transition to a lifecycle manager. RuntimeError with the cause when configure fails."""
+    target = node.p.lifecycle.autostart
+    if target == "unconfigured":
+        return
+    if node.trigger_configure() != TransitionCallbackReturn.SUCCESS:
+        raise RuntimeError(node.configure_error or "configure failed")
+    if target == "active":
+        node.trigger_activate()
+
+
 def main(args: Optional[list] = None) -> int:
     """Run the node until Ctrl-C / shutdown. A node that cannot start (bad parameters, missing model
     files, no CUDA) logs why on one line and exits with status 1 instead of a traceback."""
@@ -260,11 +362,14 @@ def main(args: Optional[list] = None) -> int:
     node = None
     try:
         try:
-            node = PolicyNode().configure()
+            node = PolicyNode()
+            start(node)
         except (KeyboardInterrupt, ExternalShutdownException):
             raise
         except Exception as exc:  # noqa: BLE001 - any start-up failure ends here, explained
-            rclpy.logging.get_logger(diagnostics.NODE_NAME).fatal(f"cannot start: {type(exc).__name__}: {exc}")
+            cause = str(exc) if isinstance(exc, RuntimeError) and node is not None and node.configure_error \
+                else f"{type(exc).__name__}: {exc}"
+            rclpy.logging.get_logger(diagnostics.NODE_NAME).fatal(f"cannot start: {cause}")
             return 1
         executor = SingleThreadedExecutor()
         executor.add_node(node)

@@ -1,0 +1,129 @@
+"""The node as a managed (lifecycle) node, driven over DDS through its lifecycle services as Nav2's manager or
+`ros2 lifecycle set` would: configured it loads and buffers but commands nothing (and /diagnostics says so);
+active it acts; deactivated it stops with the deadline policy's safe behaviour (hold_last: the last command once
+more; stop: nothing); activated again it starts a fresh timeline; cleanup releases the policy; a failed configure
+leaves it unconfigured and running, explained; shutdown finalizes it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from node_harness import FakeRobot, NodeProcess, command_action, diagnostics_status, make_small_checkpoint, require_tokenizer
+
+pytestmark = pytest.mark.ros
+
+
+class Lifecycle:
+    """Clients of the node's lifecycle services, spun by the fake robot's executor."""
+
+    def __init__(self, robot: FakeRobot, node: str = "/phyai_policy"):
+        from lifecycle_msgs.srv import ChangeState, GetState
+        self.robot = robot
+        self.get = robot.node.create_client(GetState, f"{node}/get_state")
+        self.change = robot.node.create_client(ChangeState, f"{node}/change_state")
+        self._types = (ChangeState, GetState)
+
+    def _call(self, client, request, timeout: float = 120.0):
+        assert self.robot.spin_until(client.service_is_ready, 60), "lifecycle service not up"
+        future = client.call_async(request)
+        assert self.robot.spin_until(future.done, timeout), "no answer"
+        return future.result()
+
+    def state(self) -> str:
+        return self._call(self.get, self._types[1].Request()).current_state.label
+
+    def transition(self, label: str) -> bool:
+        from lifecycle_msgs.msg import Transition
+        ids = {"configure": Transition.TRANSITION_CONFIGURE, "activate": Transition.TRANSITION_ACTIVATE,
+               "deactivate": Transition.TRANSITION_DEACTIVATE, "cleanup": Transition.TRANSITION_CLEANUP,
+               "shutdown": Transition.TRANSITION_INACTIVE_SHUTDOWN}
+        request = self._types[0].Request()
+        request.transition.id = ids[label]
+        return self._call(self.change, request).success
+
+
+def margin_message(robot: FakeRobot) -> str:
+    for r in reversed(robot.diagnostics):
+        status = diagnostics_status(r.msg, "control margin")
+        if status is not None:
+            return status.message
+    return ""
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    return make_small_checkpoint(tmp_path / "pi05_small"), require_tokenizer()
+
+
+def _start(checkpoint, autostart: str, **overrides):
+    ckpt, tokenizer = checkpoint
+    node = NodeProcess(ckpt, tokenizer, overrides={"lifecycle.autostart": autostart, **overrides})
+    robot = FakeRobot(node.params)
+    return node, robot, Lifecycle(robot)
+
+
+def test_configured_inactive_active_deactivated_reactivated_cleaned_up(checkpoint):
+    node, robot, lc = _start(checkpoint, "configured")
+    try:
+        robot.set_instruction("pick up the cup")
+        assert robot.spin_until(lambda: "inactive (lifecycle)" in margin_message(robot), 90), node.output()
+        assert lc.state() == "inactive"
+        robot.spin_for(1.0)
+        assert not robot.commands and not robot.chunks, "an inactive node commands nothing"
+
+        assert lc.transition("activate") and lc.state() == "active"
+        assert robot.spin_until(lambda: len(robot.chunks) >= 2 and len(robot.commands) >= 10, 60), node.output()
+        first_seqs = [r.msg.seq for r in robot.chunks]
+
+        assert lc.transition("deactivate") and lc.state() == "inactive"
+        robot.spin_for(0.3)
+        n_commands = len(robot.commands)
+        held = command_action(robot.commands[-1].msg)
+        robot.spin_for(1.5)
+        assert len(robot.commands) == n_commands, "no command after deactivate but the held one"
+        # hold_last: the final command repeats the last action the robot was given
+        np.testing.assert_allclose(held, command_action(robot.commands[-2].msg))
+        assert "inactive (lifecycle)" in margin_message(robot)
+
+        assert lc.transition("activate")
+        assert robot.spin_until(lambda: len(robot.commands) >= n_commands + 10, 60), node.output()
+        assert [r.msg.seq for r in robot.chunks][-1] > first_seqs[-1]   # a fresh timeline, the same seq counter
+
+        assert lc.transition("deactivate") and lc.transition("cleanup") and lc.state() == "unconfigured"
+        assert lc.transition("configure") and lc.state() == "inactive"   # loads again
+        assert lc.transition("shutdown") and lc.state() == "finalized"
+    finally:
+        robot.close()
+        log = node.stop()
+    assert "configured: inputs are buffered" in log and "active: acting on the robot" in log, log[-3000:]
+
+
+def test_deactivate_with_stop_publishes_nothing_more(checkpoint):
+    node, robot, lc = _start(checkpoint, "active", **{"control.deadline_policy": "stop"})
+    try:
+        robot.set_instruction("pick up the cup")
+        assert robot.spin_until(lambda: len(robot.commands) >= 10, 90), node.output()
+        assert lc.transition("deactivate")
+        robot.spin_for(0.3)
+        n = len(robot.commands)
+        robot.spin_for(1.5)
+        assert len(robot.commands) == n
+    finally:
+        robot.close()
+        node.stop()
+
+
+def test_unconfigured_start_and_a_failed_configure_keep_the_node_up(checkpoint, tmp_path):
+    _, tokenizer = checkpoint
+    node = NodeProcess(tmp_path / "no_such_checkpoint", tokenizer, overrides={"lifecycle.autostart": "unconfigured"})
+    robot = FakeRobot(node.params)
+    lc = Lifecycle(robot)
+    try:
+        assert lc.state() == "unconfigured"
+        assert not lc.transition("configure")          # the checkpoint is missing: FAILURE, not a crash
+        assert lc.state() == "unconfigured"
+        assert node.proc.poll() is None, "the node keeps running for the manager to retry"
+    finally:
+        robot.close()
+        log = node.stop()
+    assert "cannot configure: FileNotFoundError: model.checkpoint: no checkpoint folder" in log, log[-2000:]
