@@ -112,6 +112,8 @@ def _unfused_linear_gated_ada(x, weight, h, gate, scale, shift, eps):
 
 
 # ----------------------------------------------------------------------------- Triton adapters
+# Each adapter imports its kernel module when its candidate first runs: the kernels need Triton (the optional
+# 'gpu' extra), and a machine without it must still import the layers and run the torch candidates.
 def _mod_rows(t: Tensor, width: int) -> Tensor:
     """Modulation [B|1, 1, W] (broadcast over tokens) -> [B|1, W] rows, no copy."""
     return t.reshape(-1, width)

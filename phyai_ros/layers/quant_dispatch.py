@@ -96,6 +96,8 @@ def _unfused_gelu_tanh(x, w, bias):
 
 
 # ----------------------------------------------------------------------------- kernels
+# Each adapter imports its kernel module when its candidate first runs: the kernels need Triton (the optional
+# 'gpu' extra), and a machine without it must still import the layers and run the torch candidates.
 def _few_rows(x, w, *rest) -> bool:
     return x.numel() // x.shape[-1] <= 64 and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
 
