@@ -5,6 +5,8 @@ more; stop: nothing); activated again it starts a fresh timeline; cleanup releas
 leaves it unconfigured and running, explained; shutdown finalizes it."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -23,14 +25,20 @@ class Lifecycle:
         self.change = robot.node.create_client(ChangeState, f"{node}/change_state")
         self._types = (ChangeState, GetState)
 
-    def _call(self, client, request, timeout: float = 120.0):
+    def _call(self, client, request, timeout: float = 120.0, resend_s: float = 0.0):
+        """One request (a query is sent again every ``resend_s`` until answered: a reply can be lost while the
+        client's response reader is still being discovered, which service_is_ready does not cover)."""
         assert self.robot.spin_until(client.service_is_ready, 60), "lifecycle service not up"
-        future = client.call_async(request)
-        assert self.robot.spin_until(future.done, timeout), "no answer"
-        return future.result()
+        deadline = time.monotonic() + timeout
+        while True:
+            future = client.call_async(request)
+            wait = min(resend_s or timeout, deadline - time.monotonic())
+            if self.robot.spin_until(future.done, max(wait, 0.0)):
+                return future.result()
+            assert time.monotonic() < deadline, "no answer"
 
     def state(self) -> str:
-        return self._call(self.get, self._types[1].Request()).current_state.label
+        return self._call(self.get, self._types[1].Request(), resend_s=5.0).current_state.label
 
     def transition(self, label: str) -> bool:
         from lifecycle_msgs.msg import Transition

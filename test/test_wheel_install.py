@@ -2,8 +2,9 @@
 
 A wheel is built (setup.py) from a copy of the source tree and installed into an empty folder; from outside the
 source tree, with only that folder on PYTHONPATH (the venv still provides torch and friends), `predict` runs the
-LeRobot parity fixture, every module imports with ROS made unimportable except the ROS-only `phyai_ros.node.main`
-and `phyai_ros.node.qos`, which say clearly that they need ROS, and the kernels are `phyai_ros.kernels` as in the checkout and the colcon install.
+LeRobot parity fixture, every module imports with ROS made unimportable except the ROS-only `phyai_ros.node` modules
+(main, parameters: the ROS declaration of the table in `phyai_ros.parameters`, qos), which say clearly that they need
+ROS, and the kernels are `phyai_ros.kernels` as in the checkout and the colcon install.
 """
 import json
 import os
@@ -118,7 +119,8 @@ def test_only_the_node_needs_ros(target, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     # the node and its QoS profiles are ROS-only modules; nothing else may need ROS to import
-    assert sorted(result["failed"]) == ["phyai_ros.node.main", "phyai_ros.node.qos"], result["failed"]
+    assert sorted(result["failed"]) == ["phyai_ros.node.main", "phyai_ros.node.parameters", "phyai_ros.node.qos"], \
+        result["failed"]
     for module, (kind, is_import_error, message) in result["failed"].items():
         assert kind == "RosUnavailableError" and is_import_error
         assert message.startswith(f"{module} needs ROS 2 (rclpy): install ROS 2 Jazzy"), message
