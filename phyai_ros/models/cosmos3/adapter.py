@@ -22,7 +22,8 @@ UniPC, classifier-free guidance) -> the actions cropped to the domain's raw widt
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import replace
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -68,6 +69,7 @@ class Cosmos3Policy:
         self.transformer_weights = load_transformer_weights(ckpt, dtype, self.device, parallel.tp_rank,
                                                             parallel.tp_size)
         self.vae_weights = load_vae_weights(ckpt, dtype, self.device)
+        self.ckpt = replace(ckpt, transformer_weights={}, vae_weights={})   # the loaded copies are all it needs
         self.stages = Cosmos3Stages(self.transformer_weights, self.vae_weights, self.config, self.vae_config,
                                     ckpt.scheduler, settings, self.device, dtype, parallel, token_bucket)
         self.runner = Cosmos3Runner(self.stages, use_graphs=False)
@@ -102,34 +104,46 @@ class Cosmos3Policy:
         self.runner = Cosmos3Runner(self.stages, use_graphs=use_graphs)
 
     # ---------------------------------------------------------------- stages
-    def conditioning_frames(self, images: Mapping[str, object]) -> np.ndarray:
-        """camera -> uint8 [H, W, 3] or [B, H, W, 3] -> [B, H, W', 3] (cameras side by side, in order)."""
+    def conditioning_frames(self, images: Mapping[str, object]) -> List[np.ndarray]:
+        """camera -> uint8 [H, W, 3], [B, H, W, 3] or a list of [H, W, 3] -> per item one [H, W', 3] frame
+        (several cameras side by side, in `camera_names` order)."""
         missing = [c for c in self.camera_names if images.get(c) is None]
         if missing:
             raise ValueError(f"missing camera image(s) {missing}; this policy reads {self.camera_names}")
-        arrays = []
+        per_camera = []
         for c in self.camera_names:
-            a = images[c].numpy() if isinstance(images[c], Tensor) else np.asarray(images[c])
-            arrays.append(a[None] if a.ndim == 3 else a)
-        if len({(a.shape[0], a.shape[1]) for a in arrays}) != 1:
-            raise ValueError(f"cameras {self.camera_names} differ in batch size or height: "
-                             f"{[list(a.shape) for a in arrays]}")
-        return np.concatenate(arrays, axis=2) if len(arrays) > 1 else arrays[0]
+            v = images[c]
+            if isinstance(v, (list, tuple)):
+                items = [check_image(i) for i in v]
+            else:
+                a = v.numpy() if isinstance(v, Tensor) else np.asarray(v)
+                items = [check_image(i) for i in (a[None] if a.ndim == 3 else a)]
+            per_camera.append(items)
+        if len({len(items) for items in per_camera}) != 1:
+            raise ValueError(f"cameras {self.camera_names} differ in batch size: {[len(i) for i in per_camera]}")
+        frames = []
+        for item in zip(*per_camera):
+            if len({f.shape[0] for f in item}) != 1:
+                raise ValueError(f"cameras {self.camera_names} differ in height: {[list(f.shape) for f in item]}")
+            frames.append(np.concatenate(item, axis=1) if len(item) > 1 else item[0])
+        return frames
 
     def prepare(self, images: Mapping[str, object], tasks: Union[str, Sequence[str]],
                 domain_name: Optional[str] = None) -> Cosmos3Inputs:
         """Raw batch -> prepared inputs: canvas frames (all items on one canvas), both passes' token ids."""
         s = self.settings
         frames = self.conditioning_frames(images)
-        batch = frames.shape[0]
-        tasks = [tasks] * batch if isinstance(tasks, str) else list(tasks)
+        batch = len(frames)
+        tasks = [tasks] * batch if isinstance(tasks, str) else tasks
+        if not isinstance(tasks, (list, tuple)) or not all(isinstance(t, str) for t in tasks):
+            raise ValueError(f"tasks must be text or a list of texts, got {type(tasks).__name__}")
         if len(tasks) != batch:
             raise ValueError(f"{len(tasks)} tasks for a batch of {batch}")
         dom = self.domain if domain_name is None else domain(domain_name, self.config.action_dim,
                                                               self.config.num_domains)
         canv, pixels, cond, uncond, captions = None, [], [], [], []
         for frame, task in zip(frames, tasks):
-            x, c = canvas_frame(check_image(frame), s.resolution_tier, self.vae_config.scale_factor_spatial)
+            x, c = canvas_frame(frame, s.resolution_tier, self.vae_config.scale_factor_spatial)
             if canv is not None and c != canv:
                 raise ValueError(f"batch items need one canvas: {c} vs {canv} (give images of one size)")
             canv = c

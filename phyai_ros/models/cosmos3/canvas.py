@@ -60,7 +60,7 @@ def snap(image: np.ndarray, multiple: int = 16) -> np.ndarray:
     if (hs, ws) == (h, w):
         return image
     from PIL import Image
-    return np.asarray(Image.fromarray(image).resize((ws, hs), resample=Image.BILINEAR))
+    return np.array(Image.fromarray(image).resize((ws, hs), resample=Image.BILINEAR))
 
 
 def choose_canvas(h: int, w: int, tier: int, spatial: int = 16) -> Canvas:

@@ -118,8 +118,8 @@ class Cosmos3Checkpoint:
     scheduler: UniPCConfig
     tokenizer_dir: Path
     use_system_prompt: bool
-    transformer_weights: LazyTensors
-    vae_weights: LazyTensors
+    transformer_weights: Mapping[str, torch.Tensor]     # LazyTensors from disk, or a dict in memory
+    vae_weights: Mapping[str, torch.Tensor]
 
 
 def _component(index: dict, name: str, folder: Path) -> Path:
@@ -153,7 +153,8 @@ def load_cosmos3_checkpoint(folder) -> Cosmos3Checkpoint:
         raise CheckpointError(f"{folder}: transformer latent_channel {tcfg.latent_channel} != VAE z_dim {vcfg.z_dim}")
     tw, vw = LazyTensors(tdir), LazyTensors(vdir)
     sound = [k for k in tw if k.startswith(SOUND_PREFIXES)]
-    _check(tw, tfm.key_shapes(tcfg), list(tfm.UNUSED_KEYS) + sound, tdir)
+    expected = {k: v for k, v in tfm.key_shapes(tcfg).items() if k not in tfm.UNUSED_KEYS}
+    _check(tw, expected, list(tfm.UNUSED_KEYS) + sound, tdir)
     _check(vw, vae_mod.key_shapes(vcfg), [k for k in vw if k.startswith(("decoder.", "post_quant_conv."))], vdir)
     return Cosmos3Checkpoint(folder, tcfg, vcfg, scfg, kdir, system, tw, vw)
 
@@ -177,13 +178,13 @@ def random_transformer_state(cfg: TransformerConfig, seed: int = 0, std: float =
                              dtype: torch.dtype = torch.float32, lm_head: bool = True) -> Dict[str, torch.Tensor]:
     """A diffusers-keyed random state dict drawn on `device` (full size: draw on the GPU): norm gains 1 + 0.1 N,
     everything else (biases and embeddings too, so no term is silently zero) std * N. lm_head=False leaves out
-    what the policy never reads."""
+    what the policy never reads (drawn all the same, so both give the same values for the other keys)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     out = {}
     for k, shape in sorted(tfm.key_shapes(cfg).items()):
+        noise = torch.randn(shape, generator=gen, device=device)
         if not lm_head and k in tfm.UNUSED_KEYS:
             continue
-        noise = torch.randn(shape, generator=gen, device=device)
         gain = len(shape) == 1 and k.endswith(".weight")
         out[k] = (1 + 0.1 * noise if gain else noise * std).to(dtype)
     return out
@@ -222,7 +223,10 @@ def write_byte_tokenizer(folder) -> Path:
               "normalized": False, "special": True} for i, t in enumerate(BYTE_SPECIALS)]
     spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
             "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-            "post_processor": None, "decoder": {"type": "ByteLevel"},
+            "post_processor": {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+                               "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                               "special_tokens": {}},
+            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
             "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                       "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
                       "vocab": vocab, "merges": []}}
@@ -235,24 +239,12 @@ def write_byte_tokenizer(folder) -> Path:
     return folder
 
 
-def write_random_checkpoint(folder, transformer: TransformerConfig, vae: VaeConfig,
-                            scheduler: Optional[UniPCConfig] = None, seed: int = 0, device="cpu",
-                            dtype: torch.dtype = torch.float32, tokenizer_from: Optional[Path] = None,
-                            std: float = 0.02) -> Path:
-    """A Cosmos3OmniPipeline folder with random weights (drawn on `device`, saved as `dtype`); the tokenizer
-    copied from `tokenizer_from` (a text_tokenizer folder) or the byte-level stand-in. Returns the folder."""
-    from safetensors.torch import save_file
-    folder = Path(folder)
-    scheduler = scheduler or UniPCConfig(flow_shift=5.0)
+def _write_configs(folder: Path, transformer: TransformerConfig, vae: VaeConfig, scheduler: UniPCConfig,
+                   tokenizer_from: Optional[Path]) -> None:
     for sub in ("transformer", "vae", "scheduler"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     (folder / "transformer" / "config.json").write_text(json.dumps(transformer.to_json(), indent=1))
-    save_file({k: v.cpu().contiguous() for k, v in
-               random_transformer_state(transformer, seed, std, device, dtype, lm_head=False).items()},
-              str(folder / "transformer" / WEIGHTS))
     (folder / "vae" / "config.json").write_text(json.dumps(vae.to_json(), indent=1))
-    save_file({k: v.cpu().contiguous() for k, v in random_vae_state(vae, seed + 1, device, dtype).items()},
-              str(folder / "vae" / WEIGHTS))
     (folder / "scheduler" / "scheduler_config.json").write_text(json.dumps(scheduler.to_json(), indent=1))
     if tokenizer_from is not None:
         shutil.copytree(tokenizer_from, folder / "text_tokenizer", dirs_exist_ok=True)
@@ -265,9 +257,39 @@ def write_random_checkpoint(folder, transformer: TransformerConfig, vae: VaeConf
         "text_tokenizer": ["transformers", "TokenizersBackend"], "transformer": ["diffusers", "Cosmos3OmniTransformer"],
         "use_native_flow_schedule": scheduler.native_flow_schedule, "vae": ["diffusers", "AutoencoderKLWan"]},
         indent=1))
+
+
+def write_random_checkpoint(folder, transformer: TransformerConfig, vae: VaeConfig,
+                            scheduler: Optional[UniPCConfig] = None, seed: int = 0, device="cpu",
+                            dtype: torch.dtype = torch.float32, tokenizer_from: Optional[Path] = None,
+                            std: float = 0.02) -> Path:
+    """A Cosmos3OmniPipeline folder with random weights (drawn on `device`, saved as `dtype`); the tokenizer
+    copied from `tokenizer_from` (a text_tokenizer folder) or the byte-level stand-in. Returns the folder."""
+    from safetensors.torch import save_file
+    folder = Path(folder)
+    _write_configs(folder, transformer, vae, scheduler or UniPCConfig(flow_shift=5.0), tokenizer_from)
+    save_file({k: v.cpu().contiguous() for k, v in
+               random_transformer_state(transformer, seed, std, device, dtype, lm_head=False).items()},
+              str(folder / "transformer" / WEIGHTS))
+    save_file({k: v.cpu().contiguous() for k, v in random_vae_state(vae, seed + 1, device, dtype).items()},
+              str(folder / "vae" / WEIGHTS))
     return folder
+
+
+def random_checkpoint(folder, transformer: TransformerConfig, vae: VaeConfig,
+                      scheduler: Optional[UniPCConfig] = None, seed: int = 0, device="cpu",
+                      dtype: torch.dtype = torch.float32, std: float = 0.02) -> Cosmos3Checkpoint:
+    """The same as write_random_checkpoint + load_cosmos3_checkpoint with the weights kept in memory on `device`
+    (only the configs and tokenizer are written): full size without writing and reading ~30 GB."""
+    folder = Path(folder)
+    scheduler = scheduler or UniPCConfig(flow_shift=5.0)
+    _write_configs(folder, transformer, vae, scheduler, None)
+    return Cosmos3Checkpoint(folder, transformer, vae, scheduler, folder / "text_tokenizer", True,
+                             random_transformer_state(transformer, seed, std, device, dtype, lm_head=False),
+                             random_vae_state(vae, seed + 1, device, dtype))
 
 
 __all__ = ["Cosmos3Checkpoint", "LazyTensors", "load_cosmos3_checkpoint", "load_transformer_weights",
            "load_vae_weights", "random_transformer_state", "random_vae_state", "write_random_checkpoint",
+           "random_checkpoint",
            "write_byte_tokenizer", "CheckpointError", "require_finite"]

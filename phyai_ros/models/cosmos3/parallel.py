@@ -57,7 +57,8 @@ class Parallel:
             return x
         import torch.distributed as dist
         out = x.new_empty((self.cfg_size * x.shape[0], *x.shape[1:]))
-        dist.all_gather_into_tensor(out, x.contiguous(), group=self.cfg_group)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor   # renamed in torch 2.13
+        gather(out, x.contiguous(), group=self.cfg_group)
         return out
 
     def broadcast(self, x: Tensor) -> Tensor:

@@ -205,7 +205,7 @@ def text_kv(w: Weights, cfg: TransformerConfig, ids: Tensor, cos: Tensor, sin: T
             keys.append(_rope(_norm(raw_k, w[P + "k_norm_gen"], eps), cos, sin))
         else:
             keys.append(k)
-        values.append(v)
+        values.append(v.contiguous())          # v is a view into qkv: keep only what the cache needs
         if i == cfg.num_layers - 1:
             break
         h = h + _attn_out(dispatch.attention(q, k, v, causal), w, P, reduce)
@@ -299,7 +299,7 @@ def velocities(w: Weights, cfg: TransformerConfig, hidden: Tensor, vision_shape:
     n_vision = t * frame_tokens
     pv = dispatch.linear(hidden[:, frame_tokens:n_vision], w["proj_out"], w["proj_out_bias"])
     noisy = unpatchify(pv, c, t - 1, h, wd, cfg.latent_patch_size).float()
-    vision = torch.cat([torch.zeros_like(noisy[:, :, :1]), noisy], dim=2)
+    vision = torch.cat([noisy.new_zeros(noisy.shape[0], c, 1, h, wd), noisy], dim=2)   # T = 1: all clean, all zero
     action = torch.bmm(hidden[:, n_vision:], action_out) + action_out_bias[:, None]
     return vision, action.float()
 
