@@ -7,7 +7,9 @@ Wan 2.2 VAE; ~15 B parameters, printed) drawn on the device in bf16, kept in mem
 byte-level stand-in tokenizer are written; --startup disk writes and reloads the whole folder instead). The
 runner captures the conditioning and the whole denoising loop as CUDA graphs. Settings default to PhyAI's
 published policy setting: 4 UniPC steps, guidance 3.0 (cond + uncond batched as one batch of two), a 32-action
-chunk, a 480x832 camera image on the 480 tier's 480x832 canvas (33 frames -> 9 x 30 x 52 latents).
+chunk, the 480 tier's 480x832 canvas (33 frames). The vision tokens follow the camera image's content (never
+upscaled): a 480x832 image fills the canvas (9 x 30 x 52 latents, 3510 tokens per pass), a 180x320 DROID frame
+does not (9 x 11 x 20, 540 tokens); both are measured (--images), batching and diffusers on the first.
 
     python scripts/bench_cosmos3.py --out /tmp/cosmos3.json                 # full size, cuda, bf16
     python scripts/bench_cosmos3.py --device cpu --config tiny --iters 2    # fp32 smoke run of the same code
@@ -88,13 +90,14 @@ def build(args, dtype, disk: bool):
     return policy, time.perf_counter() - t0
 
 
-def image_batch(args, batch: int, seed: int = 0) -> dict:
-    h, w = (int(v) for v in args.image.split("x"))
+def image_batch(size: str, batch: int, seed: int = 0) -> dict:
+    """A random camera image of size "HxW", batch times."""
+    h, w = (int(v) for v in size.split("x"))
     return {"image": np.random.default_rng(seed).integers(0, 256, (batch, h, w, 3), dtype=np.uint8)}
 
 
-def prepared(policy, args, batch: int):
-    x = policy.prepare(image_batch(args, batch), [TASK] * batch)
+def prepared(policy, size: str, batch: int):
+    x = policy.prepare(image_batch(size, batch), [TASK] * batch)
     return x, policy.stages.observation(x), policy.make_noise(x, torch.Generator().manual_seed(0))
 
 
@@ -104,11 +107,12 @@ def first_chunk(args) -> dict:
     t0 = time.perf_counter()
     policy, _ = build(args, dtype, args.startup == "disk")
     t_load = time.perf_counter()
-    x, obs, (vis, act) = prepared(policy, args, 1)
+    size = args.images.split(",")[0]
+    x, obs, (vis, act) = prepared(policy, size, 1)
     policy.runner.run(obs, x.layout, vis.to(policy.device), act.to(policy.device))   # captures on CUDA
     sync(args.device)
     t_capture = time.perf_counter()
-    actions = policy.sample_actions(policy.prepare(image_batch(args, 1, 1), TASK))
+    actions = policy.sample_actions(policy.prepare(image_batch(size, 1, 1), TASK))
     t_first = time.perf_counter()
     return {"import_s": t0 - T_PROCESS, "weights_s": t_load - t0, "capture_s": t_capture - t_load,
             "first_chunk_s": t_first - t_capture, "in_process_total_s": t_first - T_PROCESS,
@@ -156,7 +160,8 @@ def bench_diffusers(policy, args) -> dict:
                                enable_safety_checker=False)
     pipe.set_progress_bar_config(disable=True)
     s = policy.settings
-    image = Image.fromarray(image_batch(args, 1)["image"][0])
+    size = args.images.split(",")[0]
+    image = Image.fromarray(image_batch(size, 1)["image"][0])
 
     def call():
         action = CosmosActionCondition(mode="policy", chunk_size=s.chunk_size, domain_name=s.domain,
@@ -168,24 +173,64 @@ def bench_diffusers(policy, args) -> dict:
     torch.cuda.reset_peak_memory_stats() if dev == "cuda" else None
     lat = call_ms(call, args.diffusers_iters, 1, dev)
     theirs = call().action[0].float()
-    x = policy.prepare(image_batch(args, 1), TASK)
+    x = policy.prepare(image_batch(size, 1), TASK)
     ours = policy.sample_actions(x, policy.make_noise(x, torch.Generator().manual_seed(0)))[0].cpu()
     return {"version": diffusers.__version__, "batch1_median_ms": statistics.median(lat), "runs": len(lat),
             "min_ms": min(lat), "peak_mem_gib": peak_gib(dev), "actions_maxabs_vs_ours": (ours - theirs).abs().max().item(),
             "actions_max": theirs.abs().max().item()}
 
 
-def run(args) -> dict:
+def measure_image(policy, args, size: str) -> dict:
+    """Batch 1 from prepared inputs (graphs on CUDA) and its stages for one camera image size."""
+    dev, stages, runner = args.device, policy.stages, policy.runner
+    torch.cuda.reset_peak_memory_stats() if dev == "cuda" else None
+    x, obs, (vis, act) = prepared(policy, size, 1)
+    host = []
+    for _ in range(5):
+        t = time.perf_counter()
+        stages.observation(policy.prepare(image_batch(size, 1), TASK))
+        host.append(1e3 * (time.perf_counter() - t))
+    text_len, gen_len = obs["ids"].shape[1], x.layout.tokens
+    out = {"tokens": {"text_padded": text_len, "cond": len(x.cond_ids[0]), "uncond": len(x.uncond_ids[0]),
+                      "vision": x.layout.vision_tokens, "actions": x.layout.chunk, "rows": obs["ids"].shape[0],
+                      "canvas": [x.canvas.height, x.canvas.width], "content": [x.canvas.content_h, x.canvas.content_w],
+                      "latent": [x.layout.frames, x.layout.height, x.layout.width]},
+           "host_prepare_ms": statistics.median(host)}
+    vis, act = vis.to(policy.device), act.to(policy.device)
+    lat = call_ms(lambda: runner.run(obs, x.layout, vis, act), args.iters, 2, dev)
+    out["batch1"] = {"median_ms": statistics.median(lat), "p90_ms": float(np.percentile(lat, 90)),
+                     "min_ms": min(lat), "max_ms": max(lat), "runs": len(lat), "peak_mem_gib": peak_gib(dev)}
+    print(f"{size} batch 1: {out['batch1']}  tokens {out['tokens']}", flush=True)
+    bucket = runner.set_observation(obs, x.layout)
+    lay = x.layout
+    fns = {"vae": lambda: stages.encode(bucket.obs["frames"], lay),
+           "conditioning": lambda: tfm.text_kv(stages.w, stages.cfg, bucket.obs["ids"], bucket.obs["text_cos"],
+                                               bucket.obs["text_sin"], bucket.obs["causal"], stages.parallel.reduce),
+           "generation": (lambda: runner.sample(bucket, vis, act))}
+    costs = stage_costs(stages.cfg, obs["ids"].shape[0], text_len, gen_len, args.steps)
+    out["stages"] = {}
+    for name, fn in fns.items():
+        ms = statistics.median(call_ms(fn, max(3, args.iters // 2), 1, dev))
+        out["stages"][name] = {"ms": ms, "graph": name == "generation" and runner.use_graphs}
+        if name in costs:
+            out["stages"][name].update(tflop=costs[name] / 1e12, achieved_tflops=costs[name] / ms / 1e9)
+    print(f"{size} stages (vae and conditioning eager, generation "
+          f"{'graph' if runner.use_graphs else 'eager'}): {out['stages']}", flush=True)
+    return out
+
+
+def run(args, res: dict, save) -> dict:
+    """Fills `res` section by section, calling save() after each (a later failure keeps the earlier figures)."""
     dev = args.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     tcfg, vcfg = configs(args.config)
-    res = {"bench": "cosmos3_policy", "config": args.config, "device": torch.cuda.get_device_name() if dev == "cuda"
+    res.update({"bench": "cosmos3_policy", "config": args.config, "device": torch.cuda.get_device_name() if dev == "cuda"
            else "cpu", "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d"), "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
-           "settings": settings(args).__dict__, "image": args.image, "phyai_reference": PHYAI,
+           "settings": settings(args).__dict__, "images": args.images.split(","), "phyai_reference": PHYAI,
            "parameters": {"transformer": transformer_parameter_count(tcfg),
                           "transformer_without_lm_head": transformer_parameter_count(tcfg, lm_head=False),
-                          "vae_encoder": vae_encoder_parameter_count(vcfg)}}
+                          "vae_encoder": vae_encoder_parameter_count(vcfg)}})
     print(f"parameters: transformer {res['parameters']['transformer'] / 1e9:.3f} B (policy reads "
           f"{res['parameters']['transformer_without_lm_head'] / 1e9:.3f} B), VAE encoder "
           f"{res['parameters']['vae_encoder'] / 1e6:.1f} M", flush=True)
@@ -201,56 +246,38 @@ def run(args) -> dict:
         except (IndexError, json.JSONDecodeError):
             res["startup"]["error"] = child.stderr[-2000:]
         print(f"start-up: {res['startup']}", flush=True)
+    save()
     policy, res["weights_s"] = build(args, dtype, disk=False)
-    stages, runner = policy.stages, policy.runner
-    torch.cuda.reset_peak_memory_stats() if dev == "cuda" else None
-    x, obs, (vis, act) = prepared(policy, args, 1)
-    host = []
-    for _ in range(5):
-        t = time.perf_counter()
-        stages.observation(policy.prepare(image_batch(args, 1), TASK))
-        host.append(1e3 * (time.perf_counter() - t))
-    text_len, gen_len = obs["ids"].shape[1], x.layout.tokens
-    res["tokens"] = {"text_padded": text_len, "cond": len(x.cond_ids[0]), "uncond": len(x.uncond_ids[0]),
-                     "vision": x.layout.vision_tokens, "actions": x.layout.chunk, "rows": obs["ids"].shape[0],
-                     "canvas": [x.canvas.height, x.canvas.width], "latent": [x.layout.frames, x.layout.height,
-                                                                             x.layout.width]}
-    res["host_prepare_ms"] = statistics.median(host)
-    vis, act = vis.to(policy.device), act.to(policy.device)
-    lat = call_ms(lambda: runner.run(obs, x.layout, vis, act), args.iters, 2, dev)
-    res["batch1"] = {"median_ms": statistics.median(lat), "p90_ms": float(np.percentile(lat, 90)),
-                     "min_ms": min(lat), "max_ms": max(lat), "runs": len(lat), "peak_mem_gib": peak_gib(dev)}
-    print(f"batch 1: {res['batch1']}", flush=True)
-    bucket = runner.set_observation(obs, x.layout)
-    lay = x.layout
-    fns = {"vae": lambda: stages.encode(bucket.obs["frames"], lay),
-           "conditioning": lambda: tfm.text_kv(stages.w, stages.cfg, bucket.obs["ids"], bucket.obs["text_cos"],
-                                               bucket.obs["text_sin"], bucket.obs["causal"], stages.parallel.reduce),
-           "generation": (lambda: runner.sample(bucket, vis, act))}
-    costs = stage_costs(tcfg, obs["ids"].shape[0], text_len, gen_len, args.steps)
-    res["stages"] = {}
-    for name, fn in fns.items():
-        with torch.no_grad():
-            ms = statistics.median(call_ms(fn, max(3, args.iters // 2), 1, dev))
-        res["stages"][name] = {"ms": ms, "graph": name == "generation" and runner.use_graphs}
-        if name in costs:
-            res["stages"][name].update(tflop=costs[name] / 1e12, achieved_tflops=costs[name] / ms / 1e9)
-    print(f"stages: {res['stages']}", flush=True)
+    res["per_image"] = {}
+    for size in args.images.split(","):
+        res["per_image"][size] = measure_image(policy, args, size)
+        save()
+    runner, size = policy.runner, args.images.split(",")[0]
     res["batching"] = {}
     for b in [int(v) for v in args.batches.split(",") if v]:
-        xb, ob, (vb, ab) = prepared(policy, args, b)
-        vb, ab = vb.to(policy.device), ab.to(policy.device)
-        torch.cuda.reset_peak_memory_stats() if dev == "cuda" else None
-        t_sync = statistics.median(call_ms(lambda: runner.run(ob, xb.layout, vb, ab), args.batch_iters, 1, dev))
-        res["batching"][b] = {"T_sync_ms": t_sync, "Q_per_s": 1e3 * b / t_sync, "T_amort_ms": t_sync / b,
-                              "peak_mem_gib": peak_gib(dev)}
+        try:
+            xb, ob, (vb, ab) = prepared(policy, size, b)
+            vb, ab = vb.to(policy.device), ab.to(policy.device)
+            torch.cuda.reset_peak_memory_stats() if dev == "cuda" else None
+            t_sync = statistics.median(call_ms(lambda: runner.run(ob, xb.layout, vb, ab), args.batch_iters, 1, dev))
+            res["batching"][b] = {"T_sync_ms": t_sync, "Q_per_s": 1e3 * b / t_sync, "T_amort_ms": t_sync / b,
+                                  "peak_mem_gib": peak_gib(dev)}
+        except torch.cuda.OutOfMemoryError as exc:     # record it; the smaller batches' figures stand
+            res["batching"][b] = {"out_of_memory": str(exc)[:300]}
+            xb = ob = vb = ab = None
+            torch.cuda.empty_cache()
         print(f"batch {b}: {res['batching'][b]}", flush=True)
-    actions = policy.sample_actions(x, (vis, act))
-    res["finite"] = bool(torch.isfinite(actions).all())
+        save()
+    x = policy.prepare(image_batch(size, 1), TASK)
+    res["finite"] = bool(torch.isfinite(policy.sample_actions(x)).all())
     if args.diffusers == "on":
-        del runner, bucket
-        res["diffusers"] = bench_diffusers(policy, args)
+        del runner
+        try:
+            res["diffusers"] = bench_diffusers(policy, args)
+        except Exception as exc:    # the reference is a comparison: its failure must not lose our figures
+            res["diffusers"] = {"error": f"{exc.__class__.__name__}: {str(exc)[:1500]}"}
         print(f"diffusers: {res['diffusers']}", flush=True)
+    save()
     return res
 
 
@@ -263,7 +290,10 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=32)
     ap.add_argument("--fps", type=float, default=24.0)
     ap.add_argument("--tier", type=int, default=480)
-    ap.add_argument("--image", default="480x832", help="camera image HxW")
+    ap.add_argument("--images", default="480x832,180x320",
+                    help="camera image sizes HxW, comma-separated (batching and diffusers use the first): 480x832 "
+                         "fills the 480 tier's canvas (9 x 15 x 26 vision tokens), a 180x320 DROID frame sits "
+                         "un-upscaled in the same canvas (9 x 6 x 10)")
     ap.add_argument("--token-bucket", type=int, default=64)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--batches", default="2,4,8")
@@ -284,10 +314,10 @@ def main() -> None:
         with torch.no_grad():
             print(json.dumps(first_chunk(args)))
         return
-    with torch.no_grad():
-        res = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=1))
+    res: dict = {}
+    with torch.no_grad():
+        run(args, res, lambda: args.out.write_text(json.dumps(res, indent=1)))
     print(json.dumps({k: v for k, v in res.items() if k not in ("stages", "batching")}))
     print(f"-> {args.out}")
 

@@ -177,8 +177,18 @@ def test_bad_noise_and_rtc(pol):
         pol.sample_actions(x, (vis, torch.full_like(act, float("inf"))))
     with pytest.raises(ValueError, match="real-time chunking"):
         pol.predict({"image": IMAGE}, None, "go", rtc=object())
-    out = pol.predict({"image": IMAGE}, np.zeros(3), "go")
+    out = pol.predict({"image": IMAGE}, np.zeros(3), "go", generator=torch.Generator().manual_seed(1))
     assert out.shape == (4, 10) and np.isfinite(out).all()
+    assert np.array_equal(out, pol.predict({"image": IMAGE}, None, "go", generator=torch.Generator().manual_seed(1)))
+
+
+def test_select_embodiment(ckpt):
+    from phyai_ros.models.cosmos3 import Cosmos3Policy
+    p = Cosmos3Policy.from_files(ckpt, settings=settings())
+    p.select_embodiment("pusht")
+    assert p.action_dim == 2 and p.predict({"image": IMAGE}, None, "go").shape == (4, 2)
+    with pytest.raises(ValueError, match="unknown embodiment"):
+        p.select_embodiment("submarine")
 
 
 def test_duplicate_leading_timesteps_are_refused():
@@ -226,13 +236,16 @@ def test_gpt2_byte_level_split(tmp_path):
 def test_bench_script_cpu_tiny(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(REPO / "scripts" / "bench_cosmos3.py"), "--device", "cpu", "--config", "tiny",
-           "--iters", "1", "--batches", "2", "--batch-iters", "1", "--image", "64x96", "--tier", "256", "--chunk", "4",
+           "--iters", "1", "--batches", "2", "--batch-iters", "1", "--images", "64x96,32x32", "--tier", "256", "--chunk", "4",
            "--steps", "2", "--diffusers", "off", "--root", str(tmp_path / "root"), "--out", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["finite"] and res["startup"]["finite"]
-    assert res["tokens"]["rows"] == 2 and res["tokens"]["latent"] == [2, 4, 6]
-    assert res["batch1"]["median_ms"] > 0 and set(res["stages"]) == {"vae", "conditioning", "generation"}
+    big, small = res["per_image"]["64x96"], res["per_image"]["32x32"]
+    assert big["tokens"]["rows"] == 2 and big["tokens"]["latent"] == [2, 4, 6]
+    assert small["tokens"]["latent"] == [2, 2, 2] and small["tokens"]["canvas"] == [256, 256]
+    for r in (big, small):
+        assert r["batch1"]["median_ms"] > 0 and set(r["stages"]) == {"vae", "conditioning", "generation"}
     assert res["batching"]["2"]["Q_per_s"] > 0
     assert res["parameters"]["transformer"] > res["parameters"]["transformer_without_lm_head"] > 0

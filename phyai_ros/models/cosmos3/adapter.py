@@ -98,6 +98,10 @@ class Cosmos3Policy:
     def chunk_size(self) -> int:
         return self.settings.chunk_size
 
+    def select_embodiment(self, value: str) -> None:
+        """Act as embodiment domain `value` (a name of the domain table that fits this model)."""
+        self.domain = domain(str(value).strip(), self.config.action_dim, self.config.num_domains)
+
     def use_runner(self, use_graphs: bool = True, token_bucket: int = 0) -> None:
         """Sample through a fresh runner (CUDA graphs on a CUDA device when use_graphs)."""
         self.stages.token_bucket = int(token_bucket)
@@ -198,11 +202,16 @@ class Cosmos3Policy:
 
     # ---------------------------------------------------------------- node API (batch 1)
     def predict(self, images: Mapping[str, object], state=None, task: str = "", noise: Optional[Noise] = None,
-                rtc=None) -> np.ndarray:
-        """One observation -> [chunk_size, raw action width] float32 (model space). state is not read."""
+                rtc=None, generator: Optional[torch.Generator] = None) -> np.ndarray:
+        """One observation -> [chunk_size, raw action width] float32 (model space). state is not read. The
+        noise's shape follows the image's canvas, so a caller that cannot make it beforehand passes a generator
+        (noise None): it is drawn after `prepare`, in the pipeline's order."""
         if rtc is not None:
             raise ValueError("Cosmos3 has no real-time chunking (rtc_modes: off)")
-        return self.sample_actions(self.prepare(images, task), noise)[0].cpu().numpy()
+        inputs = self.prepare(images, task)
+        if noise is None and generator is not None:
+            noise = self.make_noise(inputs, generator)
+        return self.sample_actions(inputs, noise)[0].cpu().numpy()
 
 
 __all__ = ["Cosmos3Policy", "Cosmos3Settings", "Cosmos3Inputs"]
