@@ -182,6 +182,20 @@ def test_bad_noise_and_rtc(pol):
     assert np.array_equal(out, pol.predict({"image": IMAGE}, None, "go", generator=torch.Generator().manual_seed(1)))
 
 
+def test_fit_task_cuts_a_long_instruction(pol):
+    assert pol.fit_task("go", None) == ("go", False)
+    long = " ".join(["wipe the table"] * 600)
+    kept, cut = pol.fit_task(long, None)
+    assert cut and long.startswith(kept) and len(kept) < len(long)
+    assert pol.prepare({"image": IMAGE}, kept).cond_ids           # fits now
+
+
+def test_warm_up_eager_and_runner(pol):
+    pol.capture_buckets({"image": IMAGE}, None, eager=True)
+    pol.capture_buckets({"image": IMAGE}, None)
+    assert len(pol.runner.buckets()) >= 1
+
+
 def test_select_embodiment(ckpt):
     from phyai_ros.models.cosmos3 import Cosmos3Policy
     p = Cosmos3Policy.from_files(ckpt, settings=settings())

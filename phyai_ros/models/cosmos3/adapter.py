@@ -197,8 +197,34 @@ class Cosmos3Policy:
 
     def capture_buckets(self, images: Mapping[str, object], state=None, eager: bool = False,
                         min_cameras: Optional[int] = None) -> None:
-        """Warm-up at start-up: one chunk at this camera shape (captures its graphs when they are on)."""
-        self.sample_actions(self.prepare(images, "warm up"))
+        """Warm-up at start-up: one chunk at this camera shape, capturing its graphs when they are on (eager: the
+        same shapes without graphs, for the operator autotune's recording)."""
+        x = self.prepare(images, "warm up")
+        vis, act = self._noise(None, x)
+        runner = Cosmos3Runner(self.stages, use_graphs=False) if eager else self.runner
+        runner.run(self.stages.observation(x), x.layout, vis, act)
+
+    def fit_task(self, task: str, state=None) -> Tuple[str, bool]:
+        """(the instruction, whether it was cut): an instruction whose prompt exceeds max_prompt_tokens is cut
+        to the longest prefix (whole words where possible) that fits."""
+        canvas = (self.settings.resolution_tier, self.settings.resolution_tier)     # the caption's size digits
+        s = self.settings
+
+        def fits(text: str) -> bool:
+            try:
+                prompt_ids(self.tokenizer, text, s.negative_prompt, s.view_point, s.chunk_size + 1, s.fps, canvas,
+                           self.ckpt.use_system_prompt, s.max_prompt_tokens - 8)   # margin: canvas sizes vary
+                return True
+            except ValueError:
+                return False
+        if fits(task):
+            return task, False
+        lo, hi = 0, len(task)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(task[:mid]) else (lo, mid - 1)
+        cut = task[:lo]
+        return (cut.rsplit(" ", 1)[0] if " " in cut else cut), True
 
     # ---------------------------------------------------------------- node API (batch 1)
     def predict(self, images: Mapping[str, object], state=None, task: str = "", noise: Optional[Noise] = None,
