@@ -32,7 +32,7 @@ from phyai_ros.runtime.cosmos3_runner import Cosmos3Runner
 
 from .canvas import canvas_frame, check_image
 from .checkpoint import Cosmos3Checkpoint, load_cosmos3_checkpoint, load_transformer_weights, load_vae_weights
-from .config import Cosmos3Settings, check_chunk_size
+from .config import Cosmos3Settings, latent_frames_of_chunk
 from .layout import GenLayout
 from .parallel import SINGLE, Parallel
 from .prompt import VIEWPOINTS, ChatTokenizer, domain, prompt_ids
@@ -65,7 +65,7 @@ class Cosmos3Policy:
         self.camera_names = list(camera_names)
         if not self.camera_names or len(set(self.camera_names)) != len(self.camera_names):
             raise ValueError(f"camera_names must be distinct and non-empty, got {camera_names!r}")
-        self.latent_frames = check_chunk_size(settings.chunk_size, self.vae_config)
+        self.latent_frames = latent_frames_of_chunk(settings.chunk_size, self.vae_config)
         self.transformer_weights = load_transformer_weights(ckpt, dtype, self.device, parallel.tp_rank,
                                                             parallel.tp_size)
         self.vae_weights = load_vae_weights(ckpt, dtype, self.device)

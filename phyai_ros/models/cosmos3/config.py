@@ -309,7 +309,7 @@ def vae_encoder_parameter_count(c: VaeConfig) -> int:
     return n
 
 
-def check_chunk_size(chunk: int, vae: VaeConfig) -> int:
+def latent_frames_of_chunk(chunk: int, vae: VaeConfig) -> int:
     """Latent frames of a chunk: the conditioning clip has chunk + 1 frames and the encoder keeps
     1 + tf * floor(chunk / tf) of them (diffusers drops the rest); returns latent T."""
     return chunk // vae.scale_factor_temporal + 1
@@ -324,4 +324,4 @@ def head_shards(c: TransformerConfig, tp: int) -> Tuple[int, int]:
 
 
 __all__ = ["TransformerConfig", "VaeConfig", "Cosmos3Settings", "FULL_TRANSFORMER", "FULL_VAE",
-           "transformer_parameter_count", "vae_encoder_parameter_count", "check_chunk_size", "head_shards"]
+           "transformer_parameter_count", "vae_encoder_parameter_count", "latent_frames_of_chunk", "head_shards"]
