@@ -15,6 +15,7 @@ Extras:
   gpu         triton for the fused kernels (without it the layers fall back to torch)
   flashinfer  FlashInfer 0.6.3: attention / RMSNorm / GeGLU candidates a device profile may pick
   dev         pytest and the pinned ruff that scripts/test.sh runs
+  cosmos3-reference  diffusers 0.42.1 + transformers 5.24: the reference test/test_cosmos3_diffusers.py compares with
 """
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -49,6 +50,10 @@ setup(
         "flashinfer": ["flashinfer-python==0.6.3", "apache-tvm-ffi==0.1.15.post2", "nvidia-cudnn-frontend==1.32.0"],
         "dev": ["pytest", "ruff==0.17.5"],
         "serve": ["ray[serve]==2.60.0"],
+        # Test extra: diffusers' own Cosmos3 pipeline as the reference of test/test_cosmos3_diffusers.py (the
+        # versions the shared Cosmos3 fixtures were made with); pillow also snaps camera images to 16 px.
+        "cosmos3-reference": ["diffusers==0.42.1", "transformers==5.24.0", "tokenizers==0.23.3",
+                              "huggingface_hub==2.4.0", "pillow"],
     },
     entry_points={"console_scripts": [
         "phyai-predict = phyai_ros.predict:main",

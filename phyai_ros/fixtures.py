@@ -19,7 +19,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1]   # folder holding the phyai_
 GROOT_IMAGE_PREFIX = "raw.observation.images."
 
 __all__ = ["fixtures_dir", "tokenizer_path", "require_tokenizer", "small_model_config", "make_small_checkpoint",
-           "groot_fixture_dir", "load_groot_fixture", "require_groot_fixture"]
+           "groot_fixture_dir", "load_groot_fixture", "require_groot_fixture", "cosmos3_fixture_dir"]
 
 
 def fixtures_dir() -> Path:
@@ -79,3 +79,9 @@ def require_groot_fixture() -> Path:
         import pytest   # only tests call this
         pytest.skip(f"GR00T N1.7 parity fixtures not found at {folder} (set PHYAI_PARITY_FIXTURES)")
     return folder
+
+
+# ----------------------------------------------------------------------------- Cosmos3
+def cosmos3_fixture_dir() -> Path:
+    """The Cosmos3 parity fixture folder, beside lerobot_parity (``<fixtures_dir>/../cosmos3``; may not exist)."""
+    return fixtures_dir().parent / "cosmos3"

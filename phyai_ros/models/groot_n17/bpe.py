@@ -1,4 +1,5 @@
-"""Byte-level BPE tokenizer reading a Hugging Face `tokenizer.json` (Qwen2 / Qwen3-VL layout).
+"""Byte-level BPE tokenizer reading a Hugging Face `tokenizer.json` (Qwen2 / Qwen3-VL layout, or a bare GPT-2
+style ByteLevel pre-tokenizer).
 
 Why our own: the backbone's tokenizer is a plain byte-level BPE (NFC normalizer, one regex split, GPT-2 byte
 mapping, ranked merges, special tokens matched verbatim), and reading it here keeps the `tokenizers` package
@@ -84,6 +85,10 @@ def byte_to_unicode() -> Dict[int, str]:
     return table
 
 
+# The split of a bare ByteLevel pre-tokenizer with use_regex (GPT-2's, as the tokenizers package has it).
+GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
 def _require(cond: bool, path: Path, what: str) -> None:
     if not cond:
         raise TokenizerError(f"{path}: unsupported tokenizer.json ({what})")
@@ -121,7 +126,12 @@ class ByteLevelBPE:
         return spec is not None
 
     def _split_pattern(self, spec) -> str:
-        _require(spec is not None and spec.get("type") == "Sequence", self.path, "pre_tokenizer must be a Sequence")
+        if spec is not None and spec.get("type") == "ByteLevel":   # GPT-2 style: the byte level's own regex
+            _require(not spec.get("add_prefix_space") and spec.get("use_regex", True), self.path,
+                     "a ByteLevel pre_tokenizer with a prefix space or without its regex")
+            return expand_unicode_classes(GPT2_SPLIT)
+        _require(spec is not None and spec.get("type") == "Sequence", self.path,
+                 "pre_tokenizer must be a Sequence or ByteLevel")
         steps = spec["pretokenizers"]
         _require(len(steps) == 2 and steps[0].get("type") == "Split" and steps[1].get("type") == "ByteLevel",
                  self.path, "pre_tokenizer must be Split(regex) + ByteLevel")

@@ -1,0 +1,243 @@
+"""Cosmos3 policy adapter: camera image + instruction + embodiment domain in, action chunk out.
+
+    policy = Cosmos3Policy.from_files(pipeline_dir, device="cuda", dtype=torch.bfloat16,
+                                      settings=Cosmos3Settings(num_steps=4, guidance=3.0, chunk_size=32,
+                                                               domain="droid_lerobot"))
+    actions = policy.predict(images={"image": rgb_uint8_HxWx3}, state=None, task="pick up the cup")
+    # -> np.float32 [chunk_size, raw action width of the domain], in the model's normalized action space
+
+Stage order (what the runner drives, phyai_ros/runtime/cosmos3_runner.py): `prepare` (canvas, caption, token
+ids of both guidance passes: host side) -> conditioning (VAE encode of the conditioning frame, the text
+pathway's keys / values: once per observation) -> the denoising loop (video and action latents together,
+UniPC, classifier-free guidance) -> the actions cropped to the domain's raw width.
+
+- images: camera name -> uint8 [H, W, 3] (or [B, H, W, 3]); with several `camera_names` the frames are put
+  side by side in that order (same height required; the view point should then be "concat_view").
+- state: policy mode reads no robot state (diffusers' pipeline has no such input); it is accepted and ignored
+  so the node's call is the same for every family (`state_dim` is 0).
+- Actions are what the pipeline returns: the model's normalized action space, no de-normalization, the
+  domain's raw width (diffusers' table, not the model's action_dim). RTC: none (`rtc_modes` = ("off",)).
+- Settings (steps, guidance, chunk, fps, tier, view point, domain, negative prompt) are parameters; the
+  scheduler config, tokenizer and chat template come from the checkpoint folder.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from phyai_ros.runtime.cosmos3_runner import Cosmos3Runner
+
+from .canvas import canvas_frame, check_image
+from .checkpoint import Cosmos3Checkpoint, load_cosmos3_checkpoint, load_transformer_weights, load_vae_weights
+from .config import Cosmos3Settings, latent_frames_of_chunk
+from .layout import GenLayout
+from .parallel import SINGLE, Parallel
+from .prompt import VIEWPOINTS, ChatTokenizer, domain, prompt_ids
+from .stages import Cosmos3Inputs, Cosmos3Stages
+
+Tensor = torch.Tensor
+Noise = Tuple[Tensor, Tensor]          # (vision [B, C, T, h, w], action [B, chunk, action_dim]), float32
+
+
+class Cosmos3Policy:
+    rtc_modes = ("off",)
+    needs_files: tuple = ()
+    masks_cameras = False
+    image_size = None                  # any aspect: the canvas is chosen per image
+
+    def __init__(self, ckpt: Cosmos3Checkpoint, settings: Optional[Cosmos3Settings] = None, device="cpu",
+                 dtype: torch.dtype = torch.float32, parallel: Parallel = SINGLE,
+                 camera_names: Sequence[str] = ("image",), token_bucket: int = 0):
+        settings = settings or Cosmos3Settings()
+        if settings.view_point is not None and settings.view_point not in VIEWPOINTS:
+            raise ValueError(f"view point {settings.view_point!r}: one of {', '.join(VIEWPOINTS)} (or None)")
+        self.ckpt, self.settings, self.parallel = ckpt, settings, parallel
+        self.device, self.dtype = torch.device(device), dtype
+        self.config, self.vae_config = ckpt.transformer, ckpt.vae
+        self.domain = domain(settings.domain, self.config.action_dim, self.config.num_domains)
+        self.tokenizer = ChatTokenizer(ckpt.tokenizer_dir)
+        if self.tokenizer.vocab_size > self.config.vocab_size:
+            raise ValueError(f"{ckpt.tokenizer_dir}: the tokenizer has {self.tokenizer.vocab_size} ids, the "
+                             f"transformer's table {self.config.vocab_size}")
+        self.camera_names = list(camera_names)
+        if not self.camera_names or len(set(self.camera_names)) != len(self.camera_names):
+            raise ValueError(f"camera_names must be distinct and non-empty, got {camera_names!r}")
+        self.latent_frames = latent_frames_of_chunk(settings.chunk_size, self.vae_config)
+        self.transformer_weights = load_transformer_weights(ckpt, dtype, self.device, parallel.tp_rank,
+                                                            parallel.tp_size)
+        self.vae_weights = load_vae_weights(ckpt, dtype, self.device)
+        self.ckpt = replace(ckpt, transformer_weights={}, vae_weights={})   # the loaded copies are all it needs
+        self.stages = Cosmos3Stages(self.transformer_weights, self.vae_weights, self.config, self.vae_config,
+                                    ckpt.scheduler, settings, self.device, dtype, parallel, token_bucket)
+        self.runner = Cosmos3Runner(self.stages, use_graphs=False)
+
+    @classmethod
+    def from_files(cls, checkpoint_dir, tokenizer=None, norm_stats=None, camera_names: Optional[Sequence[str]] = None,
+                   device="cpu", dtype: torch.dtype = torch.float32, settings: Optional[Cosmos3Settings] = None,
+                   parallel: Parallel = SINGLE, token_bucket: int = 0) -> "Cosmos3Policy":
+        """Load a Cosmos3OmniPipeline folder (its tokenizer and scheduler are read from it: `tokenizer` and
+        `norm_stats` exist for the registry's common signature and must be None)."""
+        if tokenizer is not None or norm_stats is not None:
+            raise ValueError("a Cosmos3 checkpoint folder carries its own tokenizer and has no normalization stats")
+        return cls(load_cosmos3_checkpoint(checkpoint_dir), settings or Cosmos3Settings(), device, dtype, parallel,
+                   camera_names or ("image",), token_bucket)
+
+    # ---------------------------------------------------------------- interface facts
+    @property
+    def state_dim(self) -> int:
+        return 0
+
+    @property
+    def action_dim(self) -> int:
+        return self.domain.raw_dim
+
+    @property
+    def chunk_size(self) -> int:
+        return self.settings.chunk_size
+
+    def select_embodiment(self, value: str) -> None:
+        """Act as embodiment domain `value` (a name of the domain table that fits this model)."""
+        self.domain = domain(str(value).strip(), self.config.action_dim, self.config.num_domains)
+
+    def use_runner(self, use_graphs: bool = True, token_bucket: int = 0) -> None:
+        """Sample through a fresh runner (CUDA graphs on a CUDA device when use_graphs)."""
+        self.stages.token_bucket = int(token_bucket)
+        self.runner = Cosmos3Runner(self.stages, use_graphs=use_graphs)
+
+    # ---------------------------------------------------------------- stages
+    def conditioning_frames(self, images: Mapping[str, object]) -> List[np.ndarray]:
+        """camera -> uint8 [H, W, 3], [B, H, W, 3] or a list of [H, W, 3] -> per item one [H, W', 3] frame
+        (several cameras side by side, in `camera_names` order)."""
+        missing = [c for c in self.camera_names if images.get(c) is None]
+        if missing:
+            raise ValueError(f"missing camera image(s) {missing}; this policy reads {self.camera_names}")
+        per_camera = []
+        for c in self.camera_names:
+            v = images[c]
+            if isinstance(v, (list, tuple)):
+                items = [check_image(i) for i in v]
+            else:
+                a = v.numpy() if isinstance(v, Tensor) else np.asarray(v)
+                items = [check_image(i) for i in (a[None] if a.ndim == 3 else a)]
+            per_camera.append(items)
+        if len({len(items) for items in per_camera}) != 1:
+            raise ValueError(f"cameras {self.camera_names} differ in batch size: {[len(i) for i in per_camera]}")
+        frames = []
+        for item in zip(*per_camera):
+            if len({f.shape[0] for f in item}) != 1:
+                raise ValueError(f"cameras {self.camera_names} differ in height: {[list(f.shape) for f in item]}")
+            frames.append(np.concatenate(item, axis=1) if len(item) > 1 else item[0])
+        return frames
+
+    def prepare(self, images: Mapping[str, object], tasks: Union[str, Sequence[str]],
+                domain_name: Optional[str] = None) -> Cosmos3Inputs:
+        """Raw batch -> prepared inputs: canvas frames (all items on one canvas), both passes' token ids."""
+        s = self.settings
+        frames = self.conditioning_frames(images)
+        batch = len(frames)
+        tasks = [tasks] * batch if isinstance(tasks, str) else tasks
+        if not isinstance(tasks, (list, tuple)) or not all(isinstance(t, str) for t in tasks):
+            raise ValueError(f"tasks must be text or a list of texts, got {type(tasks).__name__}")
+        if len(tasks) != batch:
+            raise ValueError(f"{len(tasks)} tasks for a batch of {batch}")
+        dom = self.domain if domain_name is None else domain(domain_name, self.config.action_dim,
+                                                              self.config.num_domains)
+        canv, pixels, cond, uncond, captions = None, [], [], [], []
+        for frame, task in zip(frames, tasks):
+            x, c = canvas_frame(frame, s.resolution_tier, self.vae_config.scale_factor_spatial)
+            if canv is not None and c != canv:
+                raise ValueError(f"batch items need one canvas: {c} vs {canv} (give images of one size)")
+            canv = c
+            ci, ui, cap = prompt_ids(self.tokenizer, task, s.negative_prompt, s.view_point, s.chunk_size + 1, s.fps,
+                                     (c.height, c.width), self.ckpt.use_system_prompt, s.max_prompt_tokens)
+            pixels.append(x), cond.append(ci), uncond.append(ui), captions.append(cap)
+        layout = GenLayout(self.latent_frames, canv.latent_h, canv.latent_w, self.config.latent_patch_size,
+                           s.chunk_size)
+        return Cosmos3Inputs(torch.cat(pixels), canv, cond, uncond, [dom.id] * batch, [dom.raw_dim] * batch,
+                             captions, layout, s)
+
+    def make_noise(self, inputs: Cosmos3Inputs, generator: Optional[torch.Generator] = None) -> Noise:
+        """Per item, the video noise (full latent shape, frame 0 included) then the action noise from one
+        generator: the pipeline's draw order, so a seed gives the pipeline's noise at batch 1."""
+        lay, c = inputs.layout, self.config
+        vis, act = [], []
+        for _ in range(inputs.batch):
+            vis.append(torch.randn((1, c.latent_channel, lay.frames, lay.height, lay.width), generator=generator))
+            act.append(torch.randn((1, lay.chunk, c.action_dim), generator=generator))
+        return torch.cat(vis), torch.cat(act)
+
+    def _noise(self, noise: Optional[Noise], inputs: Cosmos3Inputs) -> Noise:
+        vshape, ashape = self.stages.noise_shapes({"domain": torch.zeros(inputs.batch)}, inputs.layout)
+        if noise is None:
+            noise = self.make_noise(inputs)
+        vis, act = (torch.as_tensor(n, dtype=torch.float32) for n in noise)
+        if tuple(vis.shape) != vshape or tuple(act.shape) != ashape:
+            raise ValueError(f"noise: expected vision {list(vshape)} and action {list(ashape)}, got "
+                             f"{list(vis.shape)} and {list(act.shape)}")
+        if not (bool(torch.isfinite(vis).all()) and bool(torch.isfinite(act).all())):
+            raise ValueError("noise holds NaN/Inf values")
+        return vis.to(self.device), act.to(self.device)
+
+    @torch.no_grad()
+    def sample_actions(self, inputs: Cosmos3Inputs, noise: Optional[Noise] = None,
+                       trace: Optional[Dict[str, object]] = None) -> Tensor:
+        """-> actions [B, chunk, raw width] float32 (model space). trace (optional dict) receives the clean
+        latent, position ids and per-step latents / raw velocities (an eager run)."""
+        vis, act = self._noise(noise, inputs)
+        obs = self.stages.observation(inputs)
+        bucket = self.runner.set_observation(obs, inputs.layout)
+        actions, vision = self.runner.sample(bucket, vis, act, trace)
+        if trace is not None:
+            trace["clean_latent"] = bucket.context.clean.clone()
+            trace["final_vision_latents"] = vision.clone()
+        return actions[..., :inputs.raw_dims[0]].float().clone()    # prepare gives every item one domain
+
+    def capture_buckets(self, images: Mapping[str, object], state=None, eager: bool = False,
+                        min_cameras: Optional[int] = None) -> None:
+        """Warm-up at start-up: one chunk at this camera shape, capturing its graphs when they are on (eager: the
+        same shapes without graphs, for the operator autotune's recording)."""
+        x = self.prepare(images, "warm up")
+        vis, act = self._noise(None, x)
+        runner = Cosmos3Runner(self.stages, use_graphs=False) if eager else self.runner
+        runner.run(self.stages.observation(x), x.layout, vis, act)
+
+    def fit_task(self, task: str, state=None) -> Tuple[str, bool]:
+        """(the instruction, whether it was cut): an instruction whose prompt exceeds max_prompt_tokens is cut
+        to the longest prefix (whole words where possible) that fits."""
+        canvas = (self.settings.resolution_tier, self.settings.resolution_tier)     # the caption's size digits
+        s = self.settings
+
+        def fits(text: str) -> bool:
+            try:
+                prompt_ids(self.tokenizer, text, s.negative_prompt, s.view_point, s.chunk_size + 1, s.fps, canvas,
+                           self.ckpt.use_system_prompt, s.max_prompt_tokens - 8)   # margin: canvas sizes vary
+                return True
+            except ValueError:
+                return False
+        if fits(task):
+            return task, False
+        lo, hi = 0, len(task)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(task[:mid]) else (lo, mid - 1)
+        cut = task[:lo]
+        return (cut.rsplit(" ", 1)[0] if " " in cut else cut), True
+
+    # ---------------------------------------------------------------- node API (batch 1)
+    def predict(self, images: Mapping[str, object], state=None, task: str = "", noise: Optional[Noise] = None,
+                rtc=None, generator: Optional[torch.Generator] = None) -> np.ndarray:
+        """One observation -> [chunk_size, raw action width] float32 (model space). state is not read. The
+        noise's shape follows the image's canvas, so a caller that cannot make it beforehand passes a generator
+        (noise None): it is drawn after `prepare`, in the pipeline's order."""
+        if rtc is not None:
+            raise ValueError("Cosmos3 has no real-time chunking (rtc_modes: off)")
+        inputs = self.prepare(images, task)
+        if noise is None and generator is not None:
+            noise = self.make_noise(inputs, generator)
+        return self.sample_actions(inputs, noise)[0].cpu().numpy()
+
+
+__all__ = ["Cosmos3Policy", "Cosmos3Settings", "Cosmos3Inputs"]

@@ -1,0 +1,107 @@
+"""The Cosmos3 runner: per-observation conditioning kept in static buffers, the whole denoising loop replayed as
+one CUDA graph per shape bucket.
+
+Ownership as in runner.py / groot_runner.py: the stage object (phyai_ros/models/cosmos3/stages.py) says what to
+compute, the runner owns how: one bucket per observation shape (batch, padded prompt length, canvas and
+latent grid, chunk), holding static observation buffers, the conditioning (VAE latent of the conditioning
+frame + the text pathway's keys / values of every guidance pass: computed once per observation by
+`set_observation`) and the noise buffers of the loop. Two graphs per bucket: conditioning and loop. On the
+CPU, with graphs off, or when a trace of intermediates is asked for, the same stage functions run eagerly on
+the same buffers, so every path computes the same thing.
+
+Why not GrootRunner: its loop noise has one shape per batch size and it carries RTC tensors; Cosmos3's noise
+(a video latent and an action chunk) takes its shape from the observation's canvas, and it has no RTC.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from phyai_ros.runtime.graphs import CapturedCall, GraphRegistry
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class _Bucket:
+    key: tuple
+    layout: object
+    obs: Dict[str, Tensor]
+    vision_noise: Tensor
+    action_noise: Tensor
+    condition: Optional[CapturedCall] = None
+    loop: Optional[CapturedCall] = None
+    context: object = None
+    observation_for: Optional[int] = None   # id of the observation the conditioning holds; None = invalid
+
+
+class Cosmos3Runner:
+    """Conditioning once per observation, the captured loop once per chunk, on one device (per rank)."""
+
+    def __init__(self, stages, use_graphs: bool = True):
+        self.stages = stages
+        self.device = torch.device(stages.device)
+        self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
+        self.registry = GraphRegistry() if self.use_graphs else None
+        self._buckets: Dict[tuple, _Bucket] = {}
+        self._observation_ids = itertools.count(1)
+
+    @staticmethod
+    def bucket_key(obs: Dict[str, Tensor], layout) -> tuple:
+        return (layout,) + tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(obs.items()))
+
+    def buckets(self) -> list:
+        return list(self._buckets)
+
+    def _bucket(self, obs: Dict[str, Tensor], layout) -> _Bucket:
+        key = self.bucket_key(obs, layout)
+        b = self._buckets.get(key)
+        if b is None:
+            vshape, ashape = self.stages.noise_shapes(obs, layout)
+            b = _Bucket(key, layout, {k: torch.empty_like(v, device=self.device) for k, v in obs.items()},
+                        torch.zeros(vshape, device=self.device), torch.zeros(ashape, device=self.device))
+            self._buckets[key] = b
+        return b
+
+    @torch.no_grad()
+    def set_observation(self, obs: Dict[str, Tensor], layout) -> _Bucket:
+        """Copy a new observation into its bucket and compute its conditioning, invalidating the one held."""
+        b = self._bucket(obs, layout)
+        b.observation_for = None
+        for k, v in obs.items():
+            b.obs[k].copy_(v, non_blocking=True)
+        if self.use_graphs:
+            if b.condition is None:
+                b.condition = self.registry.capture(("condition",) + b.key, self.stages.condition, (b.obs, layout))
+            b.context = b.condition.replay()
+        else:
+            b.context = self.stages.condition(b.obs, layout)
+        b.observation_for = next(self._observation_ids)
+        return b
+
+    @torch.no_grad()
+    def sample(self, bucket: _Bucket, vision_noise: Tensor, action_noise: Tensor,
+               trace: Optional[dict] = None) -> Tuple[Tensor, Tensor]:
+        """All steps from this noise against the bucket's conditioning -> (actions, vision latents). Under graphs
+        the outputs are the bucket's static tensors: the next call overwrites them. A trace runs eagerly."""
+        if bucket.observation_for is None:
+            raise RuntimeError("the conditioning is invalid: call set_observation() for the new observation first")
+        bucket.vision_noise.copy_(vision_noise, non_blocking=True)
+        bucket.action_noise.copy_(action_noise, non_blocking=True)
+        args = (bucket.context, bucket.vision_noise, bucket.action_noise, bucket.layout)
+        if not self.use_graphs or trace is not None:
+            return self.stages.loop(*args, trace=trace)
+        if bucket.loop is None:
+            bucket.loop = self.registry.capture(("loop",) + bucket.key, self.stages.loop, args)
+        return bucket.loop.replay()
+
+    def run(self, obs: Dict[str, Tensor], layout, vision_noise: Tensor, action_noise: Tensor,
+            trace: Optional[dict] = None) -> Tuple[Tensor, Tensor]:
+        """One chunk for a new observation: set_observation, then sample."""
+        return self.sample(self.set_observation(obs, layout), vision_noise, action_noise, trace)
+
+
+__all__ = ["Cosmos3Runner"]
