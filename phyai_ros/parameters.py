@@ -51,6 +51,9 @@ SPECS: dict[str, Spec] = {
     "model.checkpoint": Spec("", "LeRobot/openpi checkpoint folder (config.json + model.safetensors); "
                                  "empty with model.random_init runs random weights for tests"),
     "model.tokenizer": Spec("", "SentencePiece tokenizer.model file (pi0, pi0.5; GR00T N1.7 reads its backbone's: empty)"),
+    "model.options": Spec("", "the family's run settings that are not in its checkpoint, as 'key=value;key=value' "
+                              "(e.g. Cosmos3: num_steps=4;guidance=3.0;chunk_size=32); families without any refuse "
+                              "them; empty: the family's defaults"),
     "model.embodiment": Spec("", "embodiment of a multi-embodiment policy (GR00T N1.7): a tag of the checkpoint's "
                                  "processor config or its numeric id; empty: the checkpoint's own"),
     "model.norm_stats": Spec("", "normalization stats (norm_stats.json); empty: checkpoint folder's"),

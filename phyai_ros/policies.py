@@ -25,7 +25,7 @@ from phyai_ros.layers import profiling
 from phyai_ros.layers.profiles import ProfileChoice, cache_file, selector_for, write_profile
 from phyai_ros.layers.selector import SELECTOR, OperatorSelector
 from phyai_ros.models import family, family_for_checkpoint
-from phyai_ros.models.contract import DTYPES, ModelFiles
+from phyai_ros.models.contract import DTYPES, ModelFiles, parse_options
 from phyai_ros.parameters import Parameters
 from phyai_ros.serve.client import HttpPolicyClient, RemotePolicy
 
@@ -73,8 +73,7 @@ class ControlPolicy:
     def predict(self, images: dict, state: np.ndarray, task: str, rtc: Optional[RtcRequest] = None) -> np.ndarray:
         """One observation (camera -> uint8 HxWx3 or None) -> [H, D] robot units, noise from this policy's seed."""
         with self.selector.active():
-            noise = self.adapter.make_noise(1, generator=self.generator)
-            return self.adapter.predict(images, state, task, noise=noise, rtc=rtc)
+            return self.adapter.predict(images, state, task, noise=self.generator, rtc=rtc)
 
     def warmup_observation(self, state_dim: int) -> tuple[dict, np.ndarray]:
         """The synthetic observation of the warm-up: random 224x224 frames from every camera of the robot
@@ -111,7 +110,7 @@ def check_robot(p: Parameters, model, where: str) -> None:
     names = p.control.action_names
     if len(names) != model.action_dim:
         raise ValueError(f"control.action_names has {len(names)} names; the policy acts in {model.action_dim} dims")
-    if len(p.state.joint_names) != model.state_dim:
+    if model.state_dim and len(p.state.joint_names) != model.state_dim:   # 0: the model reads no robot state
         raise ValueError(f"state.joint_names has {len(p.state.joint_names)} names; the policy's state has "
                          f"{model.state_dim} dims")
     if p.control.horizon and p.control.horizon != model.chunk_size:
@@ -148,8 +147,13 @@ def load_adapter(p: Parameters):
         raise ValueError(f"model.tokenizer / model.norm_stats: {exc}") from None
     if p.model.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("model.device is 'cuda' but no CUDA device is available (use a CPU config)")
+    try:
+        options = parse_options(p.model.options)
+        cls.check_options(options)
+    except ValueError as exc:
+        raise ValueError(f"model.options: {exc}") from None
     adapter = cls.load(checkpoint, files, camera_names=list(p.cameras.slots), device=p.model.device,
-                       dtype=DTYPES[p.model.dtype])
+                       dtype=DTYPES[p.model.dtype], options=options)
     if p.model.embodiment:
         if not cls.embodiments:
             raise ValueError(f"model.embodiment is {p.model.embodiment!r}, but model type {cls.family} has no "

@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 from phyai_ros.layers.profiles import selector_for
 from phyai_ros.models import family_for_checkpoint
 from phyai_ros.models.cases import InputError, load_noise, read_case, require_finite_tensor, require_range
-from phyai_ros.models.contract import DTYPES, ModelFiles
+from phyai_ros.models.contract import DTYPES, ModelFiles, parse_options
 from phyai_ros.models.files import read_safetensors_file
 
 
@@ -60,6 +60,8 @@ def _parse(argv):
     p.add_argument("--rtc-jacobian", default="identity", choices=["identity", "vjp"])
     p.add_argument("--prev-left-over", default="rtc.prev_chunk_left_over", help="key in --inputs")
     p.add_argument("--prev-left-over-space", default="normalized", choices=["normalized", "robot"])
+    p.add_argument("--options", default="", help="the family's run settings, 'key=value;...' (node parameter "
+                                                  "model.options)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--output", required=True)
@@ -70,24 +72,26 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def _compare(out, args) -> int:
-    """Print max-abs against --expected; 2 when --tolerance is given and any comparison fails it (NaN
-    fails every tolerance, and so does a comparison that could not be made)."""
+def _compare(out, args, expected_keys) -> int:
+    """Print max-abs against --expected (the family's ``expected_keys``, "<case>." prefixed); 2 when --tolerance is
+    given and any comparison fails it (NaN fails every tolerance, and so does a comparison that could not be
+    made). A batch-1 output is compared with an expected tensor stored without its batch dimension."""
     expected = read_safetensors_file(args.expected)
     prefix = "" if args.case in (None, "plain") else args.case + "."
     pairs = [("actions", args.expected_key)] if args.expected_key else \
-        [("actions", prefix + "actions.unnormalized"), ("actions.model", prefix + "actions.model")]
+        [(ours, prefix + theirs) for ours, theirs in expected_keys.items()]
     failed = []
     for ours, key in pairs:
         if key not in expected:
             print(f"expected: no key {key} in {args.expected}")
             failed.append(f"no key {key}")
             continue
-        if tuple(expected[key].shape) != tuple(out[ours].shape):
+        mine = out[ours][0] if out[ours].shape[0] == 1 and out[ours].shape[1:] == expected[key].shape else out[ours]
+        if tuple(expected[key].shape) != tuple(mine.shape):
             print(f"expected: {key} has shape {list(expected[key].shape)}, {ours} {list(out[ours].shape)}")
             failed.append(f"shape of {key}")
             continue
-        diff = (out[ours] - expected[key].float()).abs().max().item()
+        diff = (mine - expected[key].float()).abs().max().item()
         print(f"max-abs {ours} vs {key}: {diff:.3e}")
         if args.tolerance is not None and not diff <= args.tolerance:
             failed.append(f"max-abs {ours} {diff:.3e} > tolerance {args.tolerance:.1e}")
@@ -121,15 +125,17 @@ def _predict(args) -> int:
     cls.check_files(files)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {args.device}: no CUDA device is available")
-    adapter = cls.load(args.checkpoint, files, device=args.device, dtype=DTYPES[args.dtype])
+    adapter = cls.load(args.checkpoint, files, device=args.device, dtype=DTYPES[args.dtype],
+                       options=parse_options(args.options))
     noise = load_noise(args.noise, case.inputs)
-    if noise is None:
-        noise = adapter.make_noise(case.batch, torch.Generator().manual_seed(args.seed))
-    require_finite_tensor(f"--noise {args.noise}" if args.noise else f"--inputs {args.inputs} noise", noise)
-    return _run_and_save(args, adapter.case_runner(case, noise), f", {cls.family}")
+    if noise is None:   # the family draws its own (its shape may follow the observation)
+        noise = torch.Generator().manual_seed(args.seed)
+    else:
+        require_finite_tensor(f"--noise {args.noise}" if args.noise else f"--inputs {args.inputs} noise", noise)
+    return _run_and_save(args, adapter.case_runner(case, noise), f", {cls.family}", cls.expected_keys)
 
 
-def _run_and_save(args, infer, label: str = "") -> int:
+def _run_and_save(args, infer, label: str, expected_keys) -> int:
     """The tail every policy type shares: time ``infer()`` (-> ({"actions", "actions.model"}, metadata), from
     the raw inputs on), refuse non-finite outputs (exit 3, nothing written), save, print, compare with
     --expected."""
@@ -148,7 +154,7 @@ def _run_and_save(args, infer, label: str = "") -> int:
     save_file(out, args.output, metadata={k: json.dumps(v) for k, v in metadata.items()})
     print(f"actions {list(out['actions'].shape)} actions.model {list(out['actions.model'].shape)} "
           f"({dt_ms:.1f} ms incl. preprocessing, {args.device} {args.dtype}{label}) -> {args.output}")
-    return _compare(out, args) if args.expected else 0
+    return _compare(out, args, expected_keys) if args.expected else 0
 
 
 def main(argv=None) -> int:

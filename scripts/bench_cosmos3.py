@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from call_timing import call_ms  # noqa: E402  (scripts/, next to this file)
-from phyai_ros.models.cosmos3 import Cosmos3Policy, Cosmos3Settings, TransformerConfig, VaeConfig  # noqa: E402
+from phyai_ros.models.cosmos3 import Cosmos3Adapter, Cosmos3Settings, TransformerConfig, VaeConfig  # noqa: E402
 from phyai_ros.models.cosmos3 import transformer as tfm  # noqa: E402
 from phyai_ros.models.cosmos3.checkpoint import (load_cosmos3_checkpoint, random_checkpoint,  # noqa: E402
                                                  write_random_checkpoint)
@@ -83,7 +83,7 @@ def build(args, dtype, disk: bool):
         ckpt = load_cosmos3_checkpoint(root)
     else:
         ckpt = random_checkpoint(root, tcfg, vcfg, seed=0, device=args.device, dtype=dtype)
-    policy = Cosmos3Policy(ckpt, settings(args), args.device, dtype, token_bucket=args.token_bucket)
+    policy = Cosmos3Adapter(ckpt, settings(args), args.device, dtype, token_bucket=args.token_bucket)
     del ckpt
     policy.use_runner(use_graphs=args.device == "cuda", token_bucket=args.token_bucket)
     sync(args.device)

@@ -90,7 +90,7 @@ def test_tiny_pipeline_variants(tmp_path, name):
     from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
     from PIL import Image
 
-    from phyai_ros.models.cosmos3 import Cosmos3Policy, Cosmos3Settings
+    from phyai_ros.models.cosmos3 import Cosmos3Adapter, Cosmos3Settings
     torch.manual_seed(0)
     spec = CASES[name]
     pipe = _pipeline(spec, tmp_path)
@@ -104,7 +104,7 @@ def test_tiny_pipeline_variants(tmp_path, name):
     s = Cosmos3Settings(num_steps=spec["steps"], guidance=spec["guidance"], chunk_size=spec["chunk"], fps=spec["fps"],
                         resolution_tier=256, view_point=spec["view"], domain=spec["domain"],
                         negative_prompt=spec["negative"])
-    pol = Cosmos3Policy.from_files(tmp_path / "pipeline", settings=s)
+    pol = Cosmos3Adapter.from_files(tmp_path / "pipeline", settings=s)
     x = pol.prepare({"image": image}, TASK)
     trace = {}
     ours = pol.sample_actions(x, pol.make_noise(x, torch.Generator().manual_seed(7)), trace)

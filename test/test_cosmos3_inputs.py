@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from phyai_ros.models.common.checkpoint_io import CheckpointError
+from phyai_ros.models.files import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,8 +34,8 @@ def settings(**kw):
 
 @pytest.fixture(scope="module")
 def pol(ckpt):
-    from phyai_ros.models.cosmos3 import Cosmos3Policy
-    return Cosmos3Policy.from_files(ckpt, settings=settings())
+    from phyai_ros.models.cosmos3 import Cosmos3Adapter
+    return Cosmos3Adapter.from_files(ckpt, settings=settings())
 
 
 def copy(ckpt, tmp_path) -> Path:
@@ -109,7 +109,7 @@ def test_weight_keys_shapes_and_values_are_checked(ckpt, tmp_path):
 def test_sharded_weights_load_like_one_file(ckpt, tmp_path, pol):
     from safetensors.torch import load_file, save_file
 
-    from phyai_ros.models.cosmos3 import Cosmos3Policy
+    from phyai_ros.models.cosmos3 import Cosmos3Adapter
     folder = copy(ckpt, tmp_path)
     t = folder / "transformer"
     sd = load_file(str(t / "diffusion_pytorch_model.safetensors"))
@@ -120,12 +120,12 @@ def test_sharded_weights_load_like_one_file(ckpt, tmp_path, pol):
     (t / "diffusion_pytorch_model.safetensors").unlink()
     (t / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(
         {"weight_map": {k: n for n, ks in parts.items() for k in ks}}))
-    other = Cosmos3Policy.from_files(folder, settings=settings())
+    other = Cosmos3Adapter.from_files(folder, settings=settings())
     for k, v in pol.transformer_weights.items():
         assert torch.equal(v, other.transformer_weights[k]), k
     (t / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "../x"}}))
     with pytest.raises(CheckpointError, match="shard file names"):
-        Cosmos3Policy.from_files(folder, settings=settings())
+        Cosmos3Adapter.from_files(folder, settings=settings())
 
 
 # ------------------------------------------------------------------ request, settings, noise
@@ -163,9 +163,9 @@ def test_bad_settings(kw, match):
     (dict(resolution_tier=333), "resolution tier"),
 ])
 def test_settings_the_checkpoint_refuses(ckpt, kw, match):
-    from phyai_ros.models.cosmos3 import Cosmos3Policy
+    from phyai_ros.models.cosmos3 import Cosmos3Adapter
     with pytest.raises(ValueError, match=match):
-        Cosmos3Policy.from_files(ckpt, settings=settings(**kw)).prepare({"image": IMAGE}, "go")
+        Cosmos3Adapter.from_files(ckpt, settings=settings(**kw)).prepare({"image": IMAGE}, "go")
 
 
 def test_bad_noise_and_rtc(pol):
@@ -177,9 +177,9 @@ def test_bad_noise_and_rtc(pol):
         pol.sample_actions(x, (vis, torch.full_like(act, float("inf"))))
     with pytest.raises(ValueError, match="real-time chunking"):
         pol.predict({"image": IMAGE}, None, "go", rtc=object())
-    out = pol.predict({"image": IMAGE}, np.zeros(3), "go", generator=torch.Generator().manual_seed(1))
+    out = pol.predict({"image": IMAGE}, np.zeros(3), "go", noise=torch.Generator().manual_seed(1))
     assert out.shape == (4, 10) and np.isfinite(out).all()
-    assert np.array_equal(out, pol.predict({"image": IMAGE}, None, "go", generator=torch.Generator().manual_seed(1)))
+    assert np.array_equal(out, pol.predict({"image": IMAGE}, None, "go", noise=torch.Generator().manual_seed(1)))
 
 
 def test_fit_task_cuts_a_long_instruction(pol):
@@ -197,8 +197,8 @@ def test_warm_up_eager_and_runner(pol):
 
 
 def test_select_embodiment(ckpt):
-    from phyai_ros.models.cosmos3 import Cosmos3Policy
-    p = Cosmos3Policy.from_files(ckpt, settings=settings())
+    from phyai_ros.models.cosmos3 import Cosmos3Adapter
+    p = Cosmos3Adapter.from_files(ckpt, settings=settings())
     p.select_embodiment("pusht")
     assert p.action_dim == 2 and p.predict({"image": IMAGE}, None, "go").shape == (4, 2)
     with pytest.raises(ValueError, match="unknown embodiment"):
@@ -239,7 +239,7 @@ def test_random_weights_at_any_size_load(ckpt):
 # ------------------------------------------------------------------ tokenizer
 def test_gpt2_byte_level_split(tmp_path):
     from phyai_ros.models.cosmos3.checkpoint import write_byte_tokenizer
-    from phyai_ros.models.groot_n17.bpe import ByteLevelBPE
+    from phyai_ros.models.bpe import ByteLevelBPE
     bpe = ByteLevelBPE(write_byte_tokenizer(tmp_path) / "tokenizer.json")
     text = "it's 12 o'clock!  Überall <|im_start|>x"
     assert bpe._pieces("it's 12 o'clock!  Über") == ["it", "'s", "Ġ12", "Ġo", "'", "clock", "!", "Ġ", "ĠÃľber"]

@@ -47,9 +47,9 @@ def _inputs(policy, batch):
 
 
 def _run(ckpt, batch, parallel=None, guidance=3.0):
-    from phyai_ros.models.cosmos3 import Cosmos3Policy
+    from phyai_ros.models.cosmos3 import Cosmos3Adapter
     from phyai_ros.models.cosmos3.parallel import SINGLE
-    pol = Cosmos3Policy.from_files(ckpt, settings=_settings(guidance), parallel=parallel or SINGLE)
+    pol = Cosmos3Adapter.from_files(ckpt, settings=_settings(guidance), parallel=parallel or SINGLE)
     x, noise = _inputs(pol, batch)
     trace = {}
     actions = pol.sample_actions(x, noise, trace)

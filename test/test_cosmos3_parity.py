@@ -34,12 +34,12 @@ def fx():
 @pytest.fixture(scope="module")
 def runs(fx):
     """Per case: (policy, prepared inputs, actions, trace) of one traced run from the fixture's noise."""
-    from phyai_ros.models.cosmos3 import Cosmos3Policy
+    from phyai_ros.models.cosmos3 import Cosmos3Adapter
     from phyai_ros.models.cosmos3.cases import case_inputs, case_settings
     out = {}
     for name in CASES:
         case = fx["cases"][name]
-        pol = Cosmos3Policy.from_files(FIX / "pipeline", settings=case_settings(case))
+        pol = Cosmos3Adapter.from_files(FIX / "pipeline", settings=case_settings(case))
         image, noise = case_inputs(fx["inp"], name)
         x = pol.prepare({"image": image}, case["instruction"])
         trace = {}
@@ -148,8 +148,15 @@ def test_predict_returns_the_raw_width_chunk(fx, runs):
     assert maxabs(torch.from_numpy(out), fx["exp"][f"{name}.final_action"]) <= TOL
 
 
-def test_run_case_helper(fx):
-    from phyai_ros.models.cosmos3.cases import run_case
-    name = "a0_bridge_g1"
-    actions, _ = run_case(FIX / "pipeline", FIX / "inputs.safetensors", FIX / "inputs.json", name)
-    assert maxabs(actions[0], fx["exp"][f"{name}.final_action"]) <= TOL
+@pytest.mark.parametrize("case", CASES)
+def test_predict_runs_each_case_with_the_other_families_flags(case, tmp_path, capsys):
+    """``python -m phyai_ros.predict`` finds the family from the pipeline folder (model_index.json), runs the case's
+    own settings and recorded noise, and prints its max-abs against ``<case>.final_action`` within the bound."""
+    from phyai_ros.predict import main
+    rc = main(["--checkpoint", str(FIX / "pipeline"), "--inputs", str(FIX / "inputs.safetensors"),
+               "--tasks-json", str(FIX / "inputs.json"), "--expected", str(FIX / "expected.safetensors"),
+               "--case", case, "--output", str(tmp_path / "out.safetensors"), "--tolerance", str(TOL)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    line = next(ln for ln in out.splitlines() if ln.startswith(f"max-abs actions vs {case}.final_action: "))
+    assert float(line.rsplit(" ", 1)[1]) <= TOL and ", cosmos3)" in out

@@ -32,9 +32,9 @@ def fx():
 
 
 def policy(fx, device="cpu", dtype=torch.float32, **kw):
-    from phyai_ros.models.cosmos3 import Cosmos3Policy
+    from phyai_ros.models.cosmos3 import Cosmos3Adapter
     from phyai_ros.models.cosmos3.cases import case_settings
-    return Cosmos3Policy.from_files(FIX / "pipeline", device=device, dtype=dtype, settings=case_settings(fx["case"]),
+    return Cosmos3Adapter.from_files(FIX / "pipeline", device=device, dtype=dtype, settings=case_settings(fx["case"]),
                                     **kw)
 
 
@@ -102,10 +102,10 @@ def test_batch_items_equal_their_single_runs(pol, fx):
 
 
 def test_without_guidance_one_pass_runs(fx):
-    from phyai_ros.models.cosmos3 import Cosmos3Policy
+    from phyai_ros.models.cosmos3 import Cosmos3Adapter
     from phyai_ros.models.cosmos3.cases import case_settings
     s = case_settings(fx["case"]).replace(guidance=1.0)
-    pol = Cosmos3Policy.from_files(FIX / "pipeline", settings=s)
+    pol = Cosmos3Adapter.from_files(FIX / "pipeline", settings=s)
     image, nz = noise(fx)
     x = pol.prepare({"image": image}, fx["case"]["instruction"])
     assert pol.stages.passes == ("cond",) and pol.stages.observation(x)["ids"].shape[0] == 1

@@ -23,6 +23,7 @@ FAMILIES: Dict[str, str] = {
     "pi05": "phyai_ros.models.pi05.adapter:Pi05Adapter",
     "pi0": "phyai_ros.models.pi0.adapter:Pi0Adapter",
     "groot_n17": "phyai_ros.models.groot_n17.adapter:GrootAdapter",
+    "cosmos3": "phyai_ros.models.cosmos3.adapter:Cosmos3Adapter",
 }
 PLUGIN_ENV = "PHYAI_ROS_FAMILIES"
 ENTRY_POINT_GROUP = "phyai_ros.families"
@@ -69,14 +70,18 @@ def _load(name: str, target: str) -> type:
 
 
 def checkpoint_type(checkpoint) -> str:
-    """The family that loads a checkpoint folder, from its config.json ``type`` (each family lists the types it
-    loads: ``checkpoint_types``)."""
-    kind = read_json(Path(checkpoint) / "config.json").get("type", "")
+    """The family that loads a checkpoint folder: the first whose ``matches`` says so (by default its config.json
+    ``type`` is one of the family's ``checkpoint_types``)."""
+    folder = Path(checkpoint)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"checkpoint folder not found: {folder}")
     for name in registered():
-        if kind in family(name).checkpoint_types:
+        if family(name).matches(folder):
             return name
-    raise ValueError(f"{Path(checkpoint) / 'config.json'}: no registered policy family loads type {kind!r} "
-                     f"(registered: {', '.join(registered())})")
+    config = folder / "config.json"
+    what = f"type {read_json(config).get('type', '')!r}" if config.is_file() else "no config.json"
+    raise ValueError(f"{folder}: no registered policy family loads it ({what}; registered: "
+                     f"{', '.join(registered())})")
 
 
 def family_for_checkpoint(checkpoint) -> type:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 
@@ -40,15 +40,6 @@ def require_finite_tensor(name: str, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def read_tasks(path, batch: int) -> Tuple[dict, List[str]]:
-    """(inputs.json as a dict, its ``tasks`` list)."""
-    meta = read_json(path)
-    tasks = meta.get("tasks")
-    if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
-        raise InputError(f"--tasks-json {path}: needs a 'tasks' list of strings (one per batch item, {batch} here)")
-    return meta, tasks
-
-
 def load_noise(arg: Optional[str], inputs: Dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
     """--noise: a safetensors file (key 'noise' or its only key) or a key of the inputs; None: the inputs'
     'noise', if any."""
@@ -69,17 +60,25 @@ def load_noise(arg: Optional[str], inputs: Dict[str, torch.Tensor]) -> Optional[
 
 def read_case(inputs_path, tasks_json: Optional[str] = None, task: Optional[str] = None, **flags) -> PredictCase:
     """The case in ``inputs_path`` with its tasks (``tasks_json``'s list, else ``task`` for every item); ``flags``:
-    PredictCase's case name and RTC fields."""
+    PredictCase's case name and RTC fields. Without a state key (a family that reads no robot state, whose case
+    facts live elsewhere in the file) the state is empty and the batch 1; the family checks what it needs."""
     inputs = read_safetensors_file(inputs_path)
-    if STATE_KEY not in inputs:
-        raise InputError(f"--inputs {inputs_path} lacks {STATE_KEY}")
-    state = inputs[STATE_KEY]
+    state = inputs.get(STATE_KEY, torch.zeros(1, 0))
     images = {k[len(IMG_PREFIX):]: v for k, v in inputs.items() if k.startswith(IMG_PREFIX)}
+    if not images and STATE_KEY not in inputs and not flags.get("case"):
+        raise InputError(f"--inputs {inputs_path} holds neither {IMG_PREFIX}* nor {STATE_KEY} (nor is a --case "
+                         "given whose facts the file holds)")
     batch = state.shape[0] if state.dim() == 2 else 1
-    meta, tasks = read_tasks(tasks_json, batch) if tasks_json else (None, [task] * batch)
+    if tasks_json:
+        meta = read_json(tasks_json)
+        tasks = meta.get("tasks", [task] * batch if task else [])
+        if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
+            raise InputError(f"--tasks-json {tasks_json}: 'tasks' must be a list of strings (one per batch item)")
+    else:
+        meta, tasks = None, [task] * batch
     return PredictCase(inputs=inputs, images=images, state=state, tasks=tasks, meta=meta, source=str(inputs_path),
                        **flags)
 
 
-__all__ = ["IMG_PREFIX", "STATE_KEY", "InputError", "require_range", "require_finite_tensor", "read_tasks",
+__all__ = ["IMG_PREFIX", "STATE_KEY", "InputError", "require_range", "require_finite_tensor",
            "load_noise", "read_case"]

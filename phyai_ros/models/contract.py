@@ -12,26 +12,35 @@ family changes no shared file:
 - tests and demos make small random checkpoints of it (``make_small_checkpoint``).
 
 What differs by family is stated here as class facts (``family``, ``checkpoint_types``, ``rtc_modes``,
-``needs_files``, ``masks_cameras``, ``serving``, ``embodiments``), never found out with ``hasattr`` or a switch
-on the model type. ``test/test_model_contract.py`` checks every registered family against this class.
+``needs_files``, ``masks_cameras``, ``serving``, ``embodiments``, ``expected_keys``), never found out with
+``hasattr`` or a switch on the model type. A test checks every registered family (a fourth one from test/ too) against
+this class.
+
+Noise: the shared tools never build a family's noise (its shape may depend on the observation: Cosmos3's video
+latents follow the camera image). They pass ``noise`` as a tensor the family made, a ``torch.Generator`` the
+family draws it from (reproducible: the node's ``model.noise_seed``, a served request's seed), or None (fresh).
 """
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from phyai_ros.control.rtc import RTC_MODES
 
+from .files import read_json
+
 if TYPE_CHECKING:
     from phyai_ros.control.rtc import RtcRequest
     from phyai_ros.layers.quantized import QuantScheme
 
 Tensor = torch.Tensor
+Noise = Union[Tensor, torch.Generator, None]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 SERVING = ("batched", "single")
 FILE_KINDS = ("tokenizer", "norm_stats")
@@ -50,6 +59,22 @@ class ModelFiles:
 
 
 NO_FILES = ModelFiles()
+NO_OPTIONS: Mapping[str, str] = MappingProxyType({})
+
+
+def parse_options(text: str) -> Dict[str, str]:
+    """``"key=value;key=value"`` (node parameter ``model.options``, predict's ``--options``) -> a dict: a family's
+    run settings that are not in its checkpoint (e.g. Cosmos3's steps, guidance, chunk). Each family checks its
+    own keys and values (``check_options``)."""
+    out: Dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in str(text).split(";"))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not key.strip().isidentifier():
+            raise ValueError(f"model option {item!r} is not key=value")
+        if key.strip() in out:
+            raise ValueError(f"model option {key.strip()!r} given twice")
+        out[key.strip()] = value.strip()
+    return out
 
 
 @dataclass
@@ -122,15 +147,32 @@ class PolicyAdapter(abc.ABC):
     serving: ClassVar[str] = "single"                  # "batched": the serve_* methods; "single": predict
     embodiments: ClassVar[bool] = False                # model.embodiment means something (select_embodiment)
     token_budget: Optional[int] = None                 # prompt tokens, where a prompt can be cut (fit_task)
+    # predict's outputs -> the keys of a fixture's expected file they are compared with ("<case>." prefixed)
+    expected_keys: ClassVar[Dict[str, str]] = {"actions": "actions.unnormalized", "actions.model": "actions.model"}
+
+    @classmethod
+    def matches(cls, checkpoint: Path) -> bool:
+        """Whether this family loads the folder: by default its config.json names one of ``checkpoint_types``
+        (a missing "type" counts as ""). A family whose folders carry no config.json says how it knows its own."""
+        config = Path(checkpoint) / "config.json"
+        return config.is_file() and read_json(config).get("type", "") in cls.checkpoint_types
 
     # ------------------------------------------------------------ loading
     @classmethod
     @abc.abstractmethod
     def load(cls, checkpoint, files: ModelFiles = NO_FILES, camera_names: Optional[Sequence[str]] = None,
-             device="cpu", dtype: torch.dtype = torch.float32) -> "PolicyAdapter":
+             device="cpu", dtype: torch.dtype = torch.float32,
+             options: Mapping[str, str] = NO_OPTIONS) -> "PolicyAdapter":
         """Load a checkpoint folder (and the files it reads: ``needs_files``) for the robot's ``camera_names``
-        (None: all of the checkpoint's). FileNotFoundError / ValueError (CheckpointError) name what is wrong.
-        (Each family's ``from_files`` keeps its own convenient signature; this is the one the tools call.)"""
+        (None: all of the checkpoint's), run with ``options`` (``parse_options``; ``check_options`` first).
+        FileNotFoundError / ValueError (CheckpointError) name what is wrong. (Each family's ``from_files`` keeps
+        its own convenient signature; this is the one the tools call.)"""
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        """Refuse options this family does not take (by default: all of them), naming them."""
+        if options:
+            raise ValueError(f"model type {cls.family} takes no model options, got {', '.join(options)}")
 
     @classmethod
     def check_files(cls, files: ModelFiles) -> None:
@@ -177,12 +219,10 @@ class PolicyAdapter(abc.ABC):
 
     # ------------------------------------------------------------ the bridge's API (batch 1)
     @abc.abstractmethod
-    def make_noise(self, batch: int, generator: Optional[torch.Generator] = None) -> Tensor: ...
-
-    @abc.abstractmethod
-    def predict(self, images: Mapping[str, Optional[np.ndarray]], state: np.ndarray, task: str, noise=None,
+    def predict(self, images: Mapping[str, Optional[np.ndarray]], state: np.ndarray, task: str, noise: Noise = None,
                 rtc: Optional["RtcRequest"] = None) -> np.ndarray:
-        """One observation -> float32 [chunk_size, action_dim] in robot units."""
+        """One observation -> float32 [chunk_size, action_dim] in robot units (``noise``: see the module
+        docstring)."""
 
     @abc.abstractmethod
     def fit_task(self, task: str, state=None) -> Tuple[str, bool]:
@@ -199,7 +239,7 @@ class PolicyAdapter(abc.ABC):
 
     # ------------------------------------------------------------ serving (serving == "batched")
     def serve_prepare(self, images, state, task: str, seed: int, rtc: Optional["RtcRequest"]):
-        """One request alone -> a row (ValueError: the request's own fault)."""
+        """One request alone -> a row, its noise drawn from ``seed`` (ValueError: the request's own fault)."""
         raise NotImplementedError(f"{self.family} serves requests one by one")
 
     def serve_group(self, row) -> Hashable:
@@ -212,9 +252,10 @@ class PolicyAdapter(abc.ABC):
         raise NotImplementedError(f"{self.family} serves requests one by one")
 
     # ------------------------------------------------------------ tools
-    def case_runner(self, case: PredictCase, noise: Tensor) -> CaseInfer:
-        """predict: the callable computing ``case`` from its raw inputs with ``noise`` (this family's noise
-        shape). InputError (phyai_ros.models.cases) for a case it cannot run."""
+    def case_runner(self, case: PredictCase, noise: Noise) -> CaseInfer:
+        """predict: the callable computing ``case`` from its raw inputs with ``noise`` (the inputs' or --noise's
+        tensor, else a generator seeded with --seed; a family whose fixtures record their noise per case may
+        take it from the case). InputError (phyai_ros.models.cases) for a case it cannot run."""
         raise NotImplementedError(f"{self.family} has no offline prediction")
 
     @classmethod
@@ -250,5 +291,5 @@ def check_family(cls: type) -> None:
         raise ContractError(f"{cls.__name__}: " + "; ".join(problems))
 
 
-__all__ = ["PolicyAdapter", "ModelFiles", "PredictCase", "CaseInfer", "QuantizeRequest", "QuantizeResult",
-           "ContractError", "check_family", "DTYPES", "SERVING", "FILE_KINDS", "NO_FILES"]
+__all__ = ["PolicyAdapter", "ModelFiles", "PredictCase", "CaseInfer", "Noise", "QuantizeRequest", "QuantizeResult",
+           "ContractError", "check_family", "DTYPES", "SERVING", "FILE_KINDS", "NO_FILES", "NO_OPTIONS", "parse_options"]

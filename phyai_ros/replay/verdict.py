@@ -29,13 +29,14 @@ def verdict(num: dict) -> dict:
                              "execution on average)",
         "inference-bound": f"inference-bound (X = {fmt(r['X'])} < 1: the robot waits on the model)",
         "balanced": f"balanced (X = {fmt(r['X'])} ~ 1)",
-    }.get(r["bound"], "not placed on the roofline (fewer than two adopted chunks)")
+    }.get(r["bound"], "inference-bound (inference is longer than a chunk covers: no chunk cycle to average X "
+                      "over)" if overloaded else "not placed on the roofline (fewer than two adopted chunks)")
     if stepped:
         head = (f"Stepped replay (logic check): {num['chunks']} chunks, {misses} deadline misses. "
                 "Timing is not measured in this mode.")
     elif overloaded:
-        head = (f"Overloaded: inference p50 {fmt(lat['inference']['p50'], 0)} ms is longer than the "
-                f"{horizon_ms:.0f} ms a chunk covers; {misses} deadline misses, {expired} chunks expired.")
+        head = (f"Overloaded (inference-bound): inference p50 {fmt(lat['inference']['p50'], 0)} ms is longer than "
+                f"the {horizon_ms:.0f} ms a chunk covers; {misses} deadline misses, {expired} chunks expired.")
     elif misses:
         head = (f"{misses} deadline misses in {mg['n']} chunks ({expired} expired); on average {bound_text}, "
                 "but not every chunk arrived in time.")

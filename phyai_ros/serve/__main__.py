@@ -22,6 +22,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--no-cuda-graphs", action="store_true")
     ap.add_argument("--token-bucket", type=int, default=0)
+    ap.add_argument("--options", default="", help="the family's run settings, 'key=value;...'")
     ap.add_argument("--max-batch-size", type=int, default=32)
     ap.add_argument("--batch-wait-ms", type=float, default=5.0, help="serve.batch's bounded wait")
     ap.add_argument("--replicas", type=int, default=0, help="0: one per GPU (1 without CUDA)")
@@ -35,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def config_from_args(a: argparse.Namespace) -> ServeConfig:
     return ServeConfig(checkpoint=a.checkpoint, tokenizer=a.tokenizer, norm_stats=a.norm_stats, model_type=a.type,
                        model_id=a.model_id, device=a.device, dtype=a.dtype, cuda_graphs=not a.no_cuda_graphs,
-                       token_bucket=a.token_bucket, max_batch_size=a.max_batch_size,
+                       token_bucket=a.token_bucket, options=a.options, max_batch_size=a.max_batch_size,
                        batch_wait_s=a.batch_wait_ms / 1e3)
 
 

@@ -20,7 +20,7 @@ import torch
 
 from phyai_ros.layers.profiles import selector_for
 from phyai_ros.models import family, family_for_checkpoint
-from phyai_ros.models.contract import DTYPES, ModelFiles
+from phyai_ros.models.contract import DTYPES, ModelFiles, parse_options
 
 from .wire import Failure, Reply, Request
 
@@ -40,6 +40,7 @@ class ServeConfig:
     token_bucket: int = 0
     max_batch_size: int = 32
     batch_wait_s: float = 0.005    # serve.batch's bounded wait for more requests
+    options: str = ""              # the family's run settings, as model.options ("key=value;...")
     engine: str = ""               # "module:Class" of a BatchEngine subclass to run; empty: BatchEngine
 
     @property
@@ -51,7 +52,7 @@ def load_adapter(cfg: ServeConfig):
     """The same adapter the node builds (registry -> load -> runner), with all the checkpoint's cameras."""
     cls = family(cfg.model_type) if cfg.model_type else family_for_checkpoint(cfg.checkpoint)
     adapter = cls.load(Path(cfg.checkpoint), ModelFiles.of(cfg.tokenizer, cfg.norm_stats), camera_names=None,
-                       device=cfg.resolved_device, dtype=DTYPES[cfg.dtype])
+                       device=cfg.resolved_device, dtype=DTYPES[cfg.dtype], options=parse_options(cfg.options))
     if cfg.resolved_device == "cuda":
         adapter.use_runner(use_graphs=cfg.cuda_graphs, token_bucket=cfg.token_bucket)
     return adapter
@@ -141,7 +142,7 @@ class BatchEngine:
     def _run_one(self, r: Request):
         """Families served one by one: their own predict, request by request."""
         try:
-            noise = self.adapter.make_noise(1, generator=torch.Generator().manual_seed(int(r.seed)))
+            noise = torch.Generator().manual_seed(int(r.seed))   # the family draws its noise from the seed
             actions = self.adapter.predict(r.images, r.state, r.task, noise=noise, rtc=r.rtc)
         except ValueError as exc:
             return Failure(r.robot_id, 400, f"robot '{r.robot_id}': {exc}")

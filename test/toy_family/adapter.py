@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from phyai_ros.layers import dispatch
 from phyai_ros.layers.quantized import QuantizedWeight
 from phyai_ros.models.cases import InputError
-from phyai_ros.models.contract import NO_FILES, ModelFiles, PolicyAdapter, QuantizeRequest, QuantizeResult
+from phyai_ros.models.contract import (NO_FILES, NO_OPTIONS, ModelFiles, PolicyAdapter, QuantizeRequest,
+                                       QuantizeResult)
 from phyai_ros.models.files import CheckpointError, read_json, read_safetensors_file, validate_keys
 from phyai_ros.models.quantized_checkpoint import (copy_source_files, read_manifest, save_weights, summary,
                                                    write_manifest)
@@ -102,7 +103,9 @@ class ToyFlowAdapter(PolicyAdapter):
     # ------------------------------------------------------------ loading
     @classmethod
     def load(cls, checkpoint, files: ModelFiles = NO_FILES, camera_names: Optional[Sequence[str]] = None,
-             device="cpu", dtype: torch.dtype = torch.float32) -> "ToyFlowAdapter":
+             device="cpu", dtype: torch.dtype = torch.float32,
+             options: Mapping[str, str] = NO_OPTIONS) -> "ToyFlowAdapter":
+        cls.check_options(options)
         cls.check_files(files)
         folder = Path(checkpoint)
         raw = read_json(folder / "config.json")
@@ -188,6 +191,8 @@ class ToyFlowAdapter(PolicyAdapter):
         return ToyInputs(torch.stack(slots, 1), torch.tensor([masks] * b), tokens, token_masks, state)
 
     def sample(self, x: ToyInputs, noise) -> torch.Tensor:
+        if noise is None or isinstance(noise, torch.Generator):
+            noise = self.make_noise(x.state.shape[0], generator=noise)
         dev = self.model.device
         bucket = self.runner.set_observation(x.images.to(dev), x.image_masks.to(dev), x.tokens.to(dev),
                                              x.token_masks.to(dev), x.state.to(dev))
@@ -200,7 +205,7 @@ class ToyFlowAdapter(PolicyAdapter):
         if not isinstance(task, str) or not task.strip():
             raise ValueError(f"task must be a non-empty string, got {task!r}")
         x = self.prepare(images, np.asarray(state, np.float32)[None], [task])
-        return self.sample(x, self.make_noise(1) if noise is None else noise)[0].detach().cpu().numpy()
+        return self.sample(x, noise)[0].detach().cpu().numpy()
 
     # ------------------------------------------------------------ tools
     def case_runner(self, case, noise):

@@ -20,7 +20,8 @@ import torch
 from phyai_ros.modeling import solver
 from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
 from phyai_ros.models.cases import InputError, require_finite_tensor, require_range
-from phyai_ros.models.contract import (NO_FILES, CaseInfer, ModelFiles, PolicyAdapter, PredictCase, QuantizeRequest,
+from phyai_ros.models.contract import (NO_FILES, NO_OPTIONS, CaseInfer, ModelFiles, PolicyAdapter, PredictCase,
+                                       QuantizeRequest,
                                        QuantizeResult)
 from phyai_ros.models.quantized_checkpoint import read_manifest
 from phyai_ros.runtime.runner import BATCH_BUCKETS, FlowRunner
@@ -146,8 +147,10 @@ class FlowAdapter(PolicyAdapter):
     # ---------------------------------------------------------------- the contract's loading and facts
     @classmethod
     def load(cls, checkpoint, files: ModelFiles = NO_FILES, camera_names: Optional[Sequence[str]] = None,
-             device="cpu", dtype: torch.dtype = torch.float32) -> "FlowAdapter":
+             device="cpu", dtype: torch.dtype = torch.float32,
+             options: Mapping[str, str] = NO_OPTIONS) -> "FlowAdapter":
         """The tokenizer file is required; the statistics default to the checkpoint folder's own."""
+        cls.check_options(options)
         if files.tokenizer is None or not files.tokenizer.is_file():
             raise FileNotFoundError(f"{cls.family} needs a tokenizer file (model.tokenizer / --tokenizer): "
                                     f"none at '{files.tokenizer or ''}'")
@@ -308,8 +311,8 @@ class FlowAdapter(PolicyAdapter):
                            dtype=torch.float32).to(self.device)
 
     def _noise(self, noise, batch: int) -> Tensor:
-        if noise is None:
-            return self.make_noise(batch)
+        if noise is None or isinstance(noise, torch.Generator):
+            return self.make_noise(batch, generator=noise)
         n = torch.as_tensor(noise, dtype=torch.float32, device=self.device)
         if n.dim() == 2:
             n = n[None]

@@ -1,6 +1,7 @@
-"""Cosmos3 policy adapter: camera image + instruction + embodiment domain in, action chunk out.
+"""Cosmos3 policy adapter (the registry's "cosmos3"): camera image + instruction + embodiment domain in, action chunk
+out, and the family's side of the model contract (phyai_ros/models/contract.py).
 
-    policy = Cosmos3Policy.from_files(pipeline_dir, device="cuda", dtype=torch.bfloat16,
+    policy = Cosmos3Adapter.from_files(pipeline_dir, device="cuda", dtype=torch.bfloat16,
                                       settings=Cosmos3Settings(num_steps=4, guidance=3.0, chunk_size=32,
                                                                domain="droid_lerobot"))
     actions = policy.predict(images={"image": rgb_uint8_HxWx3}, state=None, task="pick up the cup")
@@ -18,21 +19,31 @@ UniPC, classifier-free guidance) -> the actions cropped to the domain's raw widt
 - Actions are what the pipeline returns: the model's normalized action space, no de-normalization, the
   domain's raw width (diffusers' table, not the model's action_dim). RTC: none (`rtc_modes` = ("off",)).
 - Settings (steps, guidance, chunk, fps, tier, view point, domain, negative prompt) are parameters; the
-  scheduler config, tokenizer and chat template come from the checkpoint folder.
+  scheduler config, tokenizer and chat template come from the checkpoint folder. Loaded through the contract
+  (the node, predict, the serve engine) it runs ``Cosmos3Settings``' defaults, the embodiment domain from
+  ``model.embodiment``; a fixture case runs its own settings (``case_runner``).
+- Noise: its shape follows the image's canvas, so the shared tools pass a generator (or None) and the
+  adapter draws the pipeline's noise after ``prepare``.
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
+from phyai_ros.models.cases import InputError
+from phyai_ros.models.contract import NO_FILES, NO_OPTIONS, CaseInfer, ModelFiles, PolicyAdapter, PredictCase
+from phyai_ros.models.files import read_json
 from phyai_ros.runtime.cosmos3_runner import Cosmos3Runner
 
 from .canvas import canvas_frame, check_image
-from .checkpoint import Cosmos3Checkpoint, load_cosmos3_checkpoint, load_transformer_weights, load_vae_weights
-from .config import Cosmos3Settings, latent_frames_of_chunk
+from .cases import case_entry, case_inputs, case_settings
+from .checkpoint import (Cosmos3Checkpoint, load_cosmos3_checkpoint, load_transformer_weights, load_vae_weights,
+                         write_random_checkpoint)
+from .config import Cosmos3Settings, TransformerConfig, VaeConfig, latent_frames_of_chunk
 from .layout import GenLayout
 from .parallel import SINGLE, Parallel
 from .prompt import VIEWPOINTS, ChatTokenizer, domain, prompt_ids
@@ -42,11 +53,37 @@ Tensor = torch.Tensor
 Noise = Tuple[Tensor, Tensor]          # (vision [B, C, T, h, w], action [B, chunk, action_dim]), float32
 
 
-class Cosmos3Policy:
+PIPELINE_CLASS = "Cosmos3OmniPipeline"   # model_index.json's _class_name of a saved pipeline folder
+# model.options keys -> the Cosmos3Settings field they set (the domain is model.embodiment's)
+OPTIONS = {"num_steps": int, "guidance": float, "chunk_size": int, "fps": float, "resolution_tier": int,
+           "view_point": str, "negative_prompt": str, "max_prompt_tokens": int}
+
+
+def settings_from_options(options: Mapping[str, str]) -> Cosmos3Settings:
+    """``model.options`` -> settings (the defaults for what is not given); an unknown key or a bad value is a
+    ValueError naming it."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"model options {unknown} are not Cosmos3's (it takes {', '.join(OPTIONS)})")
+    values = {}
+    for key, text in options.items():
+        try:
+            values[key] = OPTIONS[key](text)
+        except ValueError:
+            raise ValueError(f"model option {key}={text!r}: expected {OPTIONS[key].__name__}") from None
+    return Cosmos3Settings().replace(**values)
+
+
+class Cosmos3Adapter(PolicyAdapter):
+    family = "cosmos3"
+    checkpoint_types = (PIPELINE_CLASS,)
     rtc_modes = ("off",)
-    needs_files: tuple = ()
+    needs_files = ()
     masks_cameras = False
+    serving = "single"                 # one canvas per batch: requests are run one by one
+    embodiments = True                 # the embodiment domain
     image_size = None                  # any aspect: the canvas is chosen per image
+    expected_keys = {"actions": "final_action"}
 
     def __init__(self, ckpt: Cosmos3Checkpoint, settings: Optional[Cosmos3Settings] = None, device="cpu",
                  dtype: torch.dtype = torch.float32, parallel: Parallel = SINGLE,
@@ -75,9 +112,29 @@ class Cosmos3Policy:
         self.runner = Cosmos3Runner(self.stages, use_graphs=False)
 
     @classmethod
+    def matches(cls, checkpoint) -> bool:
+        """A saved Cosmos3OmniPipeline folder: its model_index.json names the pipeline class (no config.json)."""
+        index = Path(checkpoint) / "model_index.json"
+        return index.is_file() and read_json(index).get("_class_name") == PIPELINE_CLASS
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        settings_from_options(options)
+
+    @classmethod
+    def load(cls, checkpoint, files: ModelFiles = NO_FILES, camera_names: Optional[Sequence[str]] = None,
+             device="cpu", dtype: torch.dtype = torch.float32,
+             options: Mapping[str, str] = NO_OPTIONS) -> "Cosmos3Adapter":
+        """The tools' call: the robot's cameras (side by side, in this order); ``options``: Cosmos3Settings fields
+        (num_steps, guidance, chunk_size, fps, resolution_tier, view_point, negative_prompt), the rest defaults."""
+        cls.check_files(files)
+        return cls.from_files(checkpoint, camera_names=camera_names, device=device, dtype=dtype,
+                              settings=settings_from_options(options))
+
+    @classmethod
     def from_files(cls, checkpoint_dir, tokenizer=None, norm_stats=None, camera_names: Optional[Sequence[str]] = None,
                    device="cpu", dtype: torch.dtype = torch.float32, settings: Optional[Cosmos3Settings] = None,
-                   parallel: Parallel = SINGLE, token_bucket: int = 0) -> "Cosmos3Policy":
+                   parallel: Parallel = SINGLE, token_bucket: int = 0) -> "Cosmos3Adapter":
         """Load a Cosmos3OmniPipeline folder (its tokenizer and scheduler are read from it: `tokenizer` and
         `norm_stats` exist for the registry's common signature and must be None)."""
         if tokenizer is not None or norm_stats is not None:
@@ -98,14 +155,30 @@ class Cosmos3Policy:
     def chunk_size(self) -> int:
         return self.settings.chunk_size
 
+    @property
+    def token_budget(self) -> int:
+        return self.settings.max_prompt_tokens
+
     def select_embodiment(self, value: str) -> None:
         """Act as embodiment domain `value` (a name of the domain table that fits this model)."""
         self.domain = domain(str(value).strip(), self.config.action_dim, self.config.num_domains)
 
-    def use_runner(self, use_graphs: bool = True, token_bucket: int = 0) -> None:
+    def use_settings(self, settings: Cosmos3Settings) -> None:
+        """Run with other settings (steps, guidance, chunk, domain, ...): the same weights, new stages and runner."""
+        use_graphs = self.runner.use_graphs
+        self.settings = settings
+        self.domain = domain(settings.domain, self.config.action_dim, self.config.num_domains)
+        self.latent_frames = latent_frames_of_chunk(settings.chunk_size, self.vae_config)
+        self.stages = Cosmos3Stages(self.transformer_weights, self.vae_weights, self.config, self.vae_config,
+                                    self.ckpt.scheduler, settings, self.device, self.dtype, self.parallel,
+                                    self.stages.token_bucket)
+        self.runner = Cosmos3Runner(self.stages, use_graphs=use_graphs)
+
+    def use_runner(self, use_graphs: bool = True, token_bucket: int = 0) -> Cosmos3Runner:
         """Sample through a fresh runner (CUDA graphs on a CUDA device when use_graphs)."""
         self.stages.token_bucket = int(token_bucket)
         self.runner = Cosmos3Runner(self.stages, use_graphs=use_graphs)
+        return self.runner
 
     # ---------------------------------------------------------------- stages
     def conditioning_frames(self, images: Mapping[str, object]) -> List[np.ndarray]:
@@ -169,10 +242,10 @@ class Cosmos3Policy:
             act.append(torch.randn((1, lay.chunk, c.action_dim), generator=generator))
         return torch.cat(vis), torch.cat(act)
 
-    def _noise(self, noise: Optional[Noise], inputs: Cosmos3Inputs) -> Noise:
+    def _noise(self, noise: Union[Noise, torch.Generator, None], inputs: Cosmos3Inputs) -> Noise:
         vshape, ashape = self.stages.noise_shapes({"domain": torch.zeros(inputs.batch)}, inputs.layout)
-        if noise is None:
-            noise = self.make_noise(inputs)
+        if noise is None or isinstance(noise, torch.Generator):
+            noise = self.make_noise(inputs, noise)
         vis, act = (torch.as_tensor(n, dtype=torch.float32) for n in noise)
         if tuple(vis.shape) != vshape or tuple(act.shape) != ashape:
             raise ValueError(f"noise: expected vision {list(vshape)} and action {list(ashape)}, got "
@@ -196,13 +269,14 @@ class Cosmos3Policy:
         return actions[..., :inputs.raw_dims[0]].float().clone()    # prepare gives every item one domain
 
     def capture_buckets(self, images: Mapping[str, object], state=None, eager: bool = False,
-                        min_cameras: Optional[int] = None) -> None:
+                        min_cameras: Optional[int] = None) -> list:
         """Warm-up at start-up: one chunk at this camera shape, capturing its graphs when they are on (eager: the
         same shapes without graphs, for the operator autotune's recording)."""
         x = self.prepare(images, "warm up")
         vis, act = self._noise(None, x)
         runner = Cosmos3Runner(self.stages, use_graphs=False) if eager else self.runner
         runner.run(self.stages.observation(x), x.layout, vis, act)
+        return list(runner.buckets())
 
     def fit_task(self, task: str, state=None) -> Tuple[str, bool]:
         """(the instruction, whether it was cut): an instruction whose prompt exceeds max_prompt_tokens is cut
@@ -227,17 +301,47 @@ class Cosmos3Policy:
         return (cut.rsplit(" ", 1)[0] if " " in cut else cut), True
 
     # ---------------------------------------------------------------- node API (batch 1)
-    def predict(self, images: Mapping[str, object], state=None, task: str = "", noise: Optional[Noise] = None,
-                rtc=None, generator: Optional[torch.Generator] = None) -> np.ndarray:
+    def predict(self, images: Mapping[str, object], state=None, task: str = "",
+                noise: Union[Noise, torch.Generator, None] = None, rtc=None) -> np.ndarray:
         """One observation -> [chunk_size, raw action width] float32 (model space). state is not read. The
-        noise's shape follows the image's canvas, so a caller that cannot make it beforehand passes a generator
-        (noise None): it is drawn after `prepare`, in the pipeline's order."""
+        noise's shape follows the image's canvas, so a caller that cannot make it beforehand passes a generator:
+        it is drawn after `prepare`, in the pipeline's order."""
         if rtc is not None:
             raise ValueError("Cosmos3 has no real-time chunking (rtc_modes: off)")
+        if not isinstance(task, str) or not task.strip():
+            raise ValueError(f"task must be a non-empty string, got {task!r}")
         inputs = self.prepare(images, task)
-        if noise is None and generator is not None:
-            noise = self.make_noise(inputs, generator)
         return self.sample_actions(inputs, noise)[0].cpu().numpy()
 
+    # ---------------------------------------------------------------- tools
+    def case_runner(self, case: PredictCase, noise) -> CaseInfer:
+        """A case of the fixtures' layout (inputs.json ``cases``: its settings, instruction, domain; the inputs
+        file: ``<case>.image_uint8`` and the noise the pipeline drew); actions [1, chunk, raw width]."""
+        if not case.case:
+            raise InputError("Cosmos3 cases are named: give --case (one of inputs.json's cases)")
+        try:
+            entry = case_entry(case.meta or {}, case.case)
+            image, recorded = case_inputs(case.inputs, case.case)
+            self.use_settings(case_settings(entry))
+        except (KeyError, ValueError) as exc:
+            raise InputError(f"--case {case.case}: {exc}") from None
+        if case.rtc or case.inference_delay is not None:
+            raise InputError("Cosmos3 has no real-time chunking")
+        instruction = case.tasks[0] if case.tasks else entry.get("instruction", "")
 
-__all__ = ["Cosmos3Policy", "Cosmos3Settings", "Cosmos3Inputs"]
+        def infer():
+            prepared = self.prepare({self.camera_names[0]: image}, instruction)
+            actions = self.sample_actions(prepared, recorded)
+            return {"actions": actions, "actions.model": actions}, {"case": case.case, "caption": prepared.captions}
+        return infer
+
+    @classmethod
+    def make_small_checkpoint(cls, directory, *, fixtures: Optional[Path] = None, seed: int = 0) -> Path:
+        """A tiny random pipeline folder (the fixtures' sizes, byte-level stand-in tokenizer); returns it."""
+        t = TransformerConfig(hidden_size=32, head_dim=16, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                              num_layers=1, rope_axes_dim=(4, 2, 2), action_dim=12, vocab_size=272)
+        v = VaeConfig(base_dim=8, dim_mult=(1, 1, 1, 1), num_res_blocks=1)
+        return write_random_checkpoint(Path(directory), t, v, seed=seed, std=0.2)
+
+
+__all__ = ["Cosmos3Adapter", "Cosmos3Settings", "Cosmos3Inputs"]

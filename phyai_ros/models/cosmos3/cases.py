@@ -1,5 +1,6 @@
-"""Running one case of a Cosmos3 fixture set (inputs.json + inputs.safetensors, the README's layout) through
-the policy: what the parity tests do and what `python -m phyai_ros.predict --case NAME` needs for this family.
+"""Reading one case of a Cosmos3 fixture set (inputs.json + inputs.safetensors, the README's layout): its
+settings, camera image and recorded noise, for the adapter's case runner (`python -m phyai_ros.predict --case`)
+and the parity tests.
 
 A case names its settings (steps, guidance, chunk, fps, tier, view point, domain, negative prompt), the
 camera image and the noise the pipeline drew (vision noise over the full latent shape, action noise); the
@@ -7,12 +8,10 @@ result is compared with `<case>.final_action` and the intermediates in expected.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Dict, Tuple
 
 import torch
 
-from phyai_ros.models.common.checkpoint_io import read_json, read_safetensors_file
 
 from .config import Cosmos3Settings
 
@@ -44,15 +43,4 @@ def case_inputs(inputs: Dict[str, Tensor], name: str) -> Tuple[Tensor, Tuple[Ten
     return image, (vision.float(), action.float()[None] if action.dim() == 2 else action.float())
 
 
-def run_case(checkpoint, inputs_path, tasks_json, name: str, device="cpu", dtype=torch.float32,
-             trace: dict = None) -> Tuple[Tensor, object]:
-    """-> (actions [1, chunk, raw width], the policy) for fixture case `name`."""
-    from .adapter import Cosmos3Policy
-    case = case_entry(read_json(tasks_json), name)
-    image, noise = case_inputs(read_safetensors_file(inputs_path), name)
-    policy = Cosmos3Policy.from_files(Path(checkpoint), device=device, dtype=dtype, settings=case_settings(case))
-    prepared = policy.prepare({policy.camera_names[0]: image}, case["instruction"])
-    return policy.sample_actions(prepared, noise, trace), policy
-
-
-__all__ = ["case_entry", "case_settings", "case_inputs", "run_case"]
+__all__ = ["case_entry", "case_settings", "case_inputs"]

@@ -20,7 +20,7 @@ from typing import Dict, Iterable, Mapping, Optional
 
 import torch
 
-from phyai_ros.models.common.checkpoint_io import CheckpointError, read_json, require_finite, validate_keys
+from phyai_ros.models.files import CheckpointError, read_json, require_finite, validate_keys
 
 from . import transformer as tfm
 from . import vae as vae_mod
@@ -215,7 +215,7 @@ CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\
 def write_byte_tokenizer(folder) -> Path:
     """A byte-level BPE without merges (id == UTF-8 byte value, specials from 256) with a ChatML template: the
     shape of the parity fixtures' stand-in tokenizer, for random checkpoints that need no download."""
-    from phyai_ros.models.groot_n17.bpe import byte_to_unicode
+    from phyai_ros.models.bpe import byte_to_unicode
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     vocab = {ch: b for b, ch in byte_to_unicode().items()}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional, Tuple
 
-from phyai_ros.models.common.checkpoint_io import CheckpointError
+from phyai_ros.models.files import CheckpointError
 
 
 def _get(cfg: dict, key: str, kind, default=None, source: Optional[Path] = None):

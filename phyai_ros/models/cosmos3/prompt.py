@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from phyai_ros.models.common.checkpoint_io import CheckpointError, read_json
-from phyai_ros.models.groot_n17.bpe import ByteLevelBPE
+from phyai_ros.models.files import CheckpointError, read_json
+from phyai_ros.models.bpe import ByteLevelBPE
 
 SYSTEM_PROMPT_VIDEO = "You are a helpful assistant who will generate videos from a give prompt."   # sic
 

@@ -19,7 +19,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
-from phyai_ros.models.common.checkpoint_io import CheckpointError
+from phyai_ros.models.files import CheckpointError
 
 Tensor = torch.Tensor
 

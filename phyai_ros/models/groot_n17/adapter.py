@@ -37,7 +37,8 @@ import torch
 from safetensors.torch import save_file
 
 from phyai_ros.models.cases import InputError, require_finite_tensor, require_range
-from phyai_ros.models.contract import (NO_FILES, CaseInfer, ModelFiles, PolicyAdapter, PredictCase, QuantizeRequest,
+from phyai_ros.models.contract import (NO_FILES, NO_OPTIONS, CaseInfer, ModelFiles, PolicyAdapter, PredictCase,
+                                       QuantizeRequest,
                                        QuantizeResult)
 from phyai_ros.runtime.groot_runner import GrootRunner
 
@@ -107,8 +108,10 @@ class GrootAdapter(PolicyAdapter):
 
     @classmethod
     def load(cls, checkpoint, files: ModelFiles = NO_FILES, camera_names: Optional[Sequence[str]] = None,
-             device="cpu", dtype: torch.dtype = torch.float32) -> "GrootAdapter":
+             device="cpu", dtype: torch.dtype = torch.float32,
+             options: Mapping[str, str] = NO_OPTIONS) -> "GrootAdapter":
         """The tools' call: camera_names, when given, must be the checkpoint's cameras (any order)."""
+        cls.check_options(options)
         cls.check_files(files)
         policy = cls.from_files(checkpoint, device=device, dtype=dtype)
         if camera_names is not None:
@@ -184,8 +187,8 @@ class GrootAdapter(PolicyAdapter):
 
     def _noise(self, noise, batch: int) -> Tensor:
         h = self.config.head
-        if noise is None:
-            noise = self.make_noise(batch)
+        if noise is None or isinstance(noise, torch.Generator):
+            noise = self.make_noise(batch, generator=noise)
         noise = torch.as_tensor(noise, dtype=torch.float32)
         noise = noise[None].expand(batch, -1, -1) if noise.dim() == 2 else noise
         if tuple(noise.shape) != (batch, h.action_horizon, h.max_action_dim):

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from phyai_ros.models.files import CheckpointError, read_json
 
-from .bpe import ByteLevelBPE
+from phyai_ros.models.bpe import ByteLevelBPE
 
 Tensor = torch.Tensor
 IMAGE_PREFIX = "observation.images."
