@@ -127,7 +127,8 @@ def check_robot(p: Parameters, model, where: str) -> None:
 
 def build_remote_policy(p: Parameters, robot_id: str) -> RemotePolicy:
     """``policy.backend: remote``: the serve endpoint's model, checked against the parameters like a local one."""
-    policy = RemotePolicy(HttpPolicyClient(p.policy.endpoint, p.policy.timeout), robot_id, p.model.noise_seed)
+    client = HttpPolicyClient(p.policy.endpoint, p.policy.timeout, p.policy.token)   # the token is never logged
+    policy = RemotePolicy(client, robot_id, p.model.noise_seed)
     if p.model.type and p.model.type != policy.model_type:
         raise ValueError(f"model.type {p.model.type!r}, but {p.policy.endpoint} serves {policy.model_type!r}")
     check_robot(p, policy.adapter, f"the model {p.policy.endpoint} serves")
