@@ -474,7 +474,8 @@ class ControlLoop:
                 return ERROR, (f"{what} for {silent_ns / 1e9:.2f} s (> horizon {horizon_ns / 1e9:.2f} s); "
                                f"last command from a chunk {plan}; {why}; "
                                f"deadline misses {self._counters['deadline_misses']}, "
-                               f"expired chunks {self._counters['expired_chunks']}")
+                               f"expired chunks {self._counters['expired_chunks']}, "
+                               f"missed slots {self._counters['missed_slots']} (executor stalls)")
             if report is None:
                 return WARN, f"waiting for the first chunk ({silent_ns / 1e9:.2f} s of {horizon_ns / 1e9:.2f} s)"
             return report.level, report.message

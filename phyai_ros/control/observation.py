@@ -289,7 +289,8 @@ class ObservationBuffer:
         try:
             validate_instruction(text, self.max_instruction_chars)
         except ObservationError as e:
-            raise ObservationError(f"{e}; keeping {self._instruction!r}") from None
+            kept = self._instruction if len(self._instruction) <= 80 else self._instruction[:80] + "..."
+            raise ObservationError(f"{e}; keeping {kept!r}") from None
         with self._lock:
             self._instruction = text
 
