@@ -34,6 +34,7 @@ Tensor = torch.Tensor
 IMAGE_PREFIX = "observation.images."
 IMAGE_PAD = "<|image_pad|>"
 DEFAULT_TASK = "Perform the task."
+TASK_TOKENS = 200   # the task's token budget in the prompt (the adapter's token_budget)
 RESIZE_MODES = ("auto", "uint8", "float")
 
 
@@ -246,11 +247,17 @@ class GrootProcessor:
             raise ValueError(f"embodiment tag {tag!r} is not in the checkpoint's mapping {mapping}")
         return int(mapping[tag])
 
-    def language(self, task: str) -> str:
+    def fit_language(self, task: str) -> Tuple[str, bool]:
+        """(the task as the model reads it, whether it was cut): formalized, then cut at a word to TASK_TOKENS tokens
+        (a bound on the prompt and its tokenising; LeRobot's processor has none, and no real task comes near it)."""
         if not isinstance(task, str):
             raise ValueError(f"task must be a string, got {type(task).__name__}")
         text = task if task.strip() else DEFAULT_TASK
-        return formalize_language(text) if self.pack.get("formalize_language", True) else text
+        text = formalize_language(text) if self.pack.get("formalize_language", True) else text
+        return self.tokenizer.cut_to(text, TASK_TOKENS)
+
+    def language(self, task: str) -> str:
+        return self.fit_language(task)[0]
 
     def normalize_state(self, raw: Tensor) -> Tensor:
         """[B, state_dim] robot units -> [B, 1, max_state_dim]."""
