@@ -79,8 +79,11 @@ SPECS: dict[str, Spec] = {
                                       "policy.endpoint (Ray Serve) over HTTP and chunks come back",
                            choices=("onboard", "remote")),
     "policy.endpoint": Spec("http://127.0.0.1:8000", "the serve endpoint (remote backend)"),
-    "policy.timeout": Spec(1.0, "a remote call not answered within this (s) is an inference error",
+    "policy.timeout": Spec(1.0, "a remote call not answered within this (s, the whole call) is an inference error",
                            range=(0.001, 60.0)),
+    "policy.token": Spec("", "bearer token the serve endpoint requires (its --token-file / PHYAI_SERVE_TOKEN); empty: "
+                             "PHYAI_SERVE_TOKEN from the node's environment, else none. Never logged; other DDS "
+                             "participants can read parameters, so prefer the environment variable there"),
     # Cameras: parallel arrays, one entry per policy camera slot, in slot order.
     "cameras.slots": Spec(["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"],
                           "policy camera slot names, in the model's slot order"),
@@ -92,6 +95,10 @@ SPECS: dict[str, Spec] = {
                              "per slot: a required camera that is missing or old makes the observation stale; "
                              "an optional one is masked out instead (and its slot skipped: the start-up captures "
                              "every camera count from the required ones up)"),
+    "cameras.max_pixels": Spec(_loop("max_image_pixels"), "largest frame accepted (width x height, read from a "
+                                                          "compressed image's header or a raw image's fields "
+                                                          "before decoding); larger ones are bad_image",
+                               range=(1, 2**31 - 1)),
     "max_observation_age": Spec(_loop("max_observation_age"), "a required camera older than this (s) makes the observation stale",
                                 range=(0.001, 10.0)),
     # State and instruction
@@ -101,6 +108,9 @@ SPECS: dict[str, Spec] = {
     "state.max_age": Spec(0.25, "state older than this (s) makes the observation stale", range=(0.001, 10.0)),
     "instruction.topic": Spec("instruction", "std_msgs/String topic (transient local)"),
     "instruction.default": Spec(_loop("default_instruction"), "instruction used until one arrives; empty waits for one"),
+    "instruction.max_length": Spec(_loop("max_instruction_chars"), "longest instruction accepted (characters); a "
+                                                                   "longer one is refused (bad_input), the task kept",
+                                   range=(1, 10_000_000)),
     # Control
     "control.dt": Spec(0.02, "action period (s); the action timer runs at 1/dt", range=(0.001, 1.0)),
     "control.horizon": Spec(0, "actions per chunk (H); 0: the checkpoint's chunk size, which a given value must "
@@ -258,6 +268,7 @@ class Parameters(_Values):
                 optional_cameras=[s for s, r in zip(c.slots, c.required) if not r],
                 state_joint_names=list(self.state.joint_names),
                 max_observation_age=self.max_observation_age, max_state_age=self.state.max_age,
+                max_image_pixels=self.cameras.max_pixels, max_instruction_chars=self.instruction.max_length,
                 default_instruction=self.instruction.default, require_instruction=True,
                 rtc_mode=self.rtc.mode, rtc_schedule=self.rtc.schedule, rtc_overlap=self.rtc.overlap,
                 delay_quantile=self.rtc.delay_quantile,

@@ -11,7 +11,6 @@ bridge is ``serve.client.RemotePolicy`` instead, checked against the robot the s
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 from phyai_ros.control import ObservationSnapshot, RtcRequest
 from phyai_ros.layers import profiling
 from phyai_ros.layers.profiles import ProfileChoice, cache_file, selector_for, write_profile
-from phyai_ros.layers.selector import SELECTOR, OperatorSelector
+from phyai_ros.layers.selector import SELECTOR, OperatorSelector, ProfileError, read_profile
 from phyai_ros.models import family, family_for_checkpoint
 from phyai_ros.models.contract import DTYPES, ModelFiles, parse_options
 from phyai_ros.parameters import Parameters
@@ -126,7 +125,8 @@ def check_robot(p: Parameters, model, where: str) -> None:
 
 def build_remote_policy(p: Parameters, robot_id: str) -> RemotePolicy:
     """``policy.backend: remote``: the serve endpoint's model, checked against the parameters like a local one."""
-    policy = RemotePolicy(HttpPolicyClient(p.policy.endpoint, p.policy.timeout), robot_id, p.model.noise_seed)
+    client = HttpPolicyClient(p.policy.endpoint, p.policy.timeout, p.policy.token)   # the token is never logged
+    policy = RemotePolicy(client, robot_id, p.model.noise_seed)
     if p.model.type and p.model.type != policy.model_type:
         raise ValueError(f"model.type {p.model.type!r}, but {p.policy.endpoint} serves {policy.model_type!r}")
     check_robot(p, policy.adapter, f"the model {p.policy.endpoint} serves")
@@ -224,12 +224,12 @@ def _warmup(policy: ControlPolicy, runs: int, source: str, record: bool) -> dict
 def profiled_keys(choice: ProfileChoice) -> set:
     """The (op, shape key) pairs a profile file covers for the choice's device: chosen or timed."""
     try:
-        data = json.loads(Path(choice.path).read_text()) if choice.path is not None else {}
-    except (OSError, ValueError):   # gone or rewritten by hand since it was chosen: profile anew
+        data = read_profile(choice.path) if choice.path is not None else {"devices": {}, "timings": {}}
+    except ProfileError:   # gone or rewritten (by hand, wrongly) since it was chosen: profile anew
         return set()
     keys = set()
     for section in ("devices", "timings"):
-        for op, table in data.get(section, {}).get(choice.signature, {}).items():
+        for op, table in data[section].get(choice.signature, {}).items():
             keys |= {(op, key) for key in table}
     return keys
 

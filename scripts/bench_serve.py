@@ -1,14 +1,23 @@
 #!/usr/bin/env python3
-"""In-process runner vs the same runner served on Ray Serve: Q(B) = B / T_sync(B) at B = 1, 8, 32 (served
-through the rollout client's DeploymentHandle), and the serving path's added latency at batch 1 (p50 of HTTP
-and of the handle, minus the in-process p50).
+"""In-process runner vs the same runner served on Ray Serve: Q(B) = B / T_sync(B) and T_amort(B) = T_sync(B) / B at
+B = 1..32 (served through the rollout client's DeploymentHandle), and the serving path's added latency at batch 1
+(p50 of HTTP and of the handle, minus the in-process p50).
 
-    .venv/bin/python scripts/bench_serve.py                       # CPU: the small fixture pi0.5 (fp32)
-    python3 scripts/bench_serve.py --checkpoint DIR --tokenizer FILE --dtype bfloat16   # GPU: a real model
+    .venv/bin/python scripts/bench_serve.py --batches 1,8     # CPU: the small fixture pi0.5 (fp32)
+    python3 scripts/bench_serve.py --checkpoint DIR --tokenizer FILE --dtype bfloat16   # GPU: pi0.5 (a random
+        # full-size one: scripts/bench_runtime.py --checkpoint DIR --checkpoint-only)
+    python3 scripts/bench_serve.py --checkpoint ROOT/checkpoint_1view --dtype bfloat16   # GPU: GR00T N1.7
+        # (scripts/bench_groot.py --root ROOT writes one)
+
+On the GPU machine Ray and its serve extras come as wheels on PYTHONPATH (../shared/device-wheels/README.md): the
+replicas get the same PYTHONPATH, so they import what the driver imports. The figures are printed and written
+as JSON (--out, default $OUT/bench_serve.json where $OUT is set).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import tempfile
@@ -53,11 +62,14 @@ def main() -> None:
     ap.add_argument("--checkpoint", default="")
     ap.add_argument("--tokenizer", default="")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--batches", default="1,2,4,8,16,32")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--replicas", type=int, default=1)
     ap.add_argument("--batch-wait-ms", type=float, default=2.0)
     ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--object-store-mb", type=int, default=2048, help="Ray's object store (a small /dev/shm suffices)")
+    ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) / "bench_serve.json" if os.environ.get("OUT")
+                    else None, help="write the figures as JSON here")
     a = ap.parse_args()
     if not a.checkpoint:
         from phyai_ros.fixtures import make_small_checkpoint, require_tokenizer
@@ -71,9 +83,12 @@ def main() -> None:
     inputs = {b: requests(engine, b) for b in batches}   # made once: only the policy path is timed
     local = {b: p50(lambda b=b: engine.run(inputs[b]), a.runs) for b in batches}
 
-    ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    # The replicas import what this process imports: the repository, and the wheels' folder on the GPU machine.
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
     try:
-        url = run_local(cfg, port=a.port, num_replicas=a.replicas)
+        url = run_local(cfg, port=a.port, num_replicas=a.replicas,
+                        ray_init=dict(log_to_driver=False, object_store_memory=a.object_store_mb * 2**20,
+                                      runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}))
         rollout, http = RolloutClient(), HttpPolicyClient(url, timeout=120)
         served = {b: p50(lambda b=b: rollout.submit(inputs[b]), a.runs) for b in batches}
         one = requests(engine, 1)[0]
@@ -90,6 +105,16 @@ def main() -> None:
     print(f"batch 1 latency p50: in-process {base * 1e3:.2f} ms, handle {handle_1 * 1e3:.2f} ms "
           f"(+{(handle_1 - base) * 1e3:.2f} ms), HTTP {http_1 * 1e3:.2f} ms (+{(http_1 - base) * 1e3:.2f} ms); "
           f"serve.batch wait {a.batch_wait_ms:g} ms included")
+    if a.out is not None:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps({
+            "model": engine.model_type, "device": cfg.resolved_device, "dtype": a.dtype, "runs": a.runs,
+            "batch_wait_ms": a.batch_wait_ms, "batch1_ms": {"in_process": base * 1e3, "handle": handle_1 * 1e3,
+                                                            "http": http_1 * 1e3},
+            "per_batch": {b: {"t_sync_in_process_ms": local[b] * 1e3, "t_sync_served_ms": served[b] * 1e3,
+                              "q_in_process": b / local[b], "q_served": b / served[b],
+                              "t_amort_served_ms": served[b] / b * 1e3} for b in batches}}, indent=1))
+        print(f"figures written to {a.out}")
 
 
 if __name__ == "__main__":

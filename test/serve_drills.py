@@ -2,7 +2,9 @@
 
 A replica runs it through ``ServeConfig.engine = "serve_drills:DrillEngine"`` (the test folder is on the Ray
 workers' PYTHONPATH). Task ``"sleep S"`` holds the whole batch S seconds before computing it (a slow replica);
-task ``"exit now"`` ends the replica's process mid-batch (a dying replica). Other tasks run normally."""
+task ``"exit now"`` ends the replica's process mid-batch (a dying replica); task ``"fail in prepare"`` makes the
+adapter's preparation of that request raise a RuntimeError (a server fault that is one request's alone). Other
+tasks run normally."""
 from __future__ import annotations
 
 import os
@@ -13,9 +15,20 @@ from phyai_ros.serve.engine import BatchEngine
 SLOW = "sleep "
 EXIT = "exit now"
 SLOW_TASK = "sleep 2.0"
+PREPARE_FAILS = "fail in prepare"
 
 
 class DrillEngine(BatchEngine):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        prepare = self.adapter.serve_prepare
+
+        def drilled(images, state, task, seed, rtc):
+            if task == PREPARE_FAILS:
+                raise RuntimeError("drill: preparation failed")
+            return prepare(images, state, task, seed, rtc)
+        self.adapter.serve_prepare = drilled
+
     def run(self, requests):
         for r in requests:
             if r.task == EXIT:

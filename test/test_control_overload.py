@@ -93,6 +93,16 @@ def test_missed_slots_are_counted_and_delivery_delay_reported():
     assert "missed_slot" in sim.event_kinds()
 
 
+def test_the_watchdog_names_missed_slots_among_the_causes():
+    """An executor stall longer than a horizon: the ERROR says how many slots the timer missed (issue 22)."""
+    sim = make_sim(cfg(), latency_ns=5 * MS)
+    sim.driver.run(20)
+    sim.driver.next_tick_ns += 300 * MS   # the timer callback starved for 30 slots
+    sim.driver.run(1)
+    level, message = sim.loop.health()
+    assert level == ERROR and f"missed slots {sim.loop.counters()['missed_slots']}" in message, message
+
+
 class _SimTimeClock:
     """A sim clock as a replay drives it: stamp time advances ``rate`` times faster than
     the monotonic clock and in steps of ``step_ns`` (the /clock period)."""

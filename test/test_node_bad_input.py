@@ -280,6 +280,50 @@ def test_long_instruction_is_cut_never_the_state(live):
     robot.set_instruction("stack the blocks")
 
 
+def _bomb(ext: str, side: int = 6000) -> bytes:
+    """A side x side black frame, compressed: ~100 KB that decode to side * side * 3 bytes."""
+    import cv2
+    ok, buf = cv2.imencode(ext, np.zeros((side, side), np.uint8))
+    assert ok
+    return buf.tobytes()
+
+
+@pytest.mark.parametrize("ext", [".png", ".jpg"])
+def test_decompression_bomb_is_refused_from_its_header(live, ext):
+    """A PNG / JPEG whose header says 6000x6000 (108 MB decoded, ~100 KB sent) is refused before decoding against
+    cameras.max_pixels, counted as bad_image and named; the node keeps its rate."""
+    robot, node = live
+    slot = next(s for s, c in robot.compressed.items() if c)
+    bomb = image(robot, slot, format=ext[1:], data=_bomb(ext))
+    before = inject(live, "bad_image", lambda: robot.publish_camera(slot, bomb))
+    until_logged(live, lambda: robot.publish_camera(slot, bomb), f"camera '{slot}'", "6000x6000",
+                 "36,000,000 pixels", "not decoded")
+    assert robot.fresh_counters()["inference_errors"] == before["inference_errors"]
+
+
+def test_raw_frame_over_the_size_limit_is_refused(live):
+    """A raw frame whose width and height say 4000x2500 (10 MP, over the 4096 x 2160 default) is refused from those
+    fields first (its data is not even looked at: a best-effort topic rarely carries 10 MB whole; the converter's
+    own test covers a full one)."""
+    robot, _ = live
+    big = image(robot, height=2500, width=4000, encoding="mono8", step=4000, data=bytes(4000))
+    inject(live, "bad_image", lambda: robot.publish_camera("base_0_rgb", big))
+    until_logged(live, lambda: robot.publish_camera("base_0_rgb", big), "camera 'base_0_rgb'", "4000x2500",
+                 "10,000,000 pixels")
+
+
+def test_instruction_over_the_size_limit_is_refused_naming_its_size(live):
+    """A 1 MB instruction (over instruction.max_length) is refused at intake, its size in the message, and the task
+    is kept; it used to be accepted and tokenised on the executor (~1 s without commands)."""
+    robot, node = live
+    huge = robot._types["String"](data="pick up the cup " * 62_500)
+    before = inject(live, "bad_input", lambda: robot.instruction_pub.publish(huge), repeat=1)
+    until_logged(live, lambda: robot.instruction_pub.publish(huge), "instruction of 1,000,000 characters",
+                 "limit of 16,384", "stack the blocks")
+    assert robot.fresh_counters()["truncated_instructions"] == before["truncated_instructions"]   # never taken
+    robot.set_instruction("stack the blocks")
+
+
 def test_the_node_survived_everything(live):
     robot, node = live
     counters = robot.counters()

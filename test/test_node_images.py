@@ -86,3 +86,48 @@ def test_bad_compressed_frames_raise_decode_errors(data):
     from sensor_msgs.msg import CompressedImage
     with pytest.raises(ImageDecodeError):
         ImageConverter().from_compressed(CompressedImage(format="jpeg", data=data))
+
+
+# ------------------------------------------------------------------ sizes before decoding (issue 22)
+def _encoded(ext, hw, params=()):
+    import cv2
+    ok, buf = cv2.imencode(ext, np.zeros(hw, np.uint8), list(params))
+    assert ok
+    return buf.tobytes()
+
+
+@pytest.mark.parametrize("ext,params,fmt", [(".png", (), "png"), (".jpg", (), "jpeg"),
+                                            (".jpg", (2, 1), "jpeg")], ids=["png", "jpeg", "progressive_jpeg"])
+def test_the_size_is_read_from_the_compressed_header(ext, params, fmt):   # (2, 1): IMWRITE_JPEG_PROGRESSIVE on
+    from phyai_ros.node.images import compressed_size
+    assert compressed_size(_encoded(ext, (37, 53, 3), params)) == (fmt, 53, 37)
+
+
+@pytest.mark.parametrize("ext", [".png", ".jpg"])
+def test_a_decompression_bomb_is_refused_before_decoding(ext):
+    """A 6000x6000 frame that compresses to little (zeros) is refused from its header: never decoded."""
+    from sensor_msgs.msg import CompressedImage
+    data = _encoded(ext, (6000, 6000))
+    assert len(data) < 2_000_000
+    converter = ImageConverter()
+
+    class NoDecoding:
+        def compressed_imgmsg_to_cv2(self, *a, **k):
+            raise AssertionError("decoded before its size was checked")
+    converter._bridge = NoDecoding()
+    with pytest.raises(ImageDecodeError, match="image 6000x6000 .* 36,000,000 pixels, more than the limit"):
+        converter.from_compressed(CompressedImage(format=ext[1:], data=data))
+
+
+def test_a_raw_frame_over_the_limit_is_refused_before_conversion():
+    from sensor_msgs.msg import Image
+    msg = Image(height=300, width=400, encoding="mono8", step=400, data=bytes(120_000))
+    with pytest.raises(ImageDecodeError, match="image 400x300 .* 120,000 pixels, more than the limit of 100,000"):
+        ImageConverter(max_pixels=100_000).from_image(msg)
+    assert ImageConverter(max_pixels=120_000).from_image(msg).shape == (300, 400, 3)
+
+
+def test_compressed_formats_whose_size_cannot_be_read_first_are_refused():
+    from sensor_msgs.msg import CompressedImage
+    with pytest.raises(ImageDecodeError, match="neither PNG nor JPEG"):
+        ImageConverter().from_compressed(CompressedImage(format="bmp", data=_encoded(".bmp", (8, 8, 3))))

@@ -83,7 +83,7 @@ def test_yaml_files_load_through_rcl_into_valid_values(ros_context, params_file)
     # Left out: the model files and the lifecycle start (from the launch file / command line), what the
     # checkpoint says, and the remote backend's settings (onboard by default).
     assert missing <= {"model.checkpoint", "model.tokenizer", "model.norm_stats", "model.type", "control.horizon",
-                       "model.embodiment", "policy.backend", "policy.endpoint", "policy.timeout",
+                       "model.embodiment", "policy.backend", "policy.endpoint", "policy.timeout", "policy.token",
                        "lifecycle.autostart"}, missing
     node.destroy_node()
 

@@ -4,6 +4,7 @@ stops answering (a slow replica past ``policy.timeout``, then a server that is g
 errors while the node keeps running, its deadline policy acts and its watchdog reports ERROR."""
 from __future__ import annotations
 
+import secrets
 import socket
 import time
 
@@ -36,13 +37,16 @@ def _watchdog_error_since(robot: FakeRobot, since: float) -> bool:
 def test_remote_backend_over_serve(tmp_path):
     tokenizer = require_tokenizer()
     ckpt = make_small_checkpoint(tmp_path / "pi05")
+    token = secrets.token_urlsafe(16)   # the endpoint requires it; the node sends its policy.token
     ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": f"{REPO}:{REPO / 'test'}"}})
     node = robot = None
     try:
         url = run_local(ServeConfig(str(ckpt), str(tokenizer), device="cpu", batch_wait_s=BATCH_WAIT_S,
-                                    engine="serve_drills:DrillEngine"), port=_free_port(), num_replicas=1, num_cpus=0.5)
+                                    engine="serve_drills:DrillEngine"), port=_free_port(), num_replicas=1, num_cpus=0.5,
+                        token=token)
         node = NodeProcess(ckpt, tokenizer, overrides={"policy.backend": "remote", "policy.endpoint": url,
+                                                       "policy.token": token,
                                                        "policy.timeout": 1.0, "model.warmup_runs": 1,
                                                        "control.deadline_policy": "hold_last"})
         robot = FakeRobot(node.params)
@@ -81,6 +85,7 @@ def test_remote_backend_over_serve(tmp_path):
         errors = robot.fresh_counters().get("inference_errors", 0)
         assert robot.wait_counter("inference_errors", errors + 1, timeout=30), node.output()
         assert node.alive, node.output()
+        assert token not in node.output()   # policy.token is never logged
     finally:
         if robot is not None:
             robot.close()

@@ -183,3 +183,87 @@ def test_autotune_profiles_the_warmup_calls_caches_them_and_the_next_start_reads
     merged = json.loads(path.read_text())["devices"]["cpu"]["linear"]
     assert table["linear"].items() <= merged.items() and len(merged) > len(table["linear"])
     assert build_policy(p0).op_profile.origin == "cache"
+
+
+# ------------------------------------------------------------------ hostile or broken profile files (issue 22)
+BAD_PROFILES = {"table_is_text": '{"devices": {"cpu": {"linear": "x"}}}', "devices_list": '{"devices": ["cpu"]}',
+                "nan_name": '{"devices": {"cpu": {"linear": {"%s": NaN}}}}' % KEY, "top_level_list": '[1, 2]',
+                "timings_text": '{"devices": {"cpu": {}}, "timings": {"cpu": {"linear": "slow"}}}',
+                "not_json": '{"devices": '}
+
+
+@pytest.mark.parametrize("text", BAD_PROFILES.values(), ids=BAD_PROFILES.keys())
+def test_a_bad_profile_file_is_skipped_with_a_warning_naming_it(tmp_path, caplog, monkeypatch, text):
+    """As the explicit file, the device's cache or a shipped one: the selector runs on the defaults (or the next
+    good profile in line), and the warning names the file."""
+    monkeypatch.delenv("PHYAI_OP_PROFILE", raising=False)
+    base = OperatorSelector(candidates=SELECTOR.candidates)
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    cache, shipped = tmp_path / "cache", tmp_path / "shipped"
+    cache.mkdir()
+    cache_file("cpu", cache).write_text(text)
+    _profile(shipped / "a_bad.json", {}).write_text(text)
+    for explicit in (bad, None):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            sel, choice = selector_for("cpu", explicit, base=base, cache=cache, shipped=shipped)
+        assert choice.origin == "none" and sel.profile == {}, choice
+        named = [str(p) for p in (bad if explicit else cache_file("cpu", cache), shipped / "a_bad.json")]
+        assert all(name in caplog.text for name in named), caplog.text
+    good = _profile(shipped / "b_good.json", {"cpu": {"linear": {KEY: "good"}}})
+    sel, choice = selector_for("cpu", bad, base=base, cache=cache, shipped=shipped)
+    assert choice.path == good and sel.profile["cpu"]["linear"][KEY] == "good"
+
+
+def test_a_bad_cache_file_is_rewritten_by_the_next_write(tmp_path, caplog):
+    path = tmp_path / "cpu.json"
+    for text in BAD_PROFILES.values():
+        path.write_text(text)
+        with caplog.at_level(logging.WARNING):
+            write_profile(path, "cpu", {"linear": {KEY: "torch"}}, {"linear": {KEY: {"torch": {"us": 1.0}}}})
+        assert json.loads(path.read_text())["devices"] == {"cpu": {"linear": {KEY: "torch"}}}
+        assert f"{path} is not a valid profile, rewritten" in caplog.text
+
+
+def _autotune_like(path: str, prefix: str, n: int) -> None:
+    """What one process autotuning on a device does to the cache: n writes of new entries, merged."""
+    for i in range(n):
+        write_profile(Path(path), "cpu", {"linear": {f"{prefix}{i}": "torch"}},
+                      {"linear": {f"{prefix}{i}": {"torch": {"us": 1.0, "ok": True}}}})
+
+
+def test_two_processes_writing_one_cache_lose_no_entries(tmp_path):
+    import multiprocessing
+    path = tmp_path / "cpu.json"
+    write_profile(path, "cpu", {"linear": {"old": "torch"}}, {})
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_autotune_like, args=(str(path), name, 40)) for name in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    table = json.loads(path.read_text())["devices"]["cpu"]["linear"]
+    assert set(table) == {"old"} | {f"{name}{i}" for name in "ab" for i in range(40)}, \
+        f"{81 - len(table)} entries lost"
+
+
+def test_autotune_over_a_cache_of_the_wrong_shape(tmp_path, monkeypatch):
+    """With model.op_autotune, a list-shaped cache file used to stop the node's start: now it is skipped, the device
+    profiled, and the cache rewritten valid."""
+    from node_harness import make_small_checkpoint, require_tokenizer
+    from phyai_ros.policies import build_policy
+    tokenizer = require_tokenizer()
+    monkeypatch.delenv("PHYAI_OP_PROFILE", raising=False)
+    monkeypatch.setenv("PHYAI_PROFILE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PHYAI_PROFILES_DIR", str(tmp_path / "no_shipped"))
+    monkeypatch.setitem(SELECTOR.candidates, "linear",
+                        [Candidate("matmul", _matmul_linear, profiled_only=True), *SELECTOR.candidates["linear"]])
+    path = cache_file("cpu", tmp_path / "cache")
+    path.parent.mkdir(parents=True)
+    path.write_text('["cpu"]')
+    p = _node_params(make_small_checkpoint(tmp_path / "pi05", horizon=20), tokenizer, **{"model.op_autotune": True})
+    policy = build_policy(p)
+    assert (policy.op_profile.origin, policy.op_profile.path) == ("autotune", path)
+    assert set(json.loads(path.read_text())["devices"]["cpu"]["linear"].values()) <= {"matmul", "torch"}

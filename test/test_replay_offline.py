@@ -204,8 +204,10 @@ def test_accounting_flags_what_the_replay_cannot_explain(node_info):
 
 # ----------------------------------------------------------------------------- report
 def _write_output_bag(path: Path, n_chunks: int = 30, inference_s: float = 0.06, horizon: int = 20,
-                      dt: float = 0.05, miss_every: int = 0, with_summary: bool = True):
-    """An output bag as the replay writes it, with a steady synthetic node."""
+                      dt: float = 0.05, miss_every: int = 0, with_summary: bool = True, summary_edit=None,
+                      with_chunks: bool = True):
+    """An output bag as the replay writes it, with a steady synthetic node (``summary_edit(summary)``: change the
+    replay summary before it is written; ``with_chunks`` False: the margins without their chunks)."""
     from rosbags.rosbag2 import StoragePlugin, Writer
     ts = typestore()
     T = ts.types
@@ -233,7 +235,8 @@ def _write_output_bag(path: Path, n_chunks: int = 30, inference_s: float = 0.06,
                 header=T["std_msgs/msg/Header"](stamp=tm(t0), frame_id=""), observation_stamp=tm(trig - 30_000_000),
                 seq=k, dt=dt, horizon=horizon, action_dim=7, action_names=[f"j{i}" for i in range(7)],
                 actions=actions.reshape(-1), frozen_prefix=2, model_id="synthetic", inference_latency=inference_s)
-            msgs.append((ready, "/action_chunk", chunk))
+            if with_chunks:
+                msgs.append((ready, "/action_chunk", chunk))
             cover_end = trig + 8 * dt_ns
             margin = (cover_end - ready) / NS_PER_S
             if miss_every and k % miss_every == miss_every - 1:
@@ -271,6 +274,8 @@ def _write_output_bag(path: Path, n_chunks: int = 30, inference_s: float = 0.06,
                                   "problems": []},
                    "events": [{"kind": "time_gap", "detail": "no message for 1.2 s", "topic": "/cameras/base/image",
                                "sim_ns": START + NS_PER_S, "source": "bag"}]}
+        if summary_edit is not None:
+            summary_edit(summary)
         if with_summary:
             msgs.append((START + n_chunks * period + NS_PER_S, "/replay/summary",
                          T["std_msgs/msg/String"](data=json.dumps(summary))))
@@ -303,6 +308,71 @@ def test_report_writes_a_self_contained_report_with_the_verdict_first(tmp_path, 
     assert main([str(bag), "-o", str(tmp_path / "again")]) == 0
     out = capsys.readouterr().out
     assert "OK: environment-bound" in out and str(tmp_path / "again" / "report.html") in out
+
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+SCRIPT = "<script>alert(document.cookie)</script>"
+
+
+def _no_markup(rep) -> tuple:
+    html = (rep.out_dir / "report.html").read_text()
+    md = (rep.out_dir / "report.md").read_text()
+    for name, text in (("html", html), ("md", md)):
+        assert "<script" not in text.lower() and "<img src=x" not in text, name
+    return html, md
+
+
+def test_markup_in_a_summary_s_text_is_shown_as_text(tmp_path):
+    """Bags are shared: a /replay/summary whose names, events and accounting hold markup gives a report (HTML and
+    Markdown) that shows that markup as text."""
+    from phyai_ros.replay.report import make_report
+
+    def edit(summary):
+        summary.update(bag=f"/bags/{SCRIPT}", mode=HOSTILE)
+        summary["node"]["model_id"] = SCRIPT
+        acc = summary["accounting"]
+        acc["per_topic"][SCRIPT] = {"played": 1, "used": 1, "superseded": 0, "stale": 0, "rejected": 0,
+                                    "not_played": 0}
+        acc.update(ok=False, problems=[SCRIPT], reasons={SCRIPT: {HOSTILE: 2}})
+        summary["node_counters"][HOSTILE] = 3
+        summary["events"].append({"kind": HOSTILE, "detail": SCRIPT, "topic": HOSTILE, "source": "bag"})
+    html, md = _no_markup(make_report(_write_output_bag(tmp_path / "out", n_chunks=30, summary_edit=edit)))
+    assert "&lt;script&gt;alert(document.cookie)&lt;/script&gt;" in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+    assert "&lt;script>alert(document.cookie)&lt;/script>" in md
+
+
+def test_markup_in_place_of_a_summary_s_numbers_is_left_out(tmp_path):
+    """A counter, a snapshot count or a played count that is markup (a string where a number belongs) is refused
+    when the summary is read, and named; the report is made from the rest."""
+    from phyai_ros.replay.report import make_report
+    from phyai_ros.replay.runbag import load_run
+
+    def edit(summary):
+        summary["node_counters"] = {"deadline_misses": 0, "missed_slots": HOSTILE}
+        acc = summary["accounting"]
+        acc["per_topic"]["/x"] = {"played": SCRIPT, "used": 1, "superseded": 0, "stale": 0, "rejected": 0,
+                                  "not_played": 0}
+        acc["snapshots"] = SCRIPT
+    bag = _write_output_bag(tmp_path / "out", n_chunks=30, summary_edit=edit)
+    rep = make_report(bag)
+    _no_markup(rep)
+    assert rep.numbers["counters"] == {"deadline_misses": 0} and "/x" not in rep.numbers["accounting"]["per_topic"]
+    refused = load_run(bag).refused
+    assert {"summary.node_counters.missed_slots", "summary.accounting.snapshots",
+            "summary.accounting.per_topic./x.played"} <= set(refused), refused
+
+
+def test_summary_values_of_the_wrong_type_do_not_crash_the_report(tmp_path):
+    """Without chunks the report takes dt and H from the summary: a string there (or for the rate) is left out."""
+    from phyai_ros.replay.report import make_report
+
+    def edit(summary):
+        summary["node"].update(dt="0.05", horizon="20")
+        summary.update(rate="fast", events="none", session_end_bag_ns=1.5e18)
+    rep = make_report(_write_output_bag(tmp_path / "out", n_chunks=12, summary_edit=edit, with_chunks=False))
+    assert rep.numbers["dt"] is None and rep.numbers["horizon"] is None and rep.numbers["rate"] is None
+    from phyai_ros.replay.runbag import check_summary
+    assert check_summary([1, 2]) is None and check_summary({"node": "x"}) == {}
 
 
 def test_report_flags_misses_and_an_inference_bound_loop(tmp_path):

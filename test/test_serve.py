@@ -1,13 +1,21 @@
 """The policy served on Ray Serve: batched == unbatched per request, HTTP and in-process (rollout) paths, and
-faults (malformed request, slow replica, silent endpoint, replica dying mid-batch) on loopback.
+faults (malformed request, slow replica, silent endpoint, replica dying mid-batch) on loopback; and what a
+hostile client or server can do (issue 22): a bad request in a batch, bodies and images over the limits,
+requests without the token, a server that answers a byte at a time or with fields of the wrong type.
 
-One local Ray instance for the module (num_cpus=2, a small object store), shut down at the end; every loop is
-bounded. The small fixture pi0.5 (fp32, CPU) is served."""
+One local Ray instance for the module (started by run_local: num_cpus=2, a small object store, Ray's own token
+authentication), shut down at the end; the application requires a token; every loop is bounded. The small
+fixture pi0.5 (fp32, CPU) is served."""
 from __future__ import annotations
 
+import http.client
+import json
+import os
+import secrets
 import socket
 import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -23,11 +31,18 @@ from phyai_ros.serve.app import APP_NAME, run_local  # noqa: E402
 from phyai_ros.serve.client import HttpPolicyClient, RemotePolicy, ServeError  # noqa: E402
 from phyai_ros.serve.engine import BatchEngine, ServeConfig  # noqa: E402
 from phyai_ros.serve.rollout import RolloutClient  # noqa: E402
+from phyai_ros.serve import wire  # noqa: E402
 from phyai_ros.serve.wire import BadRequest, Failure, Reply, Request, decode_request, encode_request  # noqa: E402
 from ros_helpers import REPO  # noqa: E402
+from serve_drills import PREPARE_FAILS  # noqa: E402
 
 H = 20
 BATCH_WAIT_S = 0.25   # long enough on 2 busy cores that concurrent requests share one batch
+TOKEN = secrets.token_urlsafe(16)
+
+
+def _client(url: str, timeout: float = 30) -> HttpPolicyClient:
+    return HttpPolicyClient(url, timeout=timeout, token=TOKEN)
 
 
 def _free_port() -> int:
@@ -50,10 +65,10 @@ def engine(config) -> BatchEngine:
 
 @pytest.fixture(scope="module")
 def endpoint(config):
-    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": f"{REPO}:{REPO / 'test'}"}})
     try:
-        url = run_local(config, port=_free_port(), num_replicas=1, num_cpus=0.5)
+        url = run_local(config, port=_free_port(), num_replicas=1, num_cpus=0.5, token=TOKEN,
+                        ray_init=dict(num_cpus=2, object_store_memory=80 * 2**20, log_to_driver=False,
+                                      runtime_env={"env_vars": {"PYTHONPATH": f"{REPO}:{REPO / 'test'}"}}))
         yield url
     finally:
         serve.shutdown()
@@ -135,7 +150,7 @@ def test_http_two_robots_in_one_batch_get_their_own_chunks(endpoint, engine):
     rng = np.random.default_rng(4)
     reqs = [_request(rng, "robot_a", "pick up the cup", 11, _rtc(rng, 4, 10)),
             _request(rng, "robot_b", "open the drawer", 12)]
-    replies = _post_all([(HttpPolicyClient(endpoint, timeout=30), r) for r in reqs])
+    replies = _post_all([(_client(endpoint), r) for r in reqs])
     for r, rep in zip(reqs, replies):
         assert isinstance(rep, Reply), rep
         assert rep.robot_id == r.robot_id and rep.model_id == "pi05" and rep.batch_size == 2
@@ -146,7 +161,7 @@ def test_http_two_robots_in_one_batch_get_their_own_chunks(endpoint, engine):
 def test_remote_policy_timings_split_the_call(endpoint):
     """The bridge's chunk carries the server's queue and inference; the latency record adds the rest of the
     call (serialization + network) to the queue, and the five segments still sum to the measured total."""
-    policy = RemotePolicy(HttpPolicyClient(endpoint, timeout=30), "robot_t")
+    policy = RemotePolicy(_client(endpoint), "robot_t")
     assert policy.horizon == H and policy.adapter.action_dim == 7
     rng = np.random.default_rng(5)
     r = _request(rng, "robot_t", "pick", 1)
@@ -166,11 +181,9 @@ def test_remote_policy_timings_split_the_call(endpoint):
 
 
 def test_malformed_and_refused_requests_are_4xx_and_counted(endpoint):
-    import http.client
-    import json
-    client = HttpPolicyClient(endpoint, timeout=30)
+    client = _client(endpoint)
     conn = http.client.HTTPConnection("127.0.0.1", client.port, timeout=30)
-    conn.request("POST", "/", body=b"\x10\x00\x00\x00not json at all!")
+    conn.request("POST", "/", body=b"\x10\x00\x00\x00not json at all!", headers={"Authorization": f"Bearer {TOKEN}"})
     resp = conn.getresponse()
     body = json.loads(resp.read())
     assert resp.status == 400 and "malformed request" in body["error"]
@@ -201,7 +214,7 @@ def test_rollout_client_from_a_ray_actor(endpoint):
 def test_slow_replica_and_silent_endpoint_time_out_clearly(endpoint):
     rng = np.random.default_rng(8)
     with pytest.raises(ServeError, match="did not answer within 0.500 s"):
-        HttpPolicyClient(endpoint, timeout=0.5).infer(_request(rng, "robot_s", "sleep 2.0", 1))
+        _client(endpoint, timeout=0.5).infer(_request(rng, "robot_s", "sleep 2.0", 1))
     with socket.socket() as silent:   # accepts connections, never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen()
@@ -214,8 +227,8 @@ def test_slow_replica_and_silent_endpoint_time_out_clearly(endpoint):
 def test_replica_dying_mid_batch_fails_every_request_clearly_then_recovers(endpoint, engine):
     rng = np.random.default_rng(9)
     victim = _request(rng, "robot_v", "pick up the cup", 3)
-    results = _post_all([(HttpPolicyClient(endpoint, timeout=30), _request(rng, "robot_x", "exit now", 1)),
-                         (HttpPolicyClient(endpoint, timeout=30), victim)])
+    results = _post_all([(_client(endpoint), _request(rng, "robot_x", "exit now", 1)),
+                         (_client(endpoint), victim)])
     for robot, res in zip(("robot_x", "robot_v"), results):
         # never silent, never another robot's chunk: an error, or (if it ran on the restarted replica) its own
         assert isinstance(res, ServeError) or (isinstance(res, Reply) and res.robot_id == robot), res
@@ -223,7 +236,7 @@ def test_replica_dying_mid_batch_fails_every_request_clearly_then_recovers(endpo
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:   # Serve replaces the dead replica
         try:
-            rep = HttpPolicyClient(endpoint, timeout=30).infer(victim)
+            rep = _client(endpoint).infer(victim)
             break
         except ServeError:
             time.sleep(1.0)
@@ -245,8 +258,8 @@ def test_groot_served_over_http_gets_predicts_chunk(endpoint, tmp_path):
     folder = require_groot_fixture()
     fx = load_groot_fixture(folder)
     url = run_local(ServeConfig(str(folder / "checkpoint"), device="cpu", batch_wait_s=0.01), port=_port(endpoint),
-                    num_replicas=1, num_cpus=0.5, name="groot", route_prefix="/groot")
-    client = HttpPolicyClient(url, timeout=60)
+                    num_replicas=1, num_cpus=0.5, name="groot", route_prefix="/groot", token=TOKEN)
+    client = _client(url, timeout=60)
     info = client.info()
     assert (info["model_type"], info["serving"], info["masks_cameras"]) == ("groot_n17", "single", False)
     images = {k: v[0].numpy() for k, v in fx["images"].items()}
@@ -269,3 +282,238 @@ def test_groot_served_over_http_gets_predicts_chunk(endpoint, tmp_path):
 
 def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+# ------------------------------------------------------------------------------------------- hostile input (issue 22)
+def _thin(rng, robot: str, task: str = "pick", seed: int = 1) -> Request:
+    """A request whose base camera is a valid 1x2000 frame: the resize to 224x224 would make it 0 px high."""
+    r = _request(rng, robot, task, seed)
+    r.images["base_0_rgb"] = np.zeros((1, 2000, 3), np.uint8)
+    return r
+
+
+def test_every_bad_request_in_a_batch_fails_alone_naming_what_is_wrong(engine):
+    """Each request passes the node's intake checks (control.observation) before preparation: a bad one is a 400
+    naming its robot and its fault, and the good request in the same batch gets the chunk it gets alone."""
+    rng = np.random.default_rng(10)
+    good = _request(rng, "good", "pick up the cup", 1)
+    bad = {"thin": (_thin(rng, "thin"), "too elongated"),
+           "huge": (_request(rng, "huge", "pick", 2), "16,000,000 pixels"),
+           "float": (_request(rng, "float", "pick", 3), "dtype must be uint8"),
+           "nan": (_request(rng, "nan", "pick", 4), "non-finite"),
+           "long": (_request(rng, "long", "pick " * 5000, 5), "25,000 characters")}
+    bad["huge"][0].images["base_0_rgb"] = np.zeros((4000, 4000, 3), np.uint8)
+    bad["float"][0].images["base_0_rgb"] = np.zeros((96, 128, 3), np.float32)
+    bad["nan"][0].state[2] = np.nan
+    out = engine.run([good] + [r for r, _ in bad.values()])
+    assert isinstance(out[0], Reply) and out[0].batch_size == 1 + len(bad)
+    assert np.abs(out[0].actions - _alone(engine, good)).max() <= 1e-5
+    for (robot, (_, why)), failure in zip(bad.items(), out[1:]):
+        assert isinstance(failure, Failure) and failure.status == 400, (robot, failure)
+        assert f"robot '{robot}'" in failure.message and why in failure.message, failure.message
+
+
+def test_an_image_over_the_pixel_limit_is_refused_from_the_wire_header(monkeypatch):
+    """decode_request reads the tensors' shapes from the safetensors header: a 4000x4000 frame is refused before
+    any array is made (here: before safetensors' loader could run at all)."""
+    big = _request(np.random.default_rng(11), "robot_big", "pick", 1)
+    big.images["base_0_rgb"] = np.zeros((4000, 4000, 3), np.uint8)
+    data = encode_request(big)
+
+    def loader_must_not_run(_):
+        raise AssertionError("the tensors were decoded before their sizes were checked")
+    monkeypatch.setattr(wire, "st_load", loader_must_not_run)
+    with pytest.raises(BadRequest, match="robot_big: camera 'base_0_rgb': image 4000x4000 .* 16,000,000 pixels"):
+        decode_request(data)
+
+
+def _raw_http(port: int, head: str, body: bytes = b"", timeout: float = 10.0, host: str = "127.0.0.1"):
+    """Send a hand-made request (``head`` without its blank line) and read the status and the body (parsed if
+    JSON)."""
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(head.encode() + b"\r\n\r\n" + body)
+        resp = http.client.HTTPResponse(s)
+        resp.begin()
+        data = resp.read()
+        try:
+            return resp.status, json.loads(data or b"{}")
+        except ValueError:
+            return resp.status, data.decode(errors="replace")
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(endpoint):
+    """A Content-Length of 256 MiB is answered 413 at once, with only its first KiB ever sent."""
+    t = time.monotonic()
+    status, body = _raw_http(_port(endpoint), f"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                                              f"Content-Length: {256 * 2**20}", b"\0" * 1024)
+    assert status == 413 and "268,435,456 bytes" in body["error"], body
+    assert time.monotonic() - t < 10
+
+
+def test_http_bad_requests_in_one_batch_fail_alone(endpoint, engine):
+    """Over HTTP, three robots in one batch: a frame the resize cannot take (400 for it), a preparation that raises
+    on the server (500 for it alone) and a good request, which gets its own chunk."""
+    rng = np.random.default_rng(12)
+    good = _request(rng, "robot_ok", "pick up the cup", 5)
+    results = _post_all([(_client(endpoint), good), (_client(endpoint), _thin(rng, "robot_thin")),
+                         (_client(endpoint), _request(rng, "robot_crash", PREPARE_FAILS, 7))])
+    ok, thin, crash = results
+    assert isinstance(ok, Reply) and ok.robot_id == "robot_ok" and ok.batch_size == 3, ok
+    assert np.abs(ok.actions - _alone(engine, good)).max() <= 1e-5
+    assert isinstance(thin, ServeError) and thin.status == 400 and "robot_thin" in str(thin) \
+        and "too elongated" in str(thin), thin
+    assert isinstance(crash, ServeError) and crash.status == 500 and "robot_crash" in str(crash) \
+        and "preparation failed" in str(crash), crash
+
+
+def test_an_image_over_the_pixel_limit_is_refused_over_http(endpoint):
+    big = _request(np.random.default_rng(13), "robot_big", "pick", 1)
+    big.images["base_0_rgb"] = np.zeros((4000, 4000, 3), np.uint8)
+    with pytest.raises(ServeError, match="400.*robot_big.*16,000,000 pixels") as err:
+        _client(endpoint).infer(big)
+    assert err.value.status == 400
+
+
+def test_requests_without_the_token_are_refused(endpoint, monkeypatch):
+    """Both routes answer 401 to a request without the token or with another one; the right one is served."""
+    monkeypatch.delenv("PHYAI_SERVE_TOKEN", raising=False)
+    request = _request(np.random.default_rng(14), "robot_a", "pick", 1)
+    for token in ("", "not-the-token"):
+        client = HttpPolicyClient(endpoint, timeout=30, token=token)
+        for call in (client.info, lambda: client.infer(request)):
+            with pytest.raises(ServeError, match="401.*unauthorized") as err:
+                call()
+            assert err.value.status == 401
+    status, body = _raw_http(_port(endpoint), "GET /info HTTP/1.1\r\nHost: x\r\nAuthorization: Basic abc")
+    assert status == 401 and "model_type" not in body
+    monkeypatch.setenv("PHYAI_SERVE_TOKEN", TOKEN)   # the node's fallback when policy.token is empty
+    assert HttpPolicyClient(endpoint, timeout=30).info()["model_type"] == "pi05"
+    assert _client(endpoint).info()["counters"]["unauthorized"] >= 5
+
+
+def test_serving_beyond_loopback_needs_a_token(config):
+    """Refused before anything starts (no Ray instance, no proxy on 0.0.0.0)."""
+    for host in ("0.0.0.0", "192.0.2.7", "robot-server.local"):
+        with pytest.raises(ValueError, match=f"serving on {host} .* needs a token"):
+            run_local(config, port=_free_port(), host=host)
+
+
+def test_serving_beyond_loopback_needs_ray_s_token_authentication(endpoint, config, monkeypatch):
+    """With Ray's own authentication off, its ports take jobs from anyone: no serving beyond loopback then."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    with pytest.raises(ValueError, match="Ray's token authentication is off"):
+        run_local(config, port=_free_port(), host="0.0.0.0", token=TOKEN)
+
+
+def test_the_ray_instance_run_local_starts_has_ray_s_token_authentication(endpoint):
+    """Ray binds its own ports on every interface (its node IP cannot be loopback: Ray resolves 127.0.0.1 to a
+    routable address): run_local refuses to serve beyond loopback unless Ray's token authentication is on, as it
+    is for the instance it started here. Reached on that routable address, the dashboard agent (its job API)
+    refuses a request without Ray's token."""
+    assert os.environ.get("RAY_AUTH_MODE") == "token"
+    node = ray.nodes()[0]
+    address, port = node["NodeManagerAddress"], node.get("DashboardAgentListenPort")
+    assert port, sorted(node)
+    status, body = _raw_http(int(port), f"GET /api/job_agent/jobs/x HTTP/1.1\r\nHost: {address}", host=address)
+    assert status == 401 and "Missing authentication token" in body, (status, body)
+
+
+# ------------------------------------------------------------------------------------------- hostile servers (no Ray)
+@contextmanager
+def _server(respond):
+    """A loopback TCP server: each connection's request is read (headers and Content-Length body), then
+    ``respond(connection)`` answers it. Yields the port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    stop = threading.Event()
+
+    def serve_forever():
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length")), 0)
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                try:
+                    respond(conn, stop)
+                except OSError:
+                    pass
+    thread = threading.Thread(target=serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
+def _dripping(response: bytes, at_once: int, period: float = 0.5, limit_s: float = 10.0):
+    """Send the first ``at_once`` bytes, then one byte every ``period`` s (for at most ``limit_s``)."""
+    def respond(conn, stop):
+        conn.sendall(response[:at_once])
+        end = time.monotonic() + limit_s
+        for i in range(at_once, len(response)):
+            if stop.is_set() or time.monotonic() > end:
+                return
+            time.sleep(period)
+            conn.sendall(response[i:i + 1])
+    return respond
+
+
+@pytest.mark.parametrize("where", ["status line", "body"])
+def test_a_server_answering_a_byte_at_a_time_fails_the_call_at_its_timeout(where):
+    """policy.timeout bounds the whole call, not each socket read: a byte every 0.5 s (each read well within
+    1.0 s) must not hold a 1.0 s call longer than that."""
+    info = json.dumps({"model_type": "pi05"}).encode()
+    response = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(info) + info
+    at_once = 0 if where == "status line" else len(response) - len(info)
+    with _server(_dripping(response, at_once)) as port:
+        t = time.monotonic()
+        with pytest.raises(ServeError, match="did not answer within 1.000 s"):
+            HttpPolicyClient(f"http://127.0.0.1:{port}", timeout=1.0).info()
+        assert time.monotonic() - t < 2.5
+
+
+def _answering(body: bytes, status: int = 200):
+    def respond(conn, stop):
+        conn.sendall(b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n\r\n" % (status, len(body)) + body)
+    return respond
+
+
+def _reply_bytes(**header) -> bytes:
+    fields = {"robot_id": "arm", "model_id": "pi05", "queue_s": 0.01, "inference_s": 0.02, "batch_size": 1, **header}
+    return wire._pack(fields, {"actions": np.zeros((H, 7), np.float32)})
+
+
+@pytest.mark.parametrize("body,says", [
+    (_reply_bytes(queue_s="abc"), "queue_s"), (_reply_bytes(inference_s=-1.0), "inference_s"),
+    (_reply_bytes(batch_size="2"), "batch_size"), (_reply_bytes(robot_id=7), "robot_id"),
+    (wire._pack({"robot_id": "arm"}, {"actions": np.zeros((H, 7), np.float64)}), "F32"),
+], ids=["queue_s", "negative", "batch_size", "robot_id", "dtype"])
+def test_a_reply_field_of_the_wrong_type_is_a_serve_error(body, says):
+    with _server(_answering(body)) as port:
+        client = HttpPolicyClient(f"http://127.0.0.1:{port}", timeout=5)
+        request = Request("arm", {}, np.zeros(8, np.float32), "pick")
+        with pytest.raises(ServeError, match=f"undecodable reply.*{says}"):
+            client.infer(request)
+
+
+@pytest.mark.parametrize("info,says", [
+    ([1, 2], "not a JSON object"), ({"model_type": "pi05", "camera_names": ["a"], "horizon": "20"}, "horizon"),
+], ids=["list", "horizon"])
+def test_an_info_of_the_wrong_shape_is_a_serve_error(info, says):
+    with _server(_answering(json.dumps(info).encode())) as port:
+        with pytest.raises(ServeError, match=says):
+            HttpPolicyClient(f"http://127.0.0.1:{port}", timeout=5).info()

@@ -24,8 +24,8 @@ import numpy as np
 from .chunk import ActionChunk
 from .clock import Clock, ClockRate, MonotonicClock, s_to_ns
 from .margin import ERROR, WARN, LatencyRecord, MarginMonitor, MarginReport, required_samples
-from .observation import (JointStateMapper, ObservationBuffer, ObservationError, ObservationSnapshot,
-                          StaleObservation)
+from .observation import (MAX_IMAGE_PIXELS, MAX_INSTRUCTION_CHARS, JointStateMapper, ObservationBuffer,
+                          ObservationError, ObservationSnapshot, StaleObservation)
 from .rtc import RTC_MODES, SCHEDULES, DelayEstimator, RtcRequest, make_request, should_trigger
 from .timer import DEADLINE_POLICIES, ActionTimer, DeliveryStats, Emission
 from .worker import Executor, InferenceWorker
@@ -57,6 +57,8 @@ class ControlConfig:
     state_joint_names: Optional[Sequence[str]] = None  # policy state order for on_joint_state
     image_hw: Optional[Sequence[int]] = None  # expected (H, W) of decoded frames; None: any
     image_input_size: Optional[int] = None  # the policy's square image input: frames too elongated for it are bad
+    max_image_pixels: int = MAX_IMAGE_PIXELS  # larger frames are bad (observation.py: the intake limits)
+    max_instruction_chars: int = MAX_INSTRUCTION_CHARS  # a longer instruction is refused (bad_input)
     max_observation_age: float = 0.2       # camera (and, by default, state) older than this -> stale
     max_state_age: Optional[float] = None  # None: max_observation_age
     default_instruction: str = ""
@@ -171,7 +173,8 @@ class ControlLoop:
             image_hw=tuple(cfg.image_hw) if cfg.image_hw is not None else None,
             future_tolerance_ns=s_to_ns(cfg.future_stamp_tolerance), default_instruction=cfg.default_instruction,
             max_state_age_ns=None if cfg.max_state_age is None else s_to_ns(cfg.max_state_age),
-            require_instruction=cfg.require_instruction, image_input_size=cfg.image_input_size)
+            require_instruction=cfg.require_instruction, image_input_size=cfg.image_input_size,
+            max_image_pixels=cfg.max_image_pixels, max_instruction_chars=cfg.max_instruction_chars)
         self.joint_mapper = JointStateMapper(cfg.state_joint_names) if cfg.state_joint_names else None
         self.timer = ActionTimer(self.dt_ns, cfg.deadline_policy, cfg.extrapolate_max_ticks, cfg.history_size)
         self.delay = DelayEstimator(cfg.delay_quantile, cfg.delay_window, cfg.initial_delay_ticks,
@@ -487,7 +490,8 @@ class ControlLoop:
                 return ERROR, (f"{what} for {silent_ns / 1e9:.2f} s (> horizon {horizon_ns / 1e9:.2f} s); "
                                f"last command from a chunk {plan}; {why}; "
                                f"deadline misses {self._counters['deadline_misses']}, "
-                               f"expired chunks {self._counters['expired_chunks']}")
+                               f"expired chunks {self._counters['expired_chunks']}, "
+                               f"missed slots {self._counters['missed_slots']} (executor stalls)")
             if report is None:
                 return WARN, f"waiting for the first chunk ({silent_ns / 1e9:.2f} s of {horizon_ns / 1e9:.2f} s)"
             return report.level, report.message

@@ -60,15 +60,38 @@ def max_aspect(input_size: int) -> int:
     return int(input_size)
 
 
-def validate_image(image, expected_hw: Optional[tuple] = None, input_size: Optional[int] = None) -> np.ndarray:
-    """Decoded RGB frame: ndarray uint8 [H, W, 3], non-empty, optional expected (H, W); with the policy's
-    square ``input_size``, an aspect ratio its resize-with-pad can handle (see ``max_aspect``)."""
+# The intake limits: one home for the node's intake (its image converter and this buffer) and the served policy's
+# (serve.wire and serve.engine), so a robot's input means the same on every path.
+#
+# Largest frame, in pixels (width x height): a DCI 4K frame fits; a 4000x4000 frame or a 6000x6000 PNG that
+# compresses to 100 KB (108 MB decoded) does not. Checked on the size a compressed header, a raw message or a
+# wire tensor declares before anything of that size is allocated, and again on the decoded frame.
+MAX_IMAGE_PIXELS = 4096 * 2160
+# Longest instruction, in characters: tokenising costs time in proportion (an 8 MB task once held the node's
+# executor for 7 s); a task many times any prompt's token budget is a mistake or an attack, not a task.
+MAX_INSTRUCTION_CHARS = 16384
+
+
+def check_image_dims(width: int, height: int, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
+    """A frame's declared size (from a header, before decoding): non-empty and at most ``max_pixels``."""
+    if width <= 0 or height <= 0:
+        raise BadImageError(f"empty image {width}x{height} (WxH)")
+    if width * height > max_pixels:
+        raise BadImageError(f"image {width}x{height} (WxH) has {width * height:,} pixels, more than the limit of "
+                            f"{max_pixels:,}")
+
+
+def validate_image(image, expected_hw: Optional[tuple] = None, input_size: Optional[int] = None,
+                   max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """Decoded RGB frame: ndarray uint8 [H, W, 3], non-empty, at most ``max_pixels``, optional expected (H, W);
+    with the policy's square ``input_size``, an aspect ratio its resize-with-pad can handle (see ``max_aspect``)."""
     if not isinstance(image, np.ndarray):
         raise BadImageError(f"image must be a numpy array, got {type(image).__name__}")
     if image.dtype != np.uint8:
         raise BadImageError(f"image dtype must be uint8, got {image.dtype}")
     if image.ndim != 3 or image.shape[2] != 3 or image.shape[0] == 0 or image.shape[1] == 0:
         raise BadImageError(f"image shape must be [H, W, 3], got {list(image.shape)}")
+    check_image_dims(image.shape[1], image.shape[0], max_pixels)
     if expected_hw is not None and tuple(image.shape[:2]) != tuple(expected_hw):
         raise BadImageError(f"image size {list(image.shape[:2])} != expected {list(expected_hw)}")
     if input_size is not None:
@@ -81,11 +104,13 @@ def validate_image(image, expected_hw: Optional[tuple] = None, input_size: Optio
     return image
 
 
-def validate_instruction(text) -> str:
-    """A task the policy can be given: a string with some non-blank text (a blank one would fail every
-    inference, as the policies refuse an empty task)."""
+def validate_instruction(text, max_chars: int = MAX_INSTRUCTION_CHARS) -> str:
+    """A task the policy can be given: a string of at most ``max_chars`` characters with some non-blank text (a
+    blank one would fail every inference, as the policies refuse an empty task)."""
     if not isinstance(text, str):
         raise ObservationError(f"instruction must be str, got {type(text).__name__}")
+    if len(text) > max_chars:
+        raise ObservationError(f"instruction of {len(text):,} characters is longer than the limit of {max_chars:,}")
     if not text.strip():
         raise ObservationError(f"instruction {text!r} is empty or blank (no task to give the policy)")
     return text
@@ -211,7 +236,8 @@ class ObservationBuffer:
                  state_dim: Optional[int], max_age_ns: int, image_hw: Optional[tuple] = None,
                  future_tolerance_ns: int = 500_000_000, default_instruction: str = "",
                  max_state_age_ns: Optional[int] = None, require_instruction: bool = False,
-                 image_input_size: Optional[int] = None):
+                 image_input_size: Optional[int] = None, max_image_pixels: int = MAX_IMAGE_PIXELS,
+                 max_instruction_chars: int = MAX_INSTRUCTION_CHARS):
         names = list(cameras) + list(optional_cameras)
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate camera slots: {names}")
@@ -222,6 +248,8 @@ class ObservationBuffer:
         self.max_state_age_ns = int(max_age_ns if max_state_age_ns is None else max_state_age_ns)
         self.image_hw = tuple(image_hw) if image_hw is not None else None
         self.image_input_size = image_input_size  # the policy's square image size (aspect check); None: any
+        self.max_image_pixels = int(max_image_pixels)
+        self.max_instruction_chars = int(max_instruction_chars)
         self.future_tolerance_ns = int(future_tolerance_ns)
         self.default_instruction = default_instruction
         self.require_instruction = bool(require_instruction)
@@ -242,7 +270,7 @@ class ObservationBuffer:
         if slot not in self.required and slot not in self.optional:
             raise UnknownCameraError(f"unknown camera slot {slot!r}")
         try:
-            img = validate_image(image, self.image_hw, self.image_input_size)
+            img = validate_image(image, self.image_hw, self.image_input_size, self.max_image_pixels)
         except BadImageError as e:
             raise BadImageError(f"camera {slot!r}: {e}") from None
         with self._lock:
@@ -259,9 +287,10 @@ class ObservationBuffer:
 
     def set_instruction(self, text: str) -> None:
         try:
-            validate_instruction(text)
+            validate_instruction(text, self.max_instruction_chars)
         except ObservationError as e:
-            raise ObservationError(f"{e}; keeping {self._instruction!r}") from None
+            kept = self._instruction if len(self._instruction) <= 80 else self._instruction[:80] + "..."
+            raise ObservationError(f"{e}; keeping {kept!r}") from None
         with self._lock:
             self._instruction = text
 
@@ -320,6 +349,7 @@ class ObservationBuffer:
 __all__ = [
     "ObservationError", "BadImageError", "BadStateError", "MissingJointError", "UnknownCameraError",
     "OutOfOrderStampError", "FutureStampError", "validate_image", "validate_state", "JointStateMapper",
-    "MAX_ABS_STATE", "max_aspect", "validate_instruction", "check_stamp",
+    "MAX_ABS_STATE", "MAX_IMAGE_PIXELS", "MAX_INSTRUCTION_CHARS", "check_image_dims", "max_aspect",
+    "validate_instruction", "check_stamp",
     "ObservationSnapshot", "StaleObservation", "ObservationBuffer",
 ]

@@ -21,18 +21,20 @@ or shipped profile (with a warning that the explicit one has no table for it).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import re
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from phyai_ros.layers.selector import SELECTOR, OperatorSelector, device_signature
+from phyai_ros.layers.selector import SELECTOR, OperatorSelector, ProfileError, device_signature, read_profile
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +87,12 @@ def cache_file(signature: str, directory: Optional[Path] = None) -> Path:
 
 
 def signatures_in(path: Path) -> frozenset:
-    """The device signatures a profile file has tables for (empty for an unreadable file, with a warning)."""
+    """The device signatures a profile file has tables for (empty for a file that is not a valid profile, with a
+    warning naming it)."""
     try:
-        return frozenset(json.loads(Path(path).read_text()).get("devices", {}))
-    except (OSError, ValueError, AttributeError) as exc:
-        log.warning("operator profile %s unreadable, skipped: %s", path, exc)
+        return frozenset(read_profile(path)["devices"])
+    except ProfileError as exc:
+        log.warning("operator profile %s skipped: %s", path, exc)
         return frozenset()
 
 
@@ -145,32 +148,46 @@ def load_device_profile(device, selector: Optional[OperatorSelector] = None, **w
     return choice
 
 
+@contextmanager
+def _locked(path: Path):
+    """An exclusive lock for a read-merge-write of ``path``, taken on its folder (no lock file to leave behind or
+    to race on): two processes autotuning on one device at once each add their entries to the other's."""
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)   # releases the lock
+
+
 def write_profile(path: Path, signature: str, table: dict, timings: dict, merge: bool = True) -> Path:
     """Write a profile file atomically: into a temporary file in the same folder, flushed, then renamed over
     ``path``, so a reader (another node starting) sees the old file or the new one, never a part, and a failure
     leaves the old one. merge: the device's table and timings go over what the file already holds (other
-    devices, other shapes); otherwise the file holds this device's alone."""
+    devices, other shapes), read and written under a lock so that concurrent writers lose nothing; a file that is
+    not a valid profile is replaced, with a warning. Otherwise the file holds this device's alone."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"devices": {}, "timings": {}}
-    if merge and path.is_file():
+    with _locked(path):
+        data = {"devices": {}, "timings": {}}
+        if merge and path.is_file():
+            try:
+                data = read_profile(path)
+            except ProfileError as exc:
+                log.warning("operator profile %s is not a valid profile, rewritten: %s", path, exc)
+        for section, new in (("devices", table), ("timings", timings)):
+            device = data.setdefault(section, {}).setdefault(signature, {})
+            for op, keys in new.items():
+                device.setdefault(op, {}).update(keys)
+        text = json.dumps(data, indent=1)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            data = json.loads(path.read_text())
-        except ValueError:
-            log.warning("operator profile %s unreadable: rewritten", path)
-    for section, new in (("devices", table), ("timings", timings)):
-        device = data.setdefault(section, {}).setdefault(signature, {})
-        for op, keys in new.items():
-            device.setdefault(op, {}).update(keys)
-    text = json.dumps(data, indent=1)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return path

@@ -64,6 +64,46 @@ def shape_key(*tensors: torch.Tensor) -> str:
     return f"{dims}|{str(tensors[0].dtype).replace('torch.', '')}"
 
 
+class ProfileError(ValueError):
+    """A profile file that is not one (unreadable, not JSON, or of the wrong structure), named with what is wrong."""
+
+
+def check_profile(data, source) -> dict:
+    """A profile's data checked: ``{"devices": {signature: {op: {shape key: candidate name}}}, "timings":
+    {signature: {op: {shape key: {candidate: result}}}}}`` (both sections optional, other keys ignored); returns it
+    with both sections present. A file of another structure (a list, a NaN or a table where a name belongs) would
+    otherwise fail deep inside a policy's start with no file named."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{source}: a profile is a JSON object, got {type(data).__name__}")
+    out = dict(data)
+    for section, leaf in (("devices", str), ("timings", dict)):
+        tables = out.setdefault(section, {})
+        if not isinstance(tables, dict):
+            raise ProfileError(f"{source}: '{section}' must map device signatures to tables, got "
+                               f"{type(tables).__name__}")
+        for signature, table in tables.items():
+            if not isinstance(table, dict):
+                raise ProfileError(f"{source}: {section}[{signature!r}] must map ops to tables, got {table!r}"[:300])
+            for op, keys in table.items():
+                if not isinstance(keys, dict):
+                    raise ProfileError(f"{source}: {section}[{signature!r}][{op!r}] must map shape keys to "
+                                       f"{'candidate names' if leaf is str else 'timings'}, got {keys!r}"[:300])
+                for key, value in keys.items():
+                    if not isinstance(value, leaf):
+                        raise ProfileError(f"{source}: {section}[{signature!r}][{op!r}][{key!r}] must be "
+                                           f"{'a candidate name' if leaf is str else 'an object'}, got {value!r}"[:300])
+    return out
+
+
+def read_profile(path) -> dict:
+    """A profile file, checked (``check_profile``); ProfileError naming the file otherwise."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ProfileError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
+    return check_profile(data, path)
+
+
 @dataclass
 class OperatorSelector:
     candidates: dict = field(default_factory=dict)       # op -> [Candidate] in preference order
@@ -96,11 +136,22 @@ class OperatorSelector:
     def register(self, op: str, candidate: Candidate) -> None:
         self.candidates.setdefault(op, []).append(candidate)
 
-    def load_profile(self, path) -> None:
-        data = json.loads(Path(path).read_text())
-        for signature, table in data.get("devices", {}).items():
-            self.profile.setdefault(signature, {}).update(table)
-        self.sources.append((str(path), frozenset(data.get("devices", {}))))
+    def load_profile(self, path) -> bool:
+        """Add a profile file's tables; a file that is not a valid profile is skipped with a warning naming it (the
+        defaults run instead), a missing one is FileNotFoundError. Returns whether it was loaded."""
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"operator profile not found: {path}")
+        try:
+            data = read_profile(path)
+        except ProfileError as exc:
+            log.warning("operator profile %s skipped, the defaults run instead: %s", path, exc)
+            return False
+        for signature, table in data["devices"].items():
+            own = self.profile.setdefault(signature, {})
+            for op, keys in table.items():
+                own.setdefault(op, {}).update(keys)
+        self.sources.append((str(path), frozenset(data["devices"])))
+        return True
 
     def usable(self, op: str, key: str, device: torch.device) -> list[Candidate]:
         capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()

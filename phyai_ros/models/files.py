@@ -3,12 +3,15 @@ key / shape validation against an architecture, and non-finite weights refused a
 
 Why: a checkpoint that does not fit the architecture must fail loudly at load time, naming the file and what is
 wrong, never silently run with uninitialized or misplaced weights. No hub access: paths are local files only.
+A checkpoint is data from outside: the files it names must lie inside its folder (``inside``), and the values
+of its configs are type- and range-checked where they are read (``Fields``), one error naming the file and key.
 """
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Dict, Iterable, Mapping, Tuple
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 import torch
 from safetensors import SafetensorError
@@ -49,8 +52,22 @@ def read_safetensors_file(path) -> Dict[str, torch.Tensor]:
         raise CheckpointError(f"{p}: unreadable safetensors file, truncated or corrupt ({exc})") from None
 
 
+def inside(folder, name, what: str, source) -> Path:
+    """``name``, a relative path read from ``source``, resolved inside ``folder``: an absolute path, '..' or a
+    symlink leading out of it is refused, with one error whether the file outside exists or not (so a checkpoint
+    can neither read nor probe files elsewhere)."""
+    if not isinstance(name, str) or not name.strip():
+        raise CheckpointError(f"{source}: {what} must be a non-empty relative path, got {name!r}")
+    root = Path(folder).resolve()
+    path = (root / name).resolve()   # follows symlinks; a missing file resolves as far as its folders exist
+    if path != root and root not in path.parents:
+        raise CheckpointError(f"{source}: {what} {name!r} is not inside the checkpoint folder {folder}")
+    return path
+
+
 def read_safetensors(ckpt_dir) -> Dict[str, torch.Tensor]:
-    """model.safetensors (or the shards of model.safetensors.index.json) of a checkpoint dir, on CPU."""
+    """model.safetensors (or the shards model.safetensors.index.json names, each resolved inside the folder: a
+    Hugging Face cache snapshot, whose files link to ../../blobs, is copied out first) of a checkpoint dir, on CPU."""
     d = require_file(ckpt_dir)
     single, index = d / "model.safetensors", d / "model.safetensors.index.json"
     if single.is_file():
@@ -59,11 +76,74 @@ def read_safetensors(ckpt_dir) -> Dict[str, torch.Tensor]:
         weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index}: no 'weight_map' object")
+        shards = [inside(d, s, f"weight_map shard of {k!r}", index) for k, s in weight_map.items()]
         sd: Dict[str, torch.Tensor] = {}
-        for s in sorted(set(weight_map.values())):
-            sd.update(read_safetensors_file(d / s))
+        for s in sorted(set(shards)):
+            sd.update(read_safetensors_file(s))
         return sd
     raise FileNotFoundError(f"file not found: {single}")
+
+
+_REQUIRED = object()
+_KINDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",
+          dict: "an object"}
+
+
+class Fields:
+    """Typed reading of one JSON config (or a section of it): each value checked for its type and range where it is
+    read, a wrong one a CheckpointError naming the file and the key (``tokenizer_max_length: 1e8``, ``chunk_size:
+    "50"``, an int where a path belongs), never a failure deep inside the model."""
+
+    def __init__(self, data, source, prefix: str = ""):
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{source}: {prefix.rstrip('.') or 'the file'} must be an object, got "
+                                  f"{type(data).__name__}")
+        self.data, self.source, self.prefix = data, source, prefix
+
+    def __contains__(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def _fail(self, key: str, why: str) -> CheckpointError:
+        return CheckpointError(f"{self.source}: {self.prefix}{key} {why}")
+
+    def get(self, key: str, kind: type, lo: Optional[float] = None, hi: Optional[float] = None,
+            default: Any = _REQUIRED) -> Any:
+        """``data[key]`` of type ``kind`` (int: a JSON integer, not a bool; float: any finite JSON number) within
+        [lo, hi]; ``default`` when it is missing or null (no default: required)."""
+        value = self.data.get(key)
+        if value is None:
+            if default is _REQUIRED:
+                raise self._fail(key, "is missing")
+            return default
+        ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise self._fail(key, f"must be {_KINDS.get(kind, kind.__name__)}, got {value!r}"[:300])
+        if kind is float and not math.isfinite(value):
+            raise self._fail(key, f"must be finite, got {value!r}")
+        if lo is not None and value < lo or hi is not None and value > hi:
+            raise self._fail(key, f"= {value!r} is outside [{lo:g}, {hi:g}]")
+        return value
+
+    def ints(self, key: str, lo: int, hi: int, length: Optional[int] = None, default: Any = _REQUIRED) -> tuple:
+        """A list of integers in [lo, hi] (of ``length`` when given)."""
+        values = self.get(key, list, default=default)
+        if values is default and default is not _REQUIRED:
+            return default
+        if length is not None and len(values) != length or \
+                not all(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi for v in values):
+            raise self._fail(key, f"must be a list of {length or ''} integers in [{lo}, {hi}], got {values!r}"[:300])
+        return tuple(values)
+
+    def section(self, key: str, default: Any = _REQUIRED) -> "Fields":
+        """The object under ``key`` as Fields (missing with a default: that default's fields)."""
+        value = self.data.get(key)
+        if value is None and default is not _REQUIRED:
+            value = default
+        elif value is None:
+            raise self._fail(key, "is missing")
+        return Fields(value, self.source, f"{self.prefix}{key}.")
 
 
 def require_finite(sd: Mapping[str, torch.Tensor], keys: Iterable[str], source) -> None:
@@ -97,5 +177,5 @@ def validate_keys(sd: Mapping[str, torch.Tensor], expected: Shapes, ignored: Ite
     raise CheckpointError("checkpoint does not match the model architecture:\n" + "\n".join(parts))
 
 
-__all__ = ["CheckpointError", "Shapes", "require_file", "read_json", "read_safetensors_file", "read_safetensors",
-           "require_finite", "validate_keys"]
+__all__ = ["CheckpointError", "Shapes", "Fields", "inside", "require_file", "read_json", "read_safetensors_file",
+           "read_safetensors", "require_finite", "validate_keys"]

@@ -4,13 +4,20 @@ cv_bridge does the decoding (the distro's on the robot, the PyPI port here); thi
 module checks what cv_bridge would otherwise turn into a crash or a garbled image:
 unknown encodings, a data buffer that does not match width/height/step, and
 undecodable compressed payloads; rows padded beyond width (step > width * channels) are
-packed before conversion.
+packed before conversion. A frame's size (width x height) is checked against the intake
+limit before anything of that size is made: from a raw message's fields, and from a PNG's or
+JPEG's header (a 105 KB PNG can decode to 6000x6000, 108 MB); other compressed formats are
+refused, as their size cannot be read before decoding.
 """
 from __future__ import annotations
+
+import struct
+from typing import Optional, Tuple
 
 import numpy as np
 
 from phyai_ros import needs_ros
+from phyai_ros.control.observation import MAX_IMAGE_PIXELS, BadImageError, check_image_dims
 
 # Encodings whose conversion to rgb8 is well defined for a policy camera.
 _CHANNELS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1}
@@ -41,13 +48,56 @@ def _compressed_failure(msg, exc: Exception) -> str:
     return f"could not convert compressed image (format '{msg.format}') to rgb8: {type(exc).__name__}: {exc}"
 
 
-class ImageConverter:
-    """Converts sensor_msgs Image / CompressedImage to HxWx3 uint8 RGB."""
+_PNG = b"\x89PNG\r\n\x1a\n"
+# JPEG start-of-frame markers (baseline, progressive, lossless, ...): C0-CF but DHT (C4), JPG (C8), DAC (CC)
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
-    def __init__(self) -> None:
+
+def compressed_size(data: bytes) -> Optional[Tuple[str, int, int]]:
+    """(format, width, height) from a PNG's IHDR or a JPEG's start-of-frame segment, read without decoding; None
+    when the data is neither (or its header is cut short)."""
+    if data[:8] == _PNG and data[12:16] == b"IHDR" and len(data) >= 24:
+        width, height = struct.unpack(">II", data[16:24])
+        return "png", width, height
+    if data[:2] != b"\xff\xd8":
+        return None
+    i = 2
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:   # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:   # markers without a length
+            i += 2
+            continue
+        if marker in _SOF:
+            if i + 9 > len(data):
+                return None
+            height, width = struct.unpack(">HH", data[i + 5:i + 9])
+            return "jpeg", width, height
+        if marker == 0xDA:   # scan data before any frame header
+            return None
+        i += 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
+    return None
+
+
+class ImageConverter:
+    """Converts sensor_msgs Image / CompressedImage to HxWx3 uint8 RGB; frames larger than ``max_pixels``
+    (width x height) are refused before decoding (the node's ``cameras.max_pixels``)."""
+
+    def __init__(self, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
         with needs_ros(__name__):  # cv_bridge comes with ROS; the error types above need none
             from cv_bridge import CvBridge
         self._bridge = CvBridge()
+        self.max_pixels = int(max_pixels)
+
+    def _check_size(self, width: int, height: int, what: str) -> None:
+        try:
+            check_image_dims(width, height, self.max_pixels)
+        except BadImageError as exc:
+            raise ImageDecodeError(f"{what}: {exc} (cameras.max_pixels), not decoded") from None
 
     def from_image(self, msg) -> np.ndarray:
         encoding = msg.encoding
@@ -61,6 +111,7 @@ class ImageConverter:
                 f"unsupported image encoding '{encoding}' ({hint}supported: {', '.join(sorted(_CHANNELS))})")
         if msg.width == 0 or msg.height == 0:
             raise ImageDecodeError(f"empty image {msg.width}x{msg.height}")
+        self._check_size(msg.width, msg.height, encoding)
         if msg.step < msg.width * channels:
             raise ImageDecodeError(f"step {msg.step} too small for {msg.width} px of {encoding}")
         if len(msg.data) != msg.step * msg.height:
@@ -77,6 +128,13 @@ class ImageConverter:
     def from_compressed(self, msg) -> np.ndarray:
         if len(msg.data) == 0:
             raise ImageDecodeError("empty compressed image")
+        data = bytes(msg.data)
+        size = compressed_size(data)
+        if size is None:
+            raise ImageDecodeError(f"compressed image (format '{msg.format}', {len(data)} bytes starting "
+                                   f"{data[:4].hex(' ')}) is neither PNG nor JPEG with a readable header: its size "
+                                   "cannot be checked before decoding")
+        self._check_size(size[1], size[2], f"compressed {size[0]} (format '{msg.format}')")
         try:
             rgb = self._bridge.compressed_imgmsg_to_cv2(msg, desired_encoding="rgb8")
         except Exception as exc:

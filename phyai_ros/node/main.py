@@ -49,6 +49,7 @@ from phyai_ros import diagnostics
 from phyai_ros.control import CallableClock, ControlLoop, stamp_to_ns
 from phyai_ros.messages import chunk_to_msg, margin_to_msg, ns_to_time
 from phyai_ros.node.images import ImageConverter, ImageDecodeError
+from phyai_ros.node.instruction import TaskFitter
 from phyai_ros.node.parameters import declare_and_read
 from phyai_ros.node.qos import LATCHED, RELIABLE, SENSOR
 from phyai_ros.policies import build_policy, resolved_parameters
@@ -57,7 +58,7 @@ _LEVEL_BYTES = {0: DiagnosticStatus.OK, 1: DiagnosticStatus.WARN, 2: DiagnosticS
 # Counters whose growth during a diagnostics period turns the input status to WARN.
 _INPUT_PROBLEMS = ("stale_snapshots", "bad_image", "bad_state", "missing_joint", "unknown_camera", "bad_input",
                    "out_of_order", "future_stamp", "clock_jumps", "inference_errors", "bad_chunks",
-                   "deadline_misses", "callback_errors", "truncated_instructions")
+                   "deadline_misses", "missed_slots", "callback_errors", "truncated_instructions")
 
 
 class PolicyNode(LifecycleNode):
@@ -73,7 +74,7 @@ class PolicyNode(LifecycleNode):
         super().__init__(diagnostics.NODE_NAME, **kwargs)
         self.p = declare_and_read(self)
         self._names = list(self.p.control.action_names)
-        self._images = ImageConverter()
+        self._images = ImageConverter(self.p.cameras.max_pixels)
         self._event_log_times: dict[str, float] = {}
         self._last_counters: dict[str, int] = {}
         self.policy = None
@@ -130,6 +131,9 @@ class PolicyNode(LifecycleNode):
                                 clock=CallableClock(lambda: self.get_clock().now().nanoseconds),
                                 on_chunk=self._publish_chunk, on_margin=self._publish_margin,
                                 on_event=self._on_event)
+        self._task_fitter = TaskFitter(lambda text, state: self.policy.adapter.fit_task(text, state),
+                                       self._report_cut, lambda exc: self.loop.report_bad_input(
+                                           "callback_errors", f"instruction: {type(exc).__name__}: {exc}"))
         self._make_subscriptions()
         self._entities.append(self.create_timer(self.p.diagnostics.period,
                                                 self._guarded("diagnostics", self._publish_diagnostics)))
@@ -237,24 +241,27 @@ class PolicyNode(LifecycleNode):
                                  stamp_to_ns(msg.header.stamp))
 
     def _on_instruction(self, msg: String, info: Optional[dict] = None) -> None:
-        """A new task (a blank one is refused by the loop). One too long for the prompt's token budget is
-        accepted, since the policy cuts the task and never the state, and counted once, here. A
-        publication already taken through the other subscription is skipped (see the subscriptions)."""
+        """A new task (a blank one, or one longer than instruction.max_length, is refused by the loop). One too long
+        for the prompt's token budget is accepted, since the policy cuts the task and never the state, and counted
+        once: the check tokenises, so it runs off the executor (TaskFitter). A publication already taken through
+        the other subscription is skipped (see the subscriptions)."""
         text = msg.data
         stamp = (info or {}).get("source_timestamp") or 0
         if stamp:   # 0: the middleware gives no source stamp; fall back on the text alone
-            if (stamp, text) in self._instructions_taken:
+            taken = (stamp, hash(text), len(text))   # not the text: a refused 8 MB one is not kept 64 times
+            if taken in self._instructions_taken:
                 return
-            self._instructions_taken.append((stamp, text))
+            self._instructions_taken.append(taken)
         if text == self.loop.buffer.instruction or not self.loop.on_instruction(text):
             return  # the same text again (latched and volatile subscriptions both take it), or refused
-        prompt, cut = self.policy.adapter.fit_task(text, self.loop.buffer.latest_state)
-        if cut:
-            budget = self.policy.adapter.token_budget
-            self.loop.report_bad_input("truncated_instructions",
-                                       f"instruction of {len(text)} characters does not fit the {budget}-token "
-                                       f"prompt; the policy gets its start only (prompt {prompt[:120]!r}...), the "
-                                       "state is kept")
+        self._task_fitter.submit(text, self.loop.buffer.latest_state)
+
+    def _report_cut(self, text: str, prompt: str) -> None:
+        budget = self.policy.adapter.token_budget
+        self.loop.report_bad_input("truncated_instructions",
+                                   f"instruction of {len(text)} characters does not fit the {budget}-token "
+                                   f"prompt; the policy gets its start only (prompt {prompt[:120]!r}...), the "
+                                   "state is kept")
 
     # -- outputs --------------------------------------------------------------------------------
     def _tick(self) -> None:

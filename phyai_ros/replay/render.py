@@ -1,6 +1,8 @@
 """The report's text: Markdown and self-contained HTML (plots embedded) of the numbers
 (``analysis``), the verdict (``verdict``) and the figures (``figures``), the one-line verdict the
-commands print, and how a number is written in all of them (``fmt``)."""
+commands print, and how a number is written in all of them (``fmt``). Bags are shared between
+people: every value interpolated into the HTML is escaped (``_e``), and the text taken from the bag
+(names, events, accounting) in the Markdown too (``_m``), so a crafted bag cannot put markup in a report."""
 from __future__ import annotations
 
 import base64
@@ -15,6 +17,18 @@ from phyai_ros.replay.analysis import LEVEL_NAMES
 
 LEVEL_COLORS = {0: "#2e7d32", 1: "#ef8f00", 2: "#c62828"}
 Appendix = Sequence[Tuple[str, Sequence[str]]]   # extra sections after the verdict: (title, lines)
+
+
+def _e(value) -> str:
+    """Any value as HTML text."""
+    return html_text.escape(str(value))
+
+
+def _m(value, cell: bool = False) -> str:
+    """Text as Markdown text: no raw HTML (a viewer would render it: '<' and '&' as entities); in a table
+    ``cell``, no '|' either."""
+    text = str(value).replace("&", "&amp;").replace("<", "&lt;")
+    return text.replace("|", "/") if cell else text
 
 
 def fmt(v, digits: int = 2) -> str:
@@ -41,16 +55,16 @@ def _events_rows(events: List[dict], t0: Optional[int]) -> List[List[str]]:
 
 def markdown(num: dict, v: dict, figs: Dict[str, Path], t0: int, appendix: Appendix = ()) -> str:
     """``report.md``: the verdict, the appendix, the plots (as files next to it) and the tables."""
-    lines = [f"# Replay report: {Path(num['input_bag'] or num['bag']).name}", "",
-             f"**{LEVEL_NAMES[v['level']]}** - {v['headline']}", ""]
-    lines += [f"- {f}" for f in v["facts"]]
+    lines = [f"# Replay report: {_m(Path(str(num['input_bag'] or num['bag'])).name)}", "",
+             f"**{LEVEL_NAMES[v['level']]}** - {_m(v['headline'])}", ""]
+    lines += [f"- {_m(f)}" for f in v["facts"]]
     if v["caveat"]:
-        lines += ["", f"> {v['caveat']}"]
+        lines += ["", f"> {_m(v['caveat'])}"]
     for title, body in appendix:
-        lines += ["", f"## {title}", ""] + [f"- {x}" for x in body]
-    lines += ["", f"Mode: {num['mode']}" + (f" x{num['rate']:g}" if num.get('rate') else "")
-              + f"; model {num['model_id']}; dt {num['dt']} s, H {num['horizon']}; {num['chunks']} chunks, "
-              f"{num['commands']} commands; output bag `{num['bag']}`.", ""]
+        lines += ["", f"## {_m(title)}", ""] + [f"- {_m(x)}" for x in body]
+    lines += ["", f"Mode: {_m(num['mode'])}" + (f" x{num['rate']:g}" if num.get('rate') else "")
+              + f"; model {_m(num['model_id'])}; dt {_m(num['dt'])} s, H {_m(num['horizon'])}; {num['chunks']} chunks, "
+              f"{num['commands']} commands; output bag `{_m(num['bag'])}`.", ""]
     for name, title in (("roofline", "Control-time roofline"), ("margin", "Margin distribution and budget"),
                         ("latency_time", "Latency segments over time"), ("latency_hist", "Latency histograms"),
                         ("discontinuity", "Chunk-boundary discontinuity"), ("problems", "Deadline misses"),
@@ -68,21 +82,23 @@ def markdown(num: dict, v: dict, figs: Dict[str, Path], t0: int, appendix: Appen
         lines += ["## Accounting", "", "| topic | played | " + " | ".join(CATEGORIES) + " |",
                   "|---|---|" + "---|" * len(CATEGORIES)]
         for t, row in sorted(acc["per_topic"].items()):
-            lines.append(f"| {t} | {row['played']} | " + " | ".join(str(row[c]) for c in CATEGORIES) + " |")
+            lines.append(f"| {_m(t, True)} | {row.get('played', 0)} | " + " | ".join(str(row.get(c, 0)) for c in CATEGORIES)
+                         + " |")
         for t, reasons in sorted(acc.get("reasons", {}).items()):
             for reason, n in sorted(reasons.items()):
-                lines.append(f"\n- {t}: {n} {reason}")
-        lines += ["", f"Snapshots: {acc['snapshots']} chunks, {acc['verified']} observation stamps verified, "
-                  f"{acc.get('races', 0)} after resolving a delivery race. " + ("Accounting check OK." if acc.get("ok") else
-                                                        "Problems: " + "; ".join(acc.get("problems", []))), ""]
+                lines.append(f"\n- {_m(t)}: {n} {_m(reason)}")
+        lines += ["", f"Snapshots: {acc.get('snapshots', 0)} chunks, {acc.get('verified', 0)} observation stamps "
+                  f"verified, {acc.get('races', 0)} after resolving a delivery race. "
+                  + ("Accounting check OK." if acc.get("ok") else "Problems: " + _m("; ".join(acc.get("problems", [])))),
+                  ""]
     if num["counters"]:
-        lines += ["## Node counters (this replay)", "", ", ".join(f"{k} {v2}" for k, v2 in sorted(num["counters"].items())
-                                                                 if v2), ""]
+        lines += ["## Node counters (this replay)", "", ", ".join(f"{_m(k)} {v2}" for k, v2 in
+                                                                 sorted(num["counters"].items()) if v2), ""]
     lines += ["## Events", ""]
     rows = _events_rows(num["events"], t0)
     if rows:
         lines += ["| t [s] | source | kind | topic | detail |", "|---|---|---|---|---|"]
-        lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
+        lines += ["| " + " | ".join(_m(c, True) for c in row) + " |" for row in rows]
     else:
         lines.append("None.")
     return "\n".join(lines) + "\n"
@@ -97,7 +113,7 @@ def html(num: dict, v: dict, figs: Dict[str, Path], t0: int, appendix: Appendix 
         return f'<img src="data:image/png;base64,{data}" style="width:{width};max-width:100%">'
 
     color = LEVEL_COLORS[v["level"]]
-    e = html_text.escape
+    e = _e
     mg, r = num["margin"], num["roofline"]
     big = [("X", fmt(r["X"]), r["bound"]), ("P(M&ge;0)", fmt(mg["p_hat"], 3),
                                              f"lower {fmt(mg['p_lower'], 3)} ({mg['bound_label']}) vs {mg['target']:.3f}"),
@@ -107,7 +123,7 @@ def html(num: dict, v: dict, figs: Dict[str, Path], t0: int, appendix: Appendix 
             f"{fmt(num['commands_delivery']['delay_max_ms'], 1)} ms"),
            ("inference p99", f"{fmt(num['latency_ms']['inference']['p99'], 1)} ms",
             f"p50 {fmt(num['latency_ms']['inference']['p50'], 1)} ms")]
-    tiles = "".join(f'<div class="tile"><div class="k">{k}</div><div class="v">{val}</div><div class="s">{e(sub)}</div></div>'
+    tiles = "".join(f'<div class="tile"><div class="k">{k}</div><div class="v">{e(val)}</div><div class="s">{e(sub)}</div></div>'
                     for k, val, sub in big)
     facts = "".join(f"<li>{e(f)}</li>" for f in v["facts"])
     caveat = f'<p class="caveat">{e(v["caveat"])}</p>' if v["caveat"] else ""
@@ -115,17 +131,18 @@ def html(num: dict, v: dict, figs: Dict[str, Path], t0: int, appendix: Appendix 
     acc_html = ""
     if acc:
         head = "".join(f"<th>{c}</th>" for c in CATEGORIES)
-        body = "".join(f"<tr><td>{e(t)}</td><td>{row['played']}</td>" + "".join(f"<td>{row[c]}</td>" for c in CATEGORIES)
-                       + "</tr>" for t, row in sorted(acc["per_topic"].items()))
-        reasons = "".join(f"<li>{e(t)}: {n} {e(reason)}</li>" for t, rs in sorted(acc.get("reasons", {}).items())
+        body = "".join(f"<tr><td>{e(t)}</td><td>{e(row.get('played', 0))}</td>"
+                       + "".join(f"<td>{e(row.get(c, 0))}</td>" for c in CATEGORIES)
+                       + "</tr>" for t, row in sorted(acc.get("per_topic", {}).items()))
+        reasons = "".join(f"<li>{e(t)}: {e(n)} {e(reason)}</li>" for t, rs in sorted(acc.get("reasons", {}).items())
                           for reason, n in sorted(rs.items()))
         check = ("Accounting check OK: every input message is in exactly one category." if acc.get("ok")
                  else "Accounting problems: " + e("; ".join(acc.get("problems", []))))
         acc_html = (f"<h2>Input accounting</h2>{img('accounting')}<table><tr><th>topic</th><th>played</th>{head}</tr>"
-                    f"{body}</table><ul>{reasons}</ul><p>Snapshots: {acc['snapshots']} chunks, {acc['verified']} "
-                    f"observation stamps verified ({acc.get('races', 0)} after resolving a delivery race). "
-                    f"{check}</p>")
-    lat = "".join(f"<tr><td>{n}</td>" + "".join(f"<td>{fmt(st[q], 1)}</td>" for q in ("p50", "p95", "p99", "max"))
+                    f"{body}</table><ul>{reasons}</ul><p>Snapshots: {e(acc.get('snapshots', 0))} chunks, "
+                    f"{e(acc.get('verified', 0))} observation stamps verified ({e(acc.get('races', 0))} after resolving "
+                    f"a delivery race). {check}</p>")
+    lat = "".join(f"<tr><td>{e(n)}</td>" + "".join(f"<td>{e(fmt(st[q], 1))}</td>" for q in ("p50", "p95", "p99", "max"))
                   + "</tr>" for n, st in num["latency_ms"].items())
     rows = _events_rows(num["events"], t0)
     ev = ("<table><tr><th>t [s]</th><th>source</th><th>kind</th><th>topic</th><th>detail</th></tr>"
@@ -134,7 +151,7 @@ def html(num: dict, v: dict, figs: Dict[str, Path], t0: int, appendix: Appendix 
     d = num["discontinuity"]
     counters = ", ".join(f"{k} {v2}" for k, v2 in sorted(num["counters"].items()) if v2)
     extra = "".join(f"<h2>{e(t)}</h2><ul>" + "".join(f"<li>{e(x)}</li>" for x in body) + "</ul>" for t, body in appendix)
-    title = e(Path(num["input_bag"] or num["bag"]).name)
+    title = e(Path(str(num["input_bag"] or num["bag"])).name)
     return f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>Replay report: {title}</title>
 <style>
 body{{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:18px auto;max-width:1180px;color:#222}}
@@ -151,15 +168,15 @@ ul{{margin:4px 0}} li{{margin:2px 0}} .meta{{color:#666;font-size:12px}}
 <div class="tiles">{tiles}</div><ul>{facts}</ul>{caveat}</div>
 {extra}
 <div class="row"><div>{img('roofline')}</div><div>{img('problems')}{img('accounting') if acc else ''}</div></div>
-<p class="meta">Input bag {e(str(num['input_bag']))} &middot; mode {e(str(num['mode']))}{(' x' + format(num['rate'], 'g')) if num.get('rate') else ''}
-&middot; model {e(str(num['model_id']))} &middot; dt {num['dt']} s, H {num['horizon']} &middot; {num['chunks']} chunks,
-{num['commands']} commands &middot; output bag {e(num['bag'])}</p>
+<p class="meta">Input bag {e(num['input_bag'])} &middot; mode {e(num['mode'])}{e(' x' + format(num['rate'], 'g')) if num.get('rate') else ''}
+&middot; model {e(num['model_id'])} &middot; dt {e(num['dt'])} s, H {e(num['horizon'])} &middot; {e(num['chunks'])} chunks,
+{e(num['commands'])} commands &middot; output bag {e(num['bag'])}</p>
 <h2>Margin</h2>{img('margin')}
 <h2>Latency segments</h2>{img('latency_time')}{img('latency_hist')}
 <table><tr><th>segment (ms)</th><th>p50</th><th>p95</th><th>p99</th><th>max</th></tr>{lat}</table>
 <h2>Chunk boundaries</h2>{img('discontinuity')}
-<p>{len(d['boundaries'])} boundaries; command step at a switch max {fmt(d.get('max_jump'), 4)} vs median step within a
-chunk {fmt(d['median_step'], 4)} (p99 {fmt(d['p99_step'], 4)}).</p>
+<p>{len(d['boundaries'])} boundaries; command step at a switch max {e(fmt(d.get('max_jump'), 4))} vs median step within a
+chunk {e(fmt(d['median_step'], 4))} (p99 {e(fmt(d['p99_step'], 4))}).</p>
 {acc_html}
 <h2>Node counters (this replay)</h2><p>{e(counters) or 'all zero'}</p>
 <h2>Events</h2>{ev}

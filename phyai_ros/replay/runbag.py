@@ -3,14 +3,17 @@
 Works on the replay's output bags (which add ``/replay/summary`` and ``/replay/events``) and on
 any rosbag2 recorded on a robot with ``ros2 bag record`` of the node's topics: topics are found
 by message type (the command topic by the summary, else the busiest single-point
-JointTrajectory / Float64MultiArray topic).
+JointTrajectory / Float64MultiArray topic). Bags are shared between people: the summary is data
+from outside, so each of its fields is type-checked when read (``check_summary``); one of the
+wrong type is left out (listed in ``Run.refused``), never passed on to the report.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -18,6 +21,7 @@ from phyai_ros.control.chunk import ActionChunk
 from phyai_ros.control.clock import stamp_to_ns
 from phyai_ros.control.margin import MarginReport
 from phyai_ros.messages import MalformedMessageError, msg_to_chunk, msg_to_margin
+from phyai_ros.replay.accounting import CATEGORIES
 from phyai_ros.replay.bagtypes import open_bag
 from phyai_ros.replay.recording import parse_diagnostics
 
@@ -39,6 +43,7 @@ class Run:
     events: List[dict] = field(default_factory=list)
     topics: Dict[str, str] = field(default_factory=dict)
     bad_messages: int = 0
+    refused: List[str] = field(default_factory=list)   # summary fields left out for their type
 
     @property
     def t0(self) -> int:
@@ -61,7 +66,7 @@ def load_run(path) -> Run:
             except ValueError:
                 continue
             if conn.topic == SUMMARY_TOPIC:
-                run.summary = value
+                run.summary = check_summary(value, run.refused)
         if run.summary is not None:
             run.events = list(run.summary.get("events", []))
         command_topic = _command_topic(reader, run.summary)
@@ -87,6 +92,81 @@ def load_run(path) -> Run:
             except (MalformedMessageError, ValueError, KeyError, AttributeError):
                 run.bad_messages += 1
     return run
+
+
+NUMBER, INT, STR, BOOL = "number", "int", "str", "bool"
+# The replay summary's fields (player.ReplayResult.summary) -> their kind; sections are nested tables of the same
+# ("*": any other key; "!": keys without which the table is left out whole).
+_COUNTS = {"*": INT}
+_ROW = {"*": INT, "!": ("played",) + CATEGORIES}
+_SUMMARY = {
+    "bag": STR, "storage": STR, "clock_source": STR, "bag_duration_s": NUMBER, "messages": INT, "played": INT,
+    "complete": BOOL, "mode": STR, "rate": NUMBER, "wall_s": NUMBER, "chunks": INT, "margins": INT, "commands": INT,
+    "diagnostics": INT, "out": STR, "session_start_ns": INT, "session_end_ns": INT, "session_report_ns": INT,
+    "session_start_bag_ns": INT, "session_end_bag_ns": INT, "lag_ms": {"*": NUMBER}, "topics": {"*": STR},
+    "node_counters": _COUNTS, "tail_counters": _COUNTS,
+    "node": {"name": STR, "source": STR, "state_topic": STR, "instruction_topic": STR, "max_observation_age": NUMBER,
+             "max_state_age": NUMBER, "dt": NUMBER, "horizon": INT, "diagnostics_period": NUMBER,
+             "command_topic": STR, "chunk_topic": STR, "margin_topic": STR, "chunk_trajectory_topic": STR,
+             "eps": NUMBER, "confidence": NUMBER, "min_samples": INT, "error_probability": NUMBER,
+             "error_consecutive_misses": INT, "model_id": STR, "use_sim_time": BOOL},
+    "accounting": {"per_topic": {"*": _ROW}, "reasons": {"*": _COUNTS}, "snapshots": INT, "verified": INT,
+                   "races": INT, "unexplained": INT, "ok": BOOL, "problems": [STR],
+                   "rejection_check": {"*": _COUNTS}},
+    "events": [{"kind": STR, "detail": STR, "topic": STR, "log_ns": INT, "sim_ns": INT, "index": INT, "source": STR}],
+}
+
+
+def _kind_ok(value: Any, kind: str) -> bool:
+    if kind == BOOL:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if kind == INT:
+        return isinstance(value, int)
+    if kind == NUMBER:
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    return isinstance(value, str)
+
+
+def _checked(value: Any, schema, where: str, refused: List[str]):
+    """``value`` as ``schema`` says (a kind, a table {key or '*': schema}, or [item schema]); what does not fit is
+    left out and its place named in ``refused``. None when ``value`` itself does not fit."""
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            refused.append(where)
+            return None
+        out = {}
+        for key, item in value.items():
+            sub = schema.get(key, schema.get("*")) if isinstance(key, str) and key != "!" else None
+            if sub is None:
+                continue   # a field the report never reads
+            checked = _checked(item, sub, f"{where}.{key}", refused)
+            if checked is not None:
+                out[key] = checked
+        missing = [key for key in schema.get("!", ()) if key not in out]
+        if missing:
+            refused.append(f"{where} (without {', '.join(missing)})")
+            return None
+        return out
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            refused.append(where)
+            return None
+        items = [_checked(item, schema[0], f"{where}[{i}]", refused) for i, item in enumerate(value)]
+        return [item for item in items if item is not None]
+    if value is None:
+        return None
+    if not _kind_ok(value, schema):
+        refused.append(where)
+        return None
+    return value
+
+
+def check_summary(value: Any, refused: Optional[List[str]] = None) -> Optional[dict]:
+    """The replay summary read from a bag, each field of the type the report reads (the others left out and
+    named in ``refused``); None for a summary that is not a JSON object."""
+    return _checked(value, _SUMMARY, "summary", refused if refused is not None else [])
 
 
 def _messages(reader, connections):
@@ -128,5 +208,5 @@ def match_chunks_and_margins(chunks: List[Tuple[int, ActionChunk]],
     return {by_seq[m.chunk_seq]: j for j, (_, m) in enumerate(margins) if m.chunk_seq in by_seq}
 
 
-__all__ = ["Run", "load_run", "match_chunks_and_margins", "require_node_outputs", "NotAnOutputBag", "SUMMARY_TOPIC",
-           "EVENTS_TOPIC"]
+__all__ = ["Run", "load_run", "check_summary", "match_chunks_and_margins", "require_node_outputs", "NotAnOutputBag",
+           "SUMMARY_TOPIC", "EVENTS_TOPIC"]

@@ -68,3 +68,9 @@ class GraphRegistry:
 
     def keys(self) -> list:
         return list(self.calls)
+
+    def forget(self, key: Hashable) -> None:
+        """Drop a captured call (a bucket evicted): its graph and outputs are freed into the shared pool."""
+        call = self.calls.pop(key, None)
+        if call is not None and call.graph is not None:
+            call.graph.reset()

@@ -4,7 +4,9 @@ policies whose inference is "encode the observation once, then a fixed-step loop
 Ownership as in runner.py: the model object (its stage functions) says *what* to compute, the runner owns *how*: one
 bucket per observation shape (batch, token length, image grid, ...), holding static input buffers, the step
 tables of its batch size, the loop's noise / RTC buffers, and three captured graphs (backbone, per-observation
-context, the whole loop with native RTC inside). On the CPU, or with graphs off, the same stage functions run
+context, the whole loop with native RTC inside). The prompt's length varies with the task, so the buckets are
+bounded: at most ``max_buckets`` (MAX_BUCKETS), the least recently used evicted with its graphs (a bucket made
+again is captured again). On the CPU, or with graphs off, the same stage functions run
 eagerly on the same buffers, so both paths compute the same thing.
 
 The model object provides (phyai_ros/models/groot_n17/modeling.py)::
@@ -19,6 +21,7 @@ The model object provides (phyai_ros/models/groot_n17/modeling.py)::
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -27,6 +30,7 @@ import torch
 from phyai_ros.runtime.graphs import CapturedCall, GraphRegistry
 
 Tensor = torch.Tensor
+MAX_BUCKETS = 8   # observation shapes kept (buffers and graphs); a robot's prompts take a few lengths
 
 
 @dataclass
@@ -49,12 +53,13 @@ class _Bucket:
 class GrootRunner:
     """Runs backbone + context once per observation and the captured loop once per chunk, on one device."""
 
-    def __init__(self, model, use_graphs: bool = True):
+    def __init__(self, model, use_graphs: bool = True, max_buckets: int = MAX_BUCKETS):
         self.model = model
         self.device = torch.device(model.device)
         self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
         self.registry = GraphRegistry() if self.use_graphs else None
-        self._buckets: Dict[tuple, _Bucket] = {}
+        self.max_buckets = max(1, int(max_buckets))
+        self._buckets: "OrderedDict[tuple, _Bucket]" = OrderedDict()   # least recently used first
         self._observation_ids = itertools.count(1)
 
     @staticmethod
@@ -68,7 +73,11 @@ class GrootRunner:
     def _bucket(self, obs: Dict[str, Tensor]) -> _Bucket:
         key = self.bucket_key(obs)
         b = self._buckets.get(key)
-        if b is None:
+        if b is not None:
+            self._buckets.move_to_end(key)
+        else:
+            while len(self._buckets) >= self.max_buckets:
+                self._evict(next(iter(self._buckets)))
             batch = self.model.batch_size(obs)
             seed, keep, weight = self.model.solver_tensors(None, batch)
             b = _Bucket(key, {k: torch.empty_like(v, device=self.device) for k, v in obs.items()},
@@ -77,6 +86,13 @@ class GrootRunner:
                         seed.clone(), keep.clone(), weight.clone())
             self._buckets[key] = b
         return b
+
+    def _evict(self, key: tuple) -> None:
+        """Drop a bucket, its buffers and graphs (their memory returns to the runner's graph pool)."""
+        del self._buckets[key]
+        if self.registry is not None:
+            for stage in ("backbone", "context", "loop"):
+                self.registry.forget((stage,) + key)
 
     # ---------------------------------------------------------------- execution
     @torch.no_grad()

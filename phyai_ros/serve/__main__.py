@@ -1,14 +1,18 @@
 """Start the served policy: ``python -m phyai_ros.serve --checkpoint DIR --tokenizer FILE [--port 8000]``.
 
 Starts (or joins, with ``--address``) a Ray instance, runs the application with one replica per GPU (CPU
-replicas without CUDA) and serves HTTP until interrupted.
+replicas without CUDA) and serves HTTP until interrupted. Beyond loopback (``--host``) a token is required:
+``--token-file FILE`` or the environment variable PHYAI_SERVE_TOKEN (never on the command line, which every
+user of the machine can read); clients send it as ``Authorization: Bearer TOKEN`` (the node: policy.token).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from pathlib import Path
 
-from .engine import ServeConfig
+from .engine import MAX_BODY_BYTES, ServeConfig
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -27,6 +31,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch-wait-ms", type=float, default=5.0, help="serve.batch's bounded wait")
     ap.add_argument("--replicas", type=int, default=0, help="0: one per GPU (1 without CUDA)")
     ap.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per CPU replica")
+    ap.add_argument("--max-body-mb", type=float, default=MAX_BODY_BYTES / 2**20,
+                    help="larger request bodies are refused (413) before they are read")
+    ap.add_argument("--max-image-pixels", type=int, default=ServeConfig.max_image_pixels,
+                    help="larger frames (width x height) are refused (400) from the request's tensor header")
+    ap.add_argument("--token-file", default="", help="a file holding the token clients must send (default: "
+                                                     "$PHYAI_SERVE_TOKEN); required with a --host beyond loopback")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
@@ -37,7 +47,19 @@ def config_from_args(a: argparse.Namespace) -> ServeConfig:
     return ServeConfig(checkpoint=a.checkpoint, tokenizer=a.tokenizer, norm_stats=a.norm_stats, model_type=a.type,
                        model_id=a.model_id, device=a.device, dtype=a.dtype, cuda_graphs=not a.no_cuda_graphs,
                        token_bucket=a.token_bucket, options=a.options, max_batch_size=a.max_batch_size,
-                       batch_wait_s=a.batch_wait_ms / 1e3)
+                       batch_wait_s=a.batch_wait_ms / 1e3, max_body_bytes=int(a.max_body_mb * 2**20),
+                       max_image_pixels=a.max_image_pixels)
+
+
+def read_token(a: argparse.Namespace) -> str:
+    """The token from --token-file (its first line), else PHYAI_SERVE_TOKEN, else empty."""
+    from .app import TOKEN_ENV
+    if a.token_file:
+        token = Path(a.token_file).read_text().strip()
+        if not token:
+            raise SystemExit(f"--token-file {a.token_file} is empty")
+        return token
+    return os.environ.get(TOKEN_ENV, "").strip()
 
 
 def main(argv=None) -> None:
@@ -45,7 +67,8 @@ def main(argv=None) -> None:
 
     from .app import run_local
     a = parse_args(argv)
-    endpoint = run_local(config_from_args(a), a.port, a.host, a.replicas, a.num_cpus, address=a.address)
+    endpoint = run_local(config_from_args(a), a.port, a.host, a.replicas, a.num_cpus, token=read_token(a),
+                         ray_init={"address": a.address})
     print(f"serving {a.checkpoint} at {endpoint}/ (GET /info); Ctrl-C stops", flush=True)
     try:
         while True:

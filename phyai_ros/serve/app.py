@@ -4,8 +4,12 @@ Routes of the HTTP ingress (loopback or the edge server's network):
 
     POST /       a ``wire`` request (robot id, images, state, task, seed, RTC state) -> a ``wire`` reply
                  (the chunk, the server's queue and inference times, the model id); 400 with a JSON message
-                 for a malformed or refused request, 500 when inference failed
+                 for a malformed or refused request, 413 for a body over ``max_body_bytes`` (refused from its
+                 Content-Length, never read), 500 when inference failed
     GET  /info   the model (cameras, H, dims, RTC modes) and this replica's counters
+
+With a token (``run_local(token=...)``; required to bind beyond loopback) both routes answer 401 unless the
+request carries ``Authorization: Bearer TOKEN``; the replicas hold only its SHA-256.
 
 In-process callers (RL rollouts from a Ray actor, no HTTP) call ``infer`` through the DeploymentHandle with a
 ``wire.Request``. Both paths go through one ``serve.batch`` queue (bounded wait ``batch_wait_s``, at most
@@ -16,9 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import hmac
+import ipaddress
 import json
+import os
 import time
 from collections import Counter
+from typing import Optional
 
 import torch
 from ray import serve
@@ -30,6 +39,7 @@ from .wire import BadRequest, Failure, Request, decode_request, encode_reply
 
 APP_NAME = "phyai_policy"
 BINARY = "application/octet-stream"
+TOKEN_ENV = "PHYAI_SERVE_TOKEN"   # the server's token (or --token-file), and the node's when policy.token is empty
 
 
 def _error(status: int, message: str, robot_id: str = "") -> Response:
@@ -37,10 +47,51 @@ def _error(status: int, message: str, robot_id: str = "") -> Response:
                     media_type="application/json")
 
 
+def token_digest(token: str) -> str:
+    """What a replica holds of the token (its SHA-256, hex): the token itself stays out of Ray's configs."""
+    return hashlib.sha256(token.encode()).hexdigest() if token else ""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:   # a host name: it may resolve to anything
+        return False
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, size: int, limit: int, declared: bool):
+        super().__init__(f"request body of {size:,} bytes{' (Content-Length)' if declared else ''} is larger than "
+                         f"the server's limit of {limit:,} bytes (--max-body-mb)")
+
+
+async def read_body(http: HttpRequest, limit: int) -> bytes:
+    """The request body, at most ``limit`` bytes: a larger Content-Length is refused before anything is read,
+    and a body without one (chunked) is refused as soon as it grows past the limit."""
+    declared = http.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            size = -1
+        if size > limit:
+            raise BodyTooLarge(size, limit, True)
+    chunks, total = [], 0
+    async for chunk in http.stream():
+        total += len(chunk)
+        if total > limit:
+            raise BodyTooLarge(total, limit, False)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 @serve.deployment(max_ongoing_requests=64)
 class PolicyDeployment:
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, token_sha256: str = ""):
         self.cfg = ServeConfig(**config)
+        self.token_sha256 = token_sha256
         self.engine = engine_for(self.cfg)
         self.counters: Counter = Counter()
         self._batched.set_max_batch_size(self.cfg.max_batch_size)
@@ -63,12 +114,24 @@ class PolicyDeployment:
     def info(self) -> dict:
         return {**self.engine.info(), "counters": dict(self.counters)}
 
+    def _authorized(self, http: HttpRequest) -> bool:
+        if not self.token_sha256:
+            return True
+        scheme, _, token = http.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token_digest(token.strip()), self.token_sha256)
+
     async def __call__(self, http: HttpRequest) -> Response:
+        if not self._authorized(http):
+            self.counters["unauthorized"] += 1
+            return _error(401, "unauthorized: this server needs 'Authorization: Bearer TOKEN' (policy.token)")
         if http.method == "GET" and http.url.path.rstrip("/").endswith("/info"):
             return Response(json.dumps(self.info()), media_type="application/json")
         arrived = time.monotonic_ns()
         try:
-            request = decode_request(await http.body())
+            request = decode_request(await read_body(http, self.cfg.max_body_bytes), self.cfg.max_image_pixels)
+        except BodyTooLarge as exc:
+            self.counters["too_large"] += 1
+            return _error(413, str(exc))
         except BadRequest as exc:
             self.counters["malformed"] += 1
             return _error(400, f"malformed request: {exc}")
@@ -80,23 +143,39 @@ class PolicyDeployment:
         return Response(encode_reply(result), media_type=BINARY)
 
 
-def build_app(config: ServeConfig, num_replicas: int = 0, num_cpus: float = 1.0):
+def build_app(config: ServeConfig, num_replicas: int = 0, num_cpus: float = 1.0, token: str = ""):
     """The application: ``num_replicas`` (0: one per visible GPU, else 1) replicas, each on one GPU when CUDA
-    is there (``num_gpus=1``), else on ``num_cpus`` CPUs."""
+    is there (``num_gpus=1``), else on ``num_cpus`` CPUs; with ``token``, every HTTP request must carry it."""
     gpus = torch.cuda.device_count() if config.resolved_device == "cuda" else 0
     actor = {"num_gpus": 1} if gpus else {"num_cpus": num_cpus}
     replicas = num_replicas or max(gpus, 1)
-    return PolicyDeployment.options(num_replicas=replicas, ray_actor_options=actor).bind(dataclasses.asdict(config))
+    return PolicyDeployment.options(num_replicas=replicas, ray_actor_options=actor).bind(
+        dataclasses.asdict(config), token_digest(token))
 
 
 def run_local(config: ServeConfig, port: int = 8000, host: str = "127.0.0.1", num_replicas: int = 0,
-              num_cpus: float = 1.0, name: str = APP_NAME, route_prefix: str = "/", **ray_init) -> str:
+              num_cpus: float = 1.0, name: str = APP_NAME, route_prefix: str = "/", token: str = "",
+              ray_init: Optional[dict] = None) -> str:
     """Start (or join) Ray, start Serve's HTTP proxy on host:port and run the application under ``route_prefix``
-    (several models on one proxy: one name and route each); returns the endpoint. ``ray_init``: ray.init's
-    arguments when no Ray instance is up in this process yet."""
+    (several models on one proxy: one name and route each); returns the endpoint. ``token``: every HTTP request
+    must carry it; required when ``host`` is not loopback (refused before anything starts), as is Ray's own token
+    authentication (RAY_AUTH_MODE=token, Ray's default for a local instance). ``ray_init``: ray.init's arguments
+    when no Ray instance is up in this process yet; a local instance started here runs no dashboard unless asked."""
     import ray
+    ray_init = dict(ray_init or {})
+    if not is_loopback(host) and not token:
+        raise ValueError(f"serving on {host} (beyond loopback) needs a token: --token-file FILE or {TOKEN_ENV}")
     if not ray.is_initialized():
+        if not ray_init.get("address"):   # a local instance, started here
+            ray_init.setdefault("include_dashboard", False)
         ray.init(**ray_init)
+    # Ray binds its own ports on every interface (it resolves a loopback node IP to a routable one), and whoever
+    # reaches them runs code on the cluster: Ray's token authentication (on by default for local instances since
+    # Ray 2.59; RAY_AUTH_MODE=token) is what keeps them closed.
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token" and not is_loopback(host):
+        raise ValueError(f"serving on {host}, but Ray's token authentication is off (RAY_AUTH_MODE="
+                         f"{os.environ.get('RAY_AUTH_MODE', 'unset')}): anyone who reaches its ports can run code on "
+                         "the cluster; start Ray with RAY_AUTH_MODE=token")
     serve.start(http_options={"host": host, "port": port})
-    serve.run(build_app(config, num_replicas, num_cpus), name=name, route_prefix=route_prefix)
+    serve.run(build_app(config, num_replicas, num_cpus, token), name=name, route_prefix=route_prefix)
     return f"http://{host}:{port}{route_prefix.rstrip('/')}"

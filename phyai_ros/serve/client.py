@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
+import time
 from types import SimpleNamespace
 from typing import Optional
 from urllib.parse import urlsplit
@@ -32,25 +34,91 @@ class ServeError(RuntimeError):
         self.status = status
 
 
-class HttpPolicyClient:
-    """One keep-alive connection to the serve endpoint; every call bounded by ``timeout`` seconds."""
+MAX_REPLY_BYTES = 16 * 2**20   # a reply is one chunk and a JSON header: far less
 
-    def __init__(self, endpoint: str, timeout: float = 1.0):
+
+class _DeadlineSocket(socket.socket):
+    """A socket whose every send and receive is bounded by one deadline (time.monotonic) for the whole call, so a
+    server that answers one byte at a time cannot stretch a call past it (a socket timeout bounds each read only)."""
+
+    deadline = float("inf")
+
+    def _remaining(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("the call's deadline passed")
+        self.settimeout(min(left, 1e6))
+        return left
+
+    def recv_into(self, *args, **kwargs):
+        self._remaining()
+        return super().recv_into(*args, **kwargs)
+
+    def recv(self, *args, **kwargs):
+        self._remaining()
+        return super().recv(*args, **kwargs)
+
+    def sendall(self, *args, **kwargs):
+        self._remaining()
+        return super().sendall(*args, **kwargs)
+
+
+class _DeadlineConnection(http.client.HTTPConnection):
+    """HTTPConnection on a _DeadlineSocket; ``deadline`` applies to the connect and to everything after it."""
+
+    deadline = float("inf")
+
+    def connect(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("the call's deadline passed")
+        plain = socket.create_connection((self.host, self.port), left)
+        self.sock = _DeadlineSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.deadline = self.deadline
+
+    def start(self, timeout: float) -> None:
+        """Bound the next request and its response by ``timeout`` seconds from now, in all."""
+        self.deadline = time.monotonic() + timeout
+        if self.sock is not None:
+            self.sock.deadline = self.deadline
+
+
+class HttpPolicyClient:
+    """One keep-alive connection to the serve endpoint; every call bounded by ``timeout`` seconds in all (connect,
+    send, the reply's headers and body). ``token``: sent as ``Authorization: Bearer``; empty: PHYAI_SERVE_TOKEN
+    from the environment, else none."""
+
+    def __init__(self, endpoint: str, timeout: float = 1.0, token: str = ""):
         url = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
         if url.scheme != "http" or not url.hostname:
             raise ValueError(f"policy.endpoint {endpoint!r}: expected http://HOST:PORT[/route]")
         self.endpoint, self.timeout = endpoint, float(timeout)
         self.host, self.port, self.route = url.hostname, url.port or 80, url.path.rstrip("/")
-        self._conn: Optional[http.client.HTTPConnection] = None
+        token = token or os.environ.get("PHYAI_SERVE_TOKEN", "").strip()
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._conn: Optional[_DeadlineConnection] = None
+
+    def __repr__(self) -> str:   # never the token
+        return f"HttpPolicyClient({self.endpoint!r}, timeout={self.timeout})"
 
     def _call(self, method: str, path: str, body: Optional[bytes] = None) -> tuple[int, bytes]:
         if self._conn is None:
-            self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            self._conn = _DeadlineConnection(self.host, self.port)
+        self._conn.start(self.timeout)
         try:
-            self._conn.request(method, self.route + path, body=body,
-                               headers={"Content-Type": "application/octet-stream"} if body else {})
+            headers = {**self._auth, **({"Content-Type": "application/octet-stream"} if body else {})}
+            self._conn.request(method, self.route + path, body=body, headers=headers)
             resp = self._conn.getresponse()
-            return resp.status, resp.read()
+            length = resp.getheader("content-length")
+            if length is not None and length.isdigit() and int(length) > MAX_REPLY_BYTES:
+                raise http.client.HTTPException(f"reply of {length} bytes is larger than {MAX_REPLY_BYTES}")
+            data = resp.read(MAX_REPLY_BYTES + 1)
+            if len(data) > MAX_REPLY_BYTES:
+                raise http.client.HTTPException(f"reply larger than {MAX_REPLY_BYTES} bytes")
+            if not resp.isclosed():   # not read to its end: the connection cannot carry the next call
+                self.close()
+            return resp.status, data
         except (OSError, http.client.HTTPException) as exc:
             self.close()   # a timed-out connection may still deliver the old reply: never reuse it
             kind = "did not answer within" if isinstance(exc, socket.timeout) else "failed within"
@@ -66,7 +134,12 @@ class HttpPolicyClient:
         status, body = self._call("GET", "/info")
         if status != 200:
             raise ServeError(f"policy endpoint {self.endpoint}/info answered {status}: {body[:200]!r}", status)
-        return json.loads(body)
+        try:
+            info = json.loads(body)
+        except ValueError as exc:
+            raise ServeError(f"policy endpoint {self.endpoint}/info: not JSON ({exc})", status) from None
+        _check_info(info, self.endpoint)
+        return info
 
     def infer(self, request: Request) -> Reply:
         """The chunk for ``request``'s robot, or ServeError (never another robot's chunk)."""
@@ -79,12 +152,33 @@ class HttpPolicyClient:
             raise ServeError(f"policy endpoint {self.endpoint} answered {status}: {message}", status)
         try:
             reply = decode_reply(body)
-        except BadRequest as exc:
+        except BadRequest as exc:   # a field of the wrong type or range included
             raise ServeError(f"policy endpoint {self.endpoint}: undecodable reply: {exc}", status) from None
         if reply.robot_id != request.robot_id:
             raise ServeError(f"policy endpoint {self.endpoint} answered robot '{reply.robot_id}' to a request of "
                              f"robot '{request.robot_id}': chunk refused", status)
         return reply
+
+
+# /info fields the node's checks read: name -> what they must be
+_INFO_FIELDS = {"model_type": str, "camera_names": list, "horizon": int, "state_dim": int, "action_dim": int,
+                "rtc_modes": list, "masks_cameras": bool, "token_budget": int}
+
+
+def _check_info(info, endpoint: str) -> None:
+    """A served model's description the node can rely on: each field it reads of the right type."""
+    if not isinstance(info, dict):
+        raise ServeError(f"policy endpoint {endpoint}/info: not a JSON object")
+    for name, kind in _INFO_FIELDS.items():
+        value = info.get(name)
+        if not isinstance(value, kind) or kind is int and isinstance(value, bool):
+            raise ServeError(f"policy endpoint {endpoint}/info: field '{name}' must be {kind.__name__}, got "
+                             f"{value!r}"[:300])
+    if not all(isinstance(c, str) for c in info["camera_names"] + info["rtc_modes"]):
+        raise ServeError(f"policy endpoint {endpoint}/info: camera_names and rtc_modes must be strings")
+    size = info.get("image_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int)):
+        raise ServeError(f"policy endpoint {endpoint}/info: field 'image_size' must be int or null, got {size!r}")
 
 
 class RemoteChunk(np.ndarray):

@@ -1,8 +1,10 @@
 """The served policy's batch path: many robots' requests -> one runner call per compatible group.
 
+Every request first passes the node's intake checks (control.observation: image size / dtype / shape / aspect,
+state length and finiteness, task length), so a served robot's input is held to what an onboard node accepts.
 How a family is served is its adapter's to say (``serving``, phyai_ros/models/contract.py): "batched" families
-prepare each request alone (its own cameras, prompt, state; a bad one fails alone, as a 4xx naming the robot),
-then group the rows that can share one runner call and compute each group at once, every row keeping its own noise
+prepare each request alone (its own cameras, prompt, state; whatever a bad one raises, it fails alone: a 4xx
+naming the robot for its own fault, a 5xx for the server's), then group the rows that can share one runner call and compute each group at once, every row keeping its own noise
 (from its seed) and RTC state, so a batched row computes what the same request computes alone; "single" families
 run their requests one by one through ``predict``. A deployment may run a subclass of the engine
 (``ServeConfig.engine``, "module:Class"), e.g. the tests' fault drills.
@@ -18,11 +20,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from phyai_ros.control.observation import (MAX_IMAGE_PIXELS, MAX_INSTRUCTION_CHARS, BadImageError, validate_image,
+                                           validate_instruction, validate_state)
 from phyai_ros.layers.profiles import selector_for
 from phyai_ros.models import family, family_for_checkpoint
 from phyai_ros.models.contract import DTYPES, ModelFiles, parse_options
 
 from .wire import Failure, Reply, Request
+
+MAX_BODY_BYTES = 64 * 2**20   # a request body beyond this is refused (413) before it is read
 
 
 @dataclass
@@ -42,6 +48,9 @@ class ServeConfig:
     batch_wait_s: float = 0.005    # serve.batch's bounded wait for more requests
     options: str = ""              # the family's run settings, as model.options ("key=value;...")
     engine: str = ""               # "module:Class" of a BatchEngine subclass to run; empty: BatchEngine
+    max_body_bytes: int = MAX_BODY_BYTES           # HTTP request bodies beyond this: 413, not read
+    max_image_pixels: int = MAX_IMAGE_PIXELS       # larger frames: 400, refused from the wire header
+    max_task_chars: int = MAX_INSTRUCTION_CHARS    # longer tasks: 400
 
     @property
     def resolved_device(self) -> str:
@@ -113,26 +122,44 @@ class BatchEngine:
         return out
 
     # ------------------------------------------------------------------ steps
+    def check_intake(self, r: Request) -> np.ndarray:
+        """The node's intake checks on one request (ObservationError, a ValueError, naming what is wrong);
+        returns its state as the checked float32 copy."""
+        for slot, image in r.images.items():
+            try:
+                validate_image(image, input_size=self.adapter.image_size, max_pixels=self.cfg.max_image_pixels)
+            except BadImageError as exc:
+                raise BadImageError(f"camera '{slot}': {exc}") from None
+        validate_instruction(r.task, self.cfg.max_task_chars)
+        return validate_state(r.state, self.adapter.state_dim)
+
     def _prepare_all(self, requests: Sequence[Request], out: list) -> list:
-        """(index, row) of every request that prepares; the others get their Failure now."""
+        """(index, row, group key) of every request that prepares; the others get their Failure now, each alone
+        whatever it raised."""
         rows = []
         for i, r in enumerate(requests):
             try:
-                rows.append((i, self.adapter.serve_prepare(r.images, r.state, r.task, r.seed, r.rtc)))
-            except ValueError as exc:   # BadRequest included: the request's fault, named by its robot
+                row = self.adapter.serve_prepare(r.images, self.check_intake(r), r.task, r.seed, r.rtc)
+                rows.append((i, row, self.adapter.serve_group(row)))
+            except ValueError as exc:   # BadRequest and the intake checks included: the request's fault
                 out[i] = Failure(r.robot_id, 400, f"robot '{r.robot_id}': {exc}")
+            except Exception as exc:  # noqa: BLE001 - the server's fault, but this request's alone
+                out[i] = Failure(r.robot_id, 500, f"robot '{r.robot_id}': preparing the request failed: "
+                                                  f"{type(exc).__name__}: {exc}")
         return rows
 
     def _groups(self, rows: list) -> list:
         groups: dict = {}
-        for index, row in rows:
-            groups.setdefault(self.adapter.serve_group(row), []).append((index, row))
+        for index, row, key in rows:
+            groups.setdefault(key, []).append((index, row))
         return list(groups.values())
 
     def _run_group(self, requests: Sequence[Request], group: list, out: list) -> None:
         try:
-            actions = self.adapter.serve_sample([row for _, row in group])
-        except Exception as exc:  # noqa: BLE001 - the whole group failed on the server's side
+            actions = list(self.adapter.serve_sample([row for _, row in group]))
+            if len(actions) != len(group):
+                raise RuntimeError(f"{len(actions)} chunks for a group of {len(group)} requests")
+        except Exception as exc:  # noqa: BLE001 - this group failed on the server's side; the others run
             for index, _ in group:
                 out[index] = Failure(requests[index].robot_id, 500, f"inference failed: {type(exc).__name__}: {exc}")
             return
@@ -142,8 +169,9 @@ class BatchEngine:
     def _run_one(self, r: Request):
         """Families served one by one: their own predict, request by request."""
         try:
+            state = self.check_intake(r)
             noise = torch.Generator().manual_seed(int(r.seed))   # the family draws its noise from the seed
-            actions = self.adapter.predict(r.images, r.state, r.task, noise=noise, rtc=r.rtc)
+            actions = self.adapter.predict(r.images, state, r.task, noise=noise, rtc=r.rtc)
         except ValueError as exc:
             return Failure(r.robot_id, 400, f"robot '{r.robot_id}': {exc}")
         except Exception as exc:  # noqa: BLE001

@@ -3,23 +3,31 @@
 A message is ``u32 little-endian JSON length | JSON header | safetensors bytes``: the header carries the small
 fields (robot id, task, seed, RTC scalars, timings), the safetensors part the arrays (images, state, the RTC
 prefix Y, the chunk). Both the HTTP route and the in-process handle carry the same ``Request``/``Reply``, so a
-robot's request means the same on every path. Decoding checks every field and raises ``BadRequest`` naming it.
+robot's request means the same on every path. Decoding checks every field and raises ``BadRequest`` naming it;
+the tensors' names, dtypes and shapes are checked from the safetensors header before any array is made (an
+image larger than the intake limit, control.observation, is refused without being allocated).
 """
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from phyai_ros.control.observation import MAX_IMAGE_PIXELS, ObservationError, check_image_dims
 from phyai_ros.control.rtc import RtcRequest
 
 _LEN = struct.Struct("<I")
+_ST_LEN = struct.Struct("<Q")   # a safetensors buffer starts with its JSON header's length
 _RTC_FIELDS = ("mode", "schedule", "d", "horizon", "t0_ns", "dt_ns")
+MAX_CAMERAS = 16          # image tensors in one request
+MAX_VECTOR = 4096         # state length, action / RTC prefix width
+MAX_ROWS = 1000           # chunk / RTC prefix length (control.horizon's range)
 
 
 class BadRequest(ValueError):
@@ -66,7 +74,8 @@ def _pack(header: dict, tensors: dict) -> bytes:
     return _LEN.pack(len(head)) + head + (st_save(tensors) if tensors else b"")
 
 
-def _unpack(data: bytes) -> tuple[dict, dict]:
+def _split(data: bytes) -> tuple[dict, bytes]:
+    """(JSON header, safetensors part) of a message."""
     if len(data) < _LEN.size:
         raise BadRequest(f"message of {len(data)} bytes is shorter than its length prefix")
     (n,) = _LEN.unpack_from(data)
@@ -74,13 +83,89 @@ def _unpack(data: bytes) -> tuple[dict, dict]:
         raise BadRequest(f"header length {n} runs past the message's {len(data)} bytes")
     try:
         header = json.loads(data[_LEN.size:_LEN.size + n])
-        body = data[_LEN.size + n:]
-        tensors = st_load(body) if body else {}
     except Exception as exc:  # noqa: BLE001 - any decoding failure is the sender's
         raise BadRequest(f"undecodable message: {type(exc).__name__}: {exc}") from None
     if not isinstance(header, dict):
         raise BadRequest("header is not a JSON object")
-    return header, tensors
+    return header, data[_LEN.size + n:]
+
+
+def tensor_specs(body: bytes) -> dict:
+    """name -> (dtype, shape) from a safetensors buffer's header, read without making any array."""
+    if len(body) < _ST_LEN.size:
+        raise BadRequest(f"tensor part of {len(body)} bytes is shorter than its header length")
+    (n,) = _ST_LEN.unpack_from(body)
+    if _ST_LEN.size + n > len(body):
+        raise BadRequest(f"tensor header length {n} runs past the tensor part's {len(body)} bytes")
+    try:
+        head = json.loads(body[_ST_LEN.size:_ST_LEN.size + n])
+    except ValueError as exc:
+        raise BadRequest(f"undecodable tensor header: {exc}") from None
+    if not isinstance(head, dict):
+        raise BadRequest("tensor header is not a JSON object")
+    specs = {}
+    for name, info in head.items():
+        if name == "__metadata__":
+            continue
+        shape = info.get("shape") if isinstance(info, dict) else None
+        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                for d in shape)):
+            raise BadRequest(f"tensor '{name}': malformed header entry {str(info)[:80]}")
+        specs[name] = (info.get("dtype"), tuple(shape))
+    return specs
+
+
+def _tensors(body: bytes, check: Callable[[dict], None]) -> dict:
+    """The arrays of a message's tensor part, after ``check`` has passed their header (names, dtypes, shapes)."""
+    if not body:
+        return {}
+    check(tensor_specs(body))
+    try:
+        return st_load(body)
+    except Exception as exc:  # noqa: BLE001 - any decoding failure is the sender's
+        raise BadRequest(f"undecodable tensors: {type(exc).__name__}: {exc}") from None
+
+
+def _require(spec: tuple, name: str, dtype: str, rank: int, robot: str = "") -> tuple:
+    got_dtype, shape = spec
+    if got_dtype != dtype or len(shape) != rank:
+        raise BadRequest(f"{robot + ': ' if robot else ''}tensor '{name}' must be {dtype} of rank {rank}, got "
+                         f"{got_dtype} {list(shape)}")
+    return shape
+
+
+def _check_request_tensors(robot: str, max_image_pixels: int) -> Callable[[dict], None]:
+    def check(specs: dict) -> None:
+        images = [k for k in specs if k.startswith("image.")]
+        unknown = sorted(set(specs) - set(images) - {"state", "rtc.prefix"})
+        if unknown:
+            raise BadRequest(f"{robot}: unknown tensors {unknown[:8]}")
+        if len(images) > MAX_CAMERAS:
+            raise BadRequest(f"{robot}: {len(images)} images, more than {MAX_CAMERAS}")
+        for name in images:
+            h, w, c = _require(specs[name], name, "U8", 3, robot)
+            try:
+                check_image_dims(w, h, max_image_pixels)
+            except ObservationError as exc:
+                raise BadRequest(f"{robot}: camera '{name[len('image.'):]}': {exc}") from None
+            if c != 3:
+                raise BadRequest(f"{robot}: camera '{name[len('image.'):]}': image must be [H, W, 3], got "
+                                 f"{[h, w, c]}")
+        if "state" in specs and _require(specs["state"], "state", "F32", 1, robot)[0] > MAX_VECTOR:
+            raise BadRequest(f"{robot}: state of {specs['state'][1][0]} values, more than {MAX_VECTOR}")
+        if "rtc.prefix" in specs:
+            n, d = _require(specs["rtc.prefix"], "rtc.prefix", "F32", 2, robot)
+            if n > MAX_ROWS or d > MAX_VECTOR:
+                raise BadRequest(f"{robot}: rtc.prefix {[n, d]} beyond [{MAX_ROWS}, {MAX_VECTOR}]")
+    return check
+
+
+def _check_reply_tensors(specs: dict) -> None:
+    if set(specs) != {"actions"}:
+        raise BadRequest(f"reply must hold the tensor 'actions' alone, got {sorted(specs)[:8]}")
+    h, d = _require(specs["actions"], "actions", "F32", 2)
+    if h > MAX_ROWS or d > MAX_VECTOR:
+        raise BadRequest(f"reply actions {[h, d]} beyond [{MAX_ROWS}, {MAX_VECTOR}]")
 
 
 def encode_request(r: Request) -> bytes:
@@ -114,12 +199,14 @@ def _decode_rtc(spec, tensors: dict, robot: str) -> Optional[RtcRequest]:
     return RtcRequest(prefix=prefix, **vals)
 
 
-def decode_request(data: bytes) -> Request:
-    header, tensors = _unpack(data)
+def decode_request(data: bytes, max_image_pixels: int = MAX_IMAGE_PIXELS) -> Request:
+    """A request from its bytes; an image larger than ``max_image_pixels`` is refused from the tensor header."""
+    header, body = _split(data)
     robot = _field(header, "robot_id", str)
     if not robot:
         raise BadRequest("field 'robot_id' is empty")
     task, seed = _field(header, "task", str, robot), _field(header, "seed", int, robot)
+    tensors = _tensors(body, _check_request_tensors(robot, max_image_pixels))
     if "state" not in tensors:
         raise BadRequest(f"{robot}: tensor 'state' is missing")
     images = {k[len("image."):]: v for k, v in tensors.items() if k.startswith("image.")}
@@ -132,11 +219,25 @@ def encode_reply(r: Reply) -> bytes:
     return _pack(header, {"actions": np.ascontiguousarray(r.actions, dtype=np.float32)})
 
 
+def _seconds(header: dict, name: str) -> float:
+    value = header.get(name, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise BadRequest(f"reply field '{name}' must be a finite number of seconds >= 0, got {value!r}"[:200])
+    return float(value)
+
+
 def decode_reply(data: bytes) -> Reply:
-    header, tensors = _unpack(data)
+    """A reply from its bytes; a field of the wrong type or range is a BadRequest naming it."""
+    header, body = _split(data)
+    tensors = _tensors(body, _check_reply_tensors)
     if "actions" not in tensors:
         raise BadRequest("reply holds no 'actions' tensor")
+    robot, model = _field(header, "robot_id", str), header.get("model_id", "")
+    batch = header.get("batch_size", 1)
+    if not isinstance(model, str):
+        raise BadRequest(f"reply field 'model_id' must be str, got {model!r}"[:200])
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise BadRequest(f"reply field 'batch_size' must be an int >= 1, got {batch!r}"[:200])
     known = {"robot_id", "model_id", "queue_s", "inference_s", "batch_size"}
-    return Reply(header.get("robot_id", ""), tensors["actions"], header.get("model_id", ""),
-                 float(header.get("queue_s", 0.0)), float(header.get("inference_s", 0.0)),
-                 int(header.get("batch_size", 1)), {k: v for k, v in header.items() if k not in known})
+    return Reply(robot, tensors["actions"], model, _seconds(header, "queue_s"), _seconds(header, "inference_s"),
+                 batch, {k: v for k, v in header.items() if k not in known})

@@ -7,6 +7,7 @@ Why: pi0 and pi0.5 share all of this; their own checkpoint modules add only thei
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -14,7 +15,7 @@ import torch
 
 from .checkpoint_io import count_layers, normalize_key_aliases
 
-from phyai_ros.models.files import CheckpointError, read_json, read_safetensors, require_file
+from phyai_ros.models.files import CheckpointError, Fields, read_json, read_safetensors, require_file
 from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
 from phyai_ros.models.common.paligemma_keys import LM, VIS
 
@@ -23,6 +24,13 @@ SIGLIP_HEADS_BY_WIDTH = {1152: 16}  # So400m; other widths need model_dims.json
 _FLOW_KEYS = {"chunk_size": "chunk_size", "num_inference_steps": "num_steps", "tokenizer_max_length": "token_budget",
               "max_action_dim": "max_action_dim", "max_state_dim": "max_state_dim", "min_period": "min_period",
               "max_period": "max_period"}
+MAX_DIM = 4096           # state / action widths
+MAX_TOKENS = 4096        # the prompt's token budget (tokenizer_max_length): it sizes every prefix buffer
+# config.json key -> (type, lowest, highest) of its value
+_FLOW_KEYS_TYPES = {"chunk_size": (int, 1, 1000), "num_inference_steps": (int, 1, 1000),
+                    "tokenizer_max_length": (int, 1, MAX_TOKENS), "max_action_dim": (int, 1, MAX_DIM),
+                    "max_state_dim": (int, 1, MAX_DIM), "min_period": (float, 1e-9, 1e9),
+                    "max_period": (float, 1e-9, 1e9)}
 
 
 def strip_image_prefix(name: str) -> str:
@@ -59,28 +67,41 @@ def type_of_weights(sd: Dict[str, torch.Tensor]) -> Optional[str]:
     return "pi0" if pi0 and not pi05 else "pi05" if pi05 and not pi0 else None
 
 
-def parse_features(lr: dict) -> Tuple[List[str], Optional[int], Optional[int]]:
-    """config.json -> (camera names in config order without 'observation.images.', state dim, action dim)."""
-    feats = lr.get("input_features") or {}
-    cams = [strip_image_prefix(k) for k, f in feats.items() if (f or {}).get("type") == "VISUAL"]
-    state = (feats.get("observation.state") or {}).get("shape")
-    action = ((lr.get("output_features") or {}).get("action") or {}).get("shape")
-    return cams, (state[0] if state else None), (action[0] if action else None)
+def parse_features(lr: dict, source="config.json") -> Tuple[List[str], Optional[int], Optional[int]]:
+    """config.json -> (camera names in config order without 'observation.images.', state dim, action dim), each
+    checked (a wrong one names ``source`` and the key)."""
+    f = Fields(lr, source)
+    feats = f.section("input_features", default={})
+    cams, state = [], None
+    for key in feats.data:
+        feat = feats.section(key)
+        kind = feat.get("type", str, default="")
+        if kind == "VISUAL":
+            cams.append(strip_image_prefix(key))
+        elif key == "observation.state":
+            state = feat.ints("shape", 1, MAX_DIM, length=1)[0]
+    action = f.section("output_features", default={}).section("action", default={}).ints(
+        "shape", 1, MAX_DIM, length=1, default=(None,))[0]
+    return cams, state, action
 
 
-def find_model_dims(ckpt_dir: Path, policy_type: str) -> Optional[dict]:
-    """model_dims.json next to config.json, else in the parent directory (parity-fixture layout)."""
+def find_model_dims(ckpt_dir: Path, policy_type: str) -> Optional[Tuple[dict, Path]]:
+    """(model_dims.json, its path) next to config.json, else in the parent directory (parity-fixture layout)."""
     for cand in (ckpt_dir / "model_dims.json", ckpt_dir.parent / "model_dims.json"):
         if cand.is_file():
             d = read_json(cand)
             if d.get("policy_type", policy_type) == policy_type:
-                return d
+                return d, cand
     return None
 
 
-def flow_overrides(lr: dict) -> dict:
-    """Flow settings from config.json as config-dataclass field names."""
-    return {ours: lr[theirs] for theirs, ours in _FLOW_KEYS.items() if theirs in lr}
+def flow_overrides(lr: dict, source="config.json") -> dict:
+    """Flow settings from config.json as config-dataclass field names, each type- and range-checked."""
+    f = Fields(lr, source)
+    out = {ours: f.get(theirs, *_FLOW_KEYS_TYPES[theirs]) for theirs, ours in _FLOW_KEYS.items() if theirs in f}
+    if out.get("min_period", 0) >= out.get("max_period", math.inf):
+        raise CheckpointError(f"{source}: min_period {out['min_period']} must be below max_period {out['max_period']}")
+    return out
 
 
 def _shape(sd: Dict[str, torch.Tensor], k: str) -> tuple:

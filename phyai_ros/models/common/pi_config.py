@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from phyai_ros.modeling.config import (GEMMA_2B, GEMMA_300M, SIGLIP_SO400M, GemmaConfig,
                                             SiglipConfig)
+from phyai_ros.models.files import Fields
 
 
 @dataclass(frozen=True)
@@ -74,18 +75,31 @@ class PiConfig:
         }
 
     @classmethod
-    def from_model_dims(cls, d: dict) -> "PiConfig":
-        def gemma(g: dict) -> GemmaConfig:
-            return GemmaConfig(width=g["width"], depth=g["depth"], mlp_dim=g["mlp_dim"], num_heads=g["num_heads"],
-                               num_kv_heads=g["num_kv_heads"], head_dim=g["head_dim"],
-                               rms_eps=g.get("rms_norm_eps", 1e-6),
-                               rope_theta=g.get("rope", {}).get("rope_theta", 10000.0))
-        s = d["siglip"]
-        sig = SiglipConfig(width=s["hidden_size"], depth=s["num_hidden_layers"], num_heads=s["num_attention_heads"],
-                           mlp_dim=s["intermediate_size"], patch_size=s["patch_size"], image_size=s["image_size"],
-                           ln_eps=s.get("layer_norm_eps", 1e-6))
-        return cls(vlm=gemma(d["vlm"]), expert=gemma(d["expert"]), siglip=sig, vocab_size=d["vocab_size"],
-                   chunk_size=d.get("chunk_size", 50), max_action_dim=d.get("max_action_dim", 32),
-                   max_state_dim=d.get("max_state_dim", 32), num_steps=d.get("num_inference_steps", 10),
-                   token_budget=d.get("tokenizer_max_length", cls.__dataclass_fields__["token_budget"].default), min_period=d.get("min_period", 0.004),
-                   max_period=d.get("max_period", 4.0))
+    def from_model_dims(cls, d: dict, source="model_dims.json") -> "PiConfig":
+        """From a model_dims.json (as a dict), every size type- and range-checked (files.Fields: a wrong one names
+        ``source`` and its key)."""
+        f = Fields(d, source)
+        width = lambda g, k: g.get(k, int, 1, 65536)  # noqa: E731
+
+        def gemma(key: str) -> GemmaConfig:
+            g = f.section(key)
+            return GemmaConfig(width=width(g, "width"), depth=g.get("depth", int, 1, 1024), mlp_dim=width(g, "mlp_dim"),
+                               num_heads=g.get("num_heads", int, 1, 1024), num_kv_heads=g.get("num_kv_heads", int, 1, 1024),
+                               head_dim=g.get("head_dim", int, 1, 4096),
+                               rms_eps=g.get("rms_norm_eps", float, 0, 1, default=1e-6),
+                               rope_theta=g.section("rope", default={}).get("rope_theta", float, 1e-6, 1e12,
+                                                                            default=10000.0))
+        s = f.section("siglip")
+        sig = SiglipConfig(width=width(s, "hidden_size"), depth=s.get("num_hidden_layers", int, 1, 1024),
+                           num_heads=s.get("num_attention_heads", int, 1, 1024), mlp_dim=width(s, "intermediate_size"),
+                           patch_size=s.get("patch_size", int, 1, 1024), image_size=s.get("image_size", int, 1, 4096),
+                           ln_eps=s.get("layer_norm_eps", float, 0, 1, default=1e-6))
+        return cls(vlm=gemma("vlm"), expert=gemma("expert"), siglip=sig, vocab_size=f.get("vocab_size", int, 1, 1 << 22),
+                   chunk_size=f.get("chunk_size", int, 1, 1000, default=50),
+                   max_action_dim=f.get("max_action_dim", int, 1, 4096, default=32),
+                   max_state_dim=f.get("max_state_dim", int, 1, 4096, default=32),
+                   num_steps=f.get("num_inference_steps", int, 1, 1000, default=10),
+                   token_budget=f.get("tokenizer_max_length", int, 1, 4096,
+                                      default=cls.__dataclass_fields__["token_budget"].default),
+                   min_period=f.get("min_period", float, 1e-9, 1e9, default=0.004),
+                   max_period=f.get("max_period", float, 1e-9, 1e9, default=4.0))

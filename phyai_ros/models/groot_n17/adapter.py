@@ -48,7 +48,8 @@ from .config import groot_config
 from .keys import PACK_STEP, PREFIX, UNNORM_STEP
 from .modeling import GrootModel
 from .postprocess import make_decoder
-from .processor import IMAGE_PREFIX, GrootInputs, GrootProcessor, resolve_resize_mode, to_image_batch
+from .processor import (IMAGE_PREFIX, TASK_TOKENS, GrootInputs, GrootProcessor, resolve_resize_mode,
+                        to_image_batch)
 from .quantization import quantization_summary, quantize_weights, write_quantized_groot
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class GrootAdapter(PolicyAdapter):
     masks_cameras = False
     serving = "single"
     embodiments = True
+    token_budget = TASK_TOKENS   # the task's tokens (processor.fit_language): longer tasks are cut at a word
 
     def __init__(self, ckpt: GrootCheckpoint, device="cpu", dtype: torch.dtype = torch.float32,
                  resize_mode: str = "auto", embodiment_tag: Optional[str] = None):
@@ -250,15 +252,17 @@ class GrootAdapter(PolicyAdapter):
         return None
 
     def fit_task(self, task: str, state=None):
-        """(the text the model reads, False): GR00T's prompt has no token budget, nothing is ever cut."""
-        return self.processor.language(task), False
+        """(the text the model reads, whether it was cut to the task's token budget, TASK_TOKENS)."""
+        return self.processor.fit_language(task)
 
     def quantization(self) -> str:
         return quantization_summary(self.weights)
 
     def use_runner(self, use_graphs: bool = False, token_bucket: int = 0) -> GrootRunner:
         """The runner every sample goes through (graphs only on CUDA). token_bucket does not apply: the runner
-        keeps one bucket per observation shape (batch, token length, image grid)."""
+        keeps a bucket per observation shape (batch, token length, image grid), at most MAX_BUCKETS of them, the
+        least recently used evicted (prompts are not padded to fewer lengths: the action head's VL self-attention
+        sees pad rows, so padding would change the chunk)."""
         self.runner = GrootRunner(self.model, use_graphs=use_graphs)
         return self.runner
 

@@ -19,8 +19,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from phyai_ros.layers.quantized import QuantizedWeight
-from phyai_ros.models.files import (CheckpointError, Shapes, read_json, read_safetensors, read_safetensors_file,
-                                    require_finite, validate_keys)
+from phyai_ros.models.files import (CheckpointError, Shapes, inside, read_json, read_safetensors,
+                                    read_safetensors_file, require_finite, validate_keys)
 from phyai_ros.models.quantized_checkpoint import read_manifest
 
 
@@ -124,9 +124,11 @@ def groot_key_shapes(cfg: GrootConfig) -> Shapes:
 
 
 # ------------------------------------------------------------------ folders and pipelines
-def resolve_folder(name: str, ckpt_dir: Path, what: str) -> Path:
+def resolve_folder(name, ckpt_dir: Path, what: str) -> Path:
     """A folder named in the checkpoint's JSON, relative paths tried against the checkpoint's parent, the
-    checkpoint and the working directory."""
+    checkpoint and the working directory. An empty name is refused (it would be the checkpoint's parent folder)."""
+    if not isinstance(name, str) or not name.strip():
+        raise CheckpointError(f"checkpoint {ckpt_dir}: {what} must name a folder, got {name!r}")
     p = Path(name)
     cands = [p] if p.is_absolute() else [ckpt_dir.parent / p, ckpt_dir / p, Path.cwd() / p]
     for c in cands:
@@ -151,8 +153,12 @@ def _step(steps: Dict[str, dict], names: Tuple[str, ...], path: Path) -> Tuple[s
     raise CheckpointError(f"{path}: none of the steps {list(names)} (found {sorted(k for k in steps if k)})")
 
 
-def _state_file(step: dict, ckpt_dir: Path) -> Dict[str, torch.Tensor]:
-    return read_safetensors_file(ckpt_dir / step["state_file"]) if step.get("state_file") else {}
+def _state_file(step: dict, ckpt_dir: Path, source: Path) -> Dict[str, torch.Tensor]:
+    """The step's state tensors (none without a state_file): the file must lie inside the checkpoint folder."""
+    if step.get("state_file") is None:
+        return {}
+    what = f"step {step.get('registry_name')!r} state_file"
+    return read_safetensors_file(inside(ckpt_dir, step["state_file"], what, source))
 
 
 @dataclass
@@ -172,8 +178,14 @@ def read_pipelines(ckpt_dir: Path) -> Pipelines:
     _, pack = _step(pre, (PACK_STEP,), pre_path)
     _, vlm = _step(pre, (VLM_STEP,), pre_path)
     post_name, post_step = _step(post, (UNNORM_STEP, DECODE_STEP), post_path)
-    return Pipelines(pack.get("config") or {}, _state_file(pack, ckpt_dir), vlm.get("config") or {}, post_name,
-                     post_step.get("config") or {}, _state_file(post_step, ckpt_dir))
+    configs = []
+    for step, path in ((pack, pre_path), (vlm, pre_path), (post_step, post_path)):
+        config = step.get("config") or {}
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{path}: step {step.get('registry_name')!r} config must be an object")
+        configs.append(config)
+    return Pipelines(configs[0], _state_file(pack, ckpt_dir, pre_path), configs[1], post_name, configs[2],
+                     _state_file(post_step, ckpt_dir, post_path))
 
 
 # ------------------------------------------------------------------ loading
@@ -230,8 +242,8 @@ def load_groot_checkpoint(ckpt_dir, device="cpu", dtype: torch.dtype = torch.flo
     manifest = read_manifest(ckpt_dir)   # a quantized folder (quantization.py) names its source's folders
     if manifest is not None:
         base_model, backbone = base_model or manifest.get("base_model"), backbone or manifest.get("backbone")
-    base_dir = resolve_folder(base_model or lr.get("base_model_path") or "", ckpt_dir, "base_model_path")
-    bb_dir = resolve_folder(backbone or pipes.vlm.get("model_name") or "", ckpt_dir, "backbone (VLM step model_name)")
+    base_dir = resolve_folder(base_model or lr.get("base_model_path"), ckpt_dir, "base_model_path")
+    bb_dir = resolve_folder(backbone or pipes.vlm.get("model_name"), ckpt_dir, "backbone (VLM step model_name)")
     cfg = groot_config(read_json(bb_dir / "config.json"), read_json(base_dir / "config.json"),
                        str(bb_dir / "config.json"), str(base_dir / "config.json"))
     weights_file = ckpt_dir / "model.safetensors"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
-from phyai_ros.models.files import CheckpointError
+from phyai_ros.models.files import CheckpointError, Fields
 
 
 @dataclass(frozen=True)
@@ -101,50 +101,65 @@ class GrootConfig:
     tokens: TokenIds
 
 
-def _get(d: dict, key: str, source: str):
-    if key not in d:
-        raise CheckpointError(f"{source}: missing field {key!r}")
-    return d[key]
+# Ranges of the sizes (generous: a full GR00T N1.7 is far inside; a value beyond one is a corrupt or hostile file,
+# which would otherwise size an allocation).
+_WIDTH, _DEPTH, _HEADS, _TOKENS = 65536, 1024, 1024, 1 << 22
 
 
 def groot_config(backbone: dict, base: dict, backbone_src: str, base_src: str) -> GrootConfig:
-    """Sizes from the backbone's Qwen3VLConfig and the base model's GR00TN17Config (as dicts)."""
-    v, t = _get(backbone, "vision_config", backbone_src), _get(backbone, "text_config", backbone_src)
-    g = lambda d, k: _get(d, k, backbone_src)  # noqa: E731
-    rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
-    if not rope.get("mrope_interleaved", False):
+    """Sizes from the backbone's Qwen3VLConfig and the base model's GR00TN17Config (as dicts), each value type- and
+    range-checked (files.Fields: a wrong one names its file and key)."""
+    bb, b = Fields(backbone, backbone_src), Fields(base, base_src)
+    v, t = bb.section("vision_config"), bb.section("text_config")
+    rope = t.section("rope_parameters") if "rope_parameters" in t else t.section("rope_scaling", default={})
+    if not rope.get("mrope_interleaved", bool, default=False):
         raise CheckpointError(f"{backbone_src}: only interleaved mRoPE (Qwen3-VL) is supported")
-    if not base.get("use_alternate_vl_dit", True):
+    if not b.get("use_alternate_vl_dit", bool, default=True):
         raise CheckpointError(f"{base_src}: only the AlternateVLDiT action head (use_alternate_vl_dit) is supported")
-    select = int(_get(base, "select_layer", base_src))
-    if not 0 < select <= int(g(t, "num_hidden_layers")):
-        raise CheckpointError(f"{base_src}: select_layer {select} outside 1..{g(t, 'num_hidden_layers')}")
-    vision = VisionConfig(depth=g(v, "depth"), width=g(v, "hidden_size"), num_heads=g(v, "num_heads"),
-                          mlp_dim=g(v, "intermediate_size"), patch_size=g(v, "patch_size"),
-                          temporal_patch_size=g(v, "temporal_patch_size"), merge_size=g(v, "spatial_merge_size"),
-                          out_width=g(v, "out_hidden_size"), num_position_embeddings=g(v, "num_position_embeddings"),
-                          deepstack_indexes=tuple(v.get("deepstack_visual_indexes") or ()))
-    text = TextConfig(vocab_size=g(t, "vocab_size"), width=g(t, "hidden_size"), mlp_dim=g(t, "intermediate_size"),
-                      num_heads=g(t, "num_attention_heads"), num_kv_heads=g(t, "num_key_value_heads"),
-                      head_dim=t.get("head_dim") or g(t, "hidden_size") // g(t, "num_attention_heads"),
-                      depth=select, rms_eps=float(t.get("rms_norm_eps", 1e-6)),
-                      rope_theta=float(rope.get("rope_theta", t.get("rope_theta", 5000000.0))),
-                      mrope_section=tuple(rope.get("mrope_section") or (24, 20, 20)))
-    b = lambda k: _get(base, k, base_src)  # noqa: E731
-    sa, dit = b("vl_self_attention_cfg"), b("diffusion_model_cfg")
-    head = HeadConfig(backbone_dim=b("backbone_embedding_dim"), hidden_size=b("hidden_size"),
-                      input_embedding_dim=b("input_embedding_dim"), max_state_dim=b("max_state_dim"),
-                      max_action_dim=b("max_action_dim"), action_horizon=b("action_horizon"),
-                      max_num_embodiments=b("max_num_embodiments"), max_seq_len=b("max_seq_len"),
-                      num_steps=b("num_inference_timesteps"), num_timestep_buckets=b("num_timestep_buckets"),
-                      rtc_ramp_rate=float(base.get("rtc_ramp_rate", 6.0)), use_vlln=bool(base.get("use_vlln", True)),
-                      add_pos_embed=bool(base.get("add_pos_embed", True)), vlsa_layers=sa["num_layers"],
-                      vlsa_heads=sa["num_attention_heads"], vlsa_head_dim=sa["attention_head_dim"],
-                      dit_layers=dit["num_layers"], dit_heads=dit["num_attention_heads"],
-                      dit_head_dim=dit["attention_head_dim"], dit_output_dim=dit["output_dim"],
-                      attend_text_every_n_blocks=int(base.get("attend_text_every_n_blocks", 2)))
-    tokens = TokenIds(image=g(backbone, "image_token_id"), vision_start=g(backbone, "vision_start_token_id"),
-                      vision_end=g(backbone, "vision_end_token_id"))
+    layers = t.get("num_hidden_layers", int, 1, _DEPTH)
+    select = b.get("select_layer", int, 1, _DEPTH)
+    if select > layers:
+        raise CheckpointError(f"{base_src}: select_layer {select} outside 1..{layers}")
+    width = lambda f, k: f.get(k, int, 1, _WIDTH)  # noqa: E731
+    vision = VisionConfig(depth=v.get("depth", int, 1, _DEPTH), width=width(v, "hidden_size"),
+                          num_heads=v.get("num_heads", int, 1, _HEADS), mlp_dim=width(v, "intermediate_size"),
+                          patch_size=v.get("patch_size", int, 1, 1024),
+                          temporal_patch_size=v.get("temporal_patch_size", int, 1, 64),
+                          merge_size=v.get("spatial_merge_size", int, 1, 64), out_width=width(v, "out_hidden_size"),
+                          num_position_embeddings=v.get("num_position_embeddings", int, 1, _TOKENS),
+                          deepstack_indexes=v.ints("deepstack_visual_indexes", 0, _DEPTH, default=()))
+    heads = t.get("num_attention_heads", int, 1, _HEADS)
+    text = TextConfig(vocab_size=t.get("vocab_size", int, 1, _TOKENS), width=width(t, "hidden_size"),
+                      mlp_dim=width(t, "intermediate_size"), num_heads=heads,
+                      num_kv_heads=t.get("num_key_value_heads", int, 1, _HEADS),
+                      head_dim=t.get("head_dim", int, 1, _WIDTH, default=None) or width(t, "hidden_size") // heads,
+                      depth=select, rms_eps=t.get("rms_norm_eps", float, 0, 1, default=1e-6),
+                      rope_theta=rope.get("rope_theta", float, 1e-6, 1e12,
+                                          default=t.get("rope_theta", float, 1e-6, 1e12, default=5000000.0)),
+                      mrope_section=rope.ints("mrope_section", 0, _WIDTH, length=3, default=(24, 20, 20)))
+    sa, dit = b.section("vl_self_attention_cfg"), b.section("diffusion_model_cfg")
+    head = HeadConfig(backbone_dim=width(b, "backbone_embedding_dim"), hidden_size=width(b, "hidden_size"),
+                      input_embedding_dim=width(b, "input_embedding_dim"), max_state_dim=b.get("max_state_dim", int, 1, 4096),
+                      max_action_dim=b.get("max_action_dim", int, 1, 4096),
+                      action_horizon=b.get("action_horizon", int, 1, 1000),
+                      max_num_embodiments=b.get("max_num_embodiments", int, 1, 1024),
+                      max_seq_len=b.get("max_seq_len", int, 1, _TOKENS),
+                      num_steps=b.get("num_inference_timesteps", int, 1, 1000),
+                      num_timestep_buckets=b.get("num_timestep_buckets", int, 1, 1 << 20),
+                      rtc_ramp_rate=b.get("rtc_ramp_rate", float, 0, 1e6, default=6.0),
+                      use_vlln=b.get("use_vlln", bool, default=True),
+                      add_pos_embed=b.get("add_pos_embed", bool, default=True),
+                      vlsa_layers=sa.get("num_layers", int, 0, _DEPTH),
+                      vlsa_heads=sa.get("num_attention_heads", int, 1, _HEADS),
+                      vlsa_head_dim=sa.get("attention_head_dim", int, 1, _WIDTH),
+                      dit_layers=dit.get("num_layers", int, 1, _DEPTH),
+                      dit_heads=dit.get("num_attention_heads", int, 1, _HEADS),
+                      dit_head_dim=dit.get("attention_head_dim", int, 1, _WIDTH),
+                      dit_output_dim=width(dit, "output_dim"),
+                      attend_text_every_n_blocks=b.get("attend_text_every_n_blocks", int, 1, _DEPTH, default=2))
+    tokens = TokenIds(image=bb.get("image_token_id", int, 0, _TOKENS),
+                      vision_start=bb.get("vision_start_token_id", int, 0, _TOKENS),
+                      vision_end=bb.get("vision_end_token_id", int, 0, _TOKENS))
     if head.backbone_dim != text.width:
         raise CheckpointError(f"{base_src}: backbone_embedding_dim {head.backbone_dim} != the LLM width "
                               f"{text.width} of {backbone_src}")

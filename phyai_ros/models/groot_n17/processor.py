@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from phyai_ros.models.files import CheckpointError, read_json
+from phyai_ros.models.files import CheckpointError, Fields, read_json
 
 from phyai_ros.models.bpe import ByteLevelBPE
 
@@ -34,6 +34,7 @@ Tensor = torch.Tensor
 IMAGE_PREFIX = "observation.images."
 IMAGE_PAD = "<|image_pad|>"
 DEFAULT_TASK = "Perform the task."
+TASK_TOKENS = 200   # the task's token budget in the prompt (the adapter's token_budget)
 RESIZE_MODES = ("auto", "uint8", "float")
 
 
@@ -82,10 +83,12 @@ class FrameGeometry:
     crop_fraction: Optional[float] = None
 
     @classmethod
-    def from_step(cls, cfg: Mapping) -> "FrameGeometry":
-        target = tuple(cfg.get("image_target_size") or (256, 256))
-        crop = cfg.get("image_crop_size")
-        return cls(target, tuple(crop) if crop else None, cfg.get("shortest_image_edge"), cfg.get("crop_fraction"))
+    def from_step(cls, cfg: Mapping, source="the VLM step config") -> "FrameGeometry":
+        f = Fields(cfg, source)
+        return cls(f.ints("image_target_size", 1, 4096, length=2, default=(256, 256)),
+                   f.ints("image_crop_size", 1, 4096, length=2, default=None),
+                   f.get("shortest_image_edge", int, 1, 4096, default=None),
+                   f.get("crop_fraction", float, 0, 1, default=None))
 
     def apply(self, x: Tensor, mode: str) -> Tensor:
         """uint8 [N, C, H, W] -> [N, C, target_h, target_w]."""
@@ -113,13 +116,21 @@ class QwenImageProcessor:
 
     @classmethod
     def from_file(cls, path: Path) -> "QwenImageProcessor":
-        c = read_json(path)
-        size = c.get("size") or {}
-        return cls(int(c.get("patch_size", 14)), int(c.get("merge_size", 2)), int(c.get("temporal_patch_size", 2)),
-                   int(c.get("min_pixels") or size.get("shortest_edge") or 56 * 56),
-                   int(c.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280),
-                   tuple(c.get("image_mean") or (0.5, 0.5, 0.5)), tuple(c.get("image_std") or (0.5, 0.5, 0.5)),
-                   float(c.get("rescale_factor", 1 / 255)))
+        c = Fields(read_json(path), path)
+        size = c.section("size", default={})
+        pixels = lambda key, size_key, default: (c.get(key, int, 1, 1 << 26, default=None)  # noqa: E731
+                                                 or size.get(size_key, int, 1, 1 << 26, default=default))
+
+        def triple(key):
+            values = c.get(key, list, default=[0.5, 0.5, 0.5])
+            if len(values) != 3 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and
+                                           math.isfinite(v) for v in values):
+                raise CheckpointError(f"{path}: {key} must be 3 finite numbers, got {values!r}"[:300])
+            return tuple(float(v) for v in values)
+        return cls(c.get("patch_size", int, 1, 1024, default=14), c.get("merge_size", int, 1, 64, default=2),
+                   c.get("temporal_patch_size", int, 1, 64, default=2),
+                   pixels("min_pixels", "shortest_edge", 56 * 56), pixels("max_pixels", "longest_edge", 28 * 28 * 1280),
+                   triple("image_mean"), triple("image_std"), c.get("rescale_factor", float, 0, 1, default=1 / 255))
 
     def smart_size(self, h: int, w: int) -> Tuple[int, int]:
         """Nearest multiple of patch*merge per side (Python round: half to even), kept within the pixel budget."""
@@ -203,7 +214,7 @@ class GrootProcessor:
         self.tokenizer = ByteLevelBPE(backbone_dir / "tokenizer.json")
         self.template = read_chat_template(backbone_dir)
         self.images = QwenImageProcessor.from_file(backbone_dir / "preprocessor_config.json")
-        self.geometry = FrameGeometry.from_step(vlm)
+        self.geometry = FrameGeometry.from_step(vlm, "policy_preprocessor.json's VLM step config")
         pad = read_json(backbone_dir / "tokenizer_config.json").get("pad_token") or "<|endoftext|>"
         self.pad_id = self.tokenizer.token_id(pad if isinstance(pad, str) else pad["content"])
         self.image_token_id = image_token_id
@@ -236,11 +247,17 @@ class GrootProcessor:
             raise ValueError(f"embodiment tag {tag!r} is not in the checkpoint's mapping {mapping}")
         return int(mapping[tag])
 
-    def language(self, task: str) -> str:
+    def fit_language(self, task: str) -> Tuple[str, bool]:
+        """(the task as the model reads it, whether it was cut): formalized, then cut at a word to TASK_TOKENS tokens
+        (a bound on the prompt and its tokenising; LeRobot's processor has none, and no real task comes near it)."""
         if not isinstance(task, str):
             raise ValueError(f"task must be a string, got {type(task).__name__}")
         text = task if task.strip() else DEFAULT_TASK
-        return formalize_language(text) if self.pack.get("formalize_language", True) else text
+        text = formalize_language(text) if self.pack.get("formalize_language", True) else text
+        return self.tokenizer.cut_to(text, TASK_TOKENS)
+
+    def language(self, task: str) -> str:
+        return self.fit_language(task)[0]
 
     def normalize_state(self, raw: Tensor) -> Tensor:
         """[B, state_dim] robot units -> [B, 1, max_state_dim]."""

@@ -45,19 +45,20 @@ def lerobot_key_shapes(cfg: Pi0Config) -> Dict[str, tuple]:
 def resolve_config(ckpt_dir: Path, sd, lr: dict, dims=None) -> Pi0Config:
     if isinstance(dims, Pi0Config):
         return dims
+    source = "dims"
     if isinstance(dims, (str, Path)):
-        dims = read_json(dims)
-    if dims is None:
-        dims = find_model_dims(ckpt_dir, "pi0")
+        dims, source = read_json(dims), dims
+    if dims is None and (found := find_model_dims(ckpt_dir, "pi0")) is not None:
+        dims, source = found
     if dims is not None:
-        cfg = Pi0Config.from_model_dims(dims)
+        cfg = Pi0Config.from_model_dims(dims, source)
     else:
         if "model.action_in_proj.weight" not in sd or "model.state_proj.weight" not in sd:
             raise CheckpointError("cannot infer model sizes: missing model.action_in_proj / model.state_proj")
         cfg = Pi0Config(**prefix_dims_from_shapes(sd), expert=gemma_from_shapes(sd, EXP),
                         max_action_dim=tuple(sd["model.action_in_proj.weight"].shape)[1],
                         max_state_dim=tuple(sd["model.state_proj.weight"].shape)[1])
-    return cfg.replace(**flow_overrides(lr))
+    return cfg.replace(**flow_overrides(lr, ckpt_dir / "config.json"))
 
 
 @dataclass
@@ -76,7 +77,7 @@ def load_pi0_checkpoint(ckpt_dir, device="cpu", dtype: torch.dtype = torch.float
         ckpt_dir, lr, _ = read_lerobot_checkpoint(ckpt_dir, "pi0", weights=False)
         cfg = resolve_config(ckpt_dir, {}, lr, dims)
         model = load_quantized_model(ckpt_dir, Pi0Model(cfg, dtype=dtype, device=device), manifest)
-        cams, state_dim, action_dim = parse_features(lr)
+        cams, state_dim, action_dim = parse_features(lr, ckpt_dir / "config.json")
         return Pi0Checkpoint(model, cfg, cams, state_dim, action_dim, lr)
     ckpt_dir, lr, sd = read_lerobot_checkpoint(ckpt_dir, "pi0")
     cfg = resolve_config(ckpt_dir, sd, lr, dims)
@@ -85,7 +86,7 @@ def load_pi0_checkpoint(ckpt_dir, device="cpu", dtype: torch.dtype = torch.float
     require_finite(sd, expected, ckpt_dir)
     model = Pi0Model(cfg, dtype=dtype, device=device)
     load_state_dict(model, sd)
-    cams, state_dim, action_dim = parse_features(lr)
+    cams, state_dim, action_dim = parse_features(lr, ckpt_dir / "config.json")
     return Pi0Checkpoint(model.eval(), cfg, cams, state_dim, action_dim, lr)
 
 

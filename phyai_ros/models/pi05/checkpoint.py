@@ -61,12 +61,13 @@ def resolve_config(ckpt_dir: Path, sd: Dict[str, torch.Tensor], lr_config: dict,
                    dims: Union[None, str, Path, dict, Pi05Config] = None) -> Pi05Config:
     if isinstance(dims, Pi05Config):
         return dims
+    source = "dims"
     if isinstance(dims, (str, Path)):
-        dims = read_json(dims)
-    if dims is None:
-        dims = find_model_dims(ckpt_dir, "pi05")
-    cfg = Pi05Config.from_model_dims(dims) if dims is not None else infer_config(sd)
-    return cfg.replace(**flow_overrides(lr_config))
+        dims, source = read_json(dims), dims
+    if dims is None and (found := find_model_dims(ckpt_dir, "pi05")) is not None:
+        dims, source = found
+    cfg = Pi05Config.from_model_dims(dims, source) if dims is not None else infer_config(sd)
+    return cfg.replace(**flow_overrides(lr_config, ckpt_dir / "config.json"))
 
 
 @dataclass
@@ -88,7 +89,7 @@ def load_pi05_checkpoint(ckpt_dir, device="cpu", dtype: torch.dtype = torch.floa
         ckpt_dir, lr, _ = read_lerobot_checkpoint(ckpt_dir, "pi05", weights=False)
         cfg = resolve_config(ckpt_dir, {}, lr, dims)
         model = load_quantized_model(ckpt_dir, Pi05Model(cfg, dtype=dtype, device=device), manifest)
-        cams, state_dim, action_dim = parse_features(lr)
+        cams, state_dim, action_dim = parse_features(lr, ckpt_dir / "config.json")
         return Pi05Checkpoint(model, cfg, cams, state_dim, action_dim, lr)
     ckpt_dir, lr, sd = read_lerobot_checkpoint(ckpt_dir, "pi05")
     cfg = resolve_config(ckpt_dir, sd, lr, dims)
@@ -97,7 +98,7 @@ def load_pi05_checkpoint(ckpt_dir, device="cpu", dtype: torch.dtype = torch.floa
     require_finite(sd, expected, ckpt_dir)
     model = Pi05Model(cfg, dtype=dtype, device=device)
     load_state_dict(model, sd)
-    cams, state_dim, action_dim = parse_features(lr)
+    cams, state_dim, action_dim = parse_features(lr, ckpt_dir / "config.json")
     return Pi05Checkpoint(model.eval(), cfg, cams, state_dim, action_dim, lr)
 
 
