@@ -63,7 +63,7 @@ TASK_WORDS = ("pick up the red block and place it in the blue bowl on the left s
 TEXT_TOKENS = 40        # LeRobot's reference: 40 non-image tokens per prompt (L = 104 with one view)
 LEROBOT_REF = {"batch1_median_ms": 115.8, "batch1_p90_ms": 119.4, "batch1_p99_ms": 130.0, "backbone_ms": 33.6,
                "action_head_ms": 83.1, "batch8_ms": 142.1, "batch32_ms": 177.9, "peak_gib_b1": 5.97,
-               "what": "LeRobot 0.6.1 GrootAdapter.predict_action_chunk, bf16 parameters, one 256x256 view, 104 "
+               "what": "LeRobot 0.6.1 GrootPolicy.predict_action_chunk, bf16 parameters, one 256x256 view, 104 "
                        "tokens, no compile option in LeRobot for GR00T; NVIDIA H200, 2026-12-01, "
                        "../shared/tools/lerobot_groot_gpu.py, recorded in ../shared/device-wheels/README.md"}
 DEVICE, DTYPE = "cuda", torch.bfloat16
