@@ -3,8 +3,13 @@ rcl's own parser into valid values; bad values are refused; a node that cannot s
 import pytest
 
 from node_harness import CPU_CONFIG, THOR_CONFIG, NodeProcess, load_params, make_small_checkpoint, require_tokenizer
-from phyai_ros.node.parameters import declare_and_read
 from phyai_ros.parameters import SPECS, ParameterError, Parameters
+
+
+def declare_and_read(node):
+    """The node's declaration (phyai_ros.node.parameters needs ROS: imported by the tests that start rclpy)."""
+    from phyai_ros.node.parameters import declare_and_read as declare
+    return declare(node)
 
 
 @pytest.fixture
