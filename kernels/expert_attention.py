@@ -8,8 +8,8 @@
 
 As kernels/split_kv_attention.py, the Hq / Hkv heads x T queries of a KV head are packed into one row axis
 and the P + T keys are cut into chunks over the tiles (split-KV); a chunk may straddle the prefix / suffix
-boundary (two key loops with one online softmax), so one split over all keys is possible too (``DIRECT``: the
-tile normalises and writes its rows itself). With several splits each tile stores its partial (running max,
+boundary (two key loops with one online softmax), so one split over all keys is possible too (then the tile
+normalises and writes its rows itself). With several splits each tile stores its partial (running max,
 sum, unnormalised accumulator, fp32) in a dense workspace slot and takes a ticket on its row tile's counter
 (CTA barrier, then an acq_rel atomic at GPU scope); the tile that draws the last ticket merges every split in
 split order (deterministic), loading the partials past L1 (``.cg``), writes the output and resets the counter.
@@ -134,8 +134,8 @@ if HAVE_TRITON:
     @triton.jit
     def attention_tile(tile, QKV, sq, KP, VP, skb, skh, skn, svb, svh, svn, MASK, smb, smq, smk, O, so, WS, CNT,
                        T, P, Hq, Hkv, n_rows, n_mt, n_splits, chunk, qk_scale,
-                       MASK_MODE: tl.constexpr, MASK_PER_KEY: tl.constexpr, DIRECT: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_PREC: tl.constexpr):
+                       MASK_MODE: tl.constexpr, MASK_PER_KEY: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, D: tl.constexpr, DOT_PREC: tl.constexpr):
         """One (KV head of one item, query row tile, key split) of the attention; see the module doc."""
         s = tile % n_splits
         rest = tile // n_splits
@@ -166,7 +166,7 @@ if HAVE_TRITON:
                                     tl.maximum(lo, P) - P, hi - P, P, b, qi, rmask, MASK, smb, smq, smk, qk_scale,
                                     MASK_MODE, MASK_PER_KEY, BLOCK_N, D, DOT_PREC)
         o_ptrs = O + tok[:, None] * so + head[:, None] * D + offs_d[None, :]
-        if DIRECT:
+        if n_splits == 1:   # every key seen: normalise and write
             out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
             tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=rmask[:, None])
         else:

@@ -14,7 +14,7 @@ own kernel (one tile per program) or as a phase of the persistent kernel (kernel
   ``RESID`` the o / down projections; h_new = h + y * gate[item] (or h + y), rounded once, written in place,
             and each row's sum of squares of the rounded h_new over this tile's columns into ``STATS_OUT``
             [n_col_blocks, M] for the next consumer's norm.
-* **split K with a last-arriving tile**: with SPLIT, each tile writes its fp32 partial to a dense slot of the
+* **split K with a last-arriving tile**: with splits > 1, each tile writes its fp32 partial to a dense slot of the
   workspace, then takes a ticket (an atomic add on its output tile's counter, acq_rel at GPU scope, after a
   CTA barrier so every thread's partial store is ordered before it). The tile that draws the last ticket
   sums all partials in split order (deterministic, whatever the arrival order), loading them past L1
@@ -237,8 +237,8 @@ if HAVE_TRITON:
                   STATS, n_stats, SC, s_sc, SH, s_sh, tokens, eps,
                   COS, SIN, scb, sct, rot_heads, HOUT, sho, GATE, s_g, STATS_OUT, WS, CNT,
                   MODE: tl.constexpr, NORM: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_GATE: tl.constexpr,
-                  SPLIT: tl.constexpr, HALF: tl.constexpr, STATS_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ITEMS: tl.constexpr):
+                  HALF: tl.constexpr, STATS_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, ITEMS: tl.constexpr):
         """One output tile (or one K split of it) of y = x @ W^T with x = X rows, normalised when NORM."""
         s = tile % splits
         rest = tile // splits
@@ -270,7 +270,7 @@ if HAVE_TRITON:
             if MODE != 0:
                 acc_hi += tl.dot(a, tl.trans(tl.load(w_hi + k[None, :], mask=wmask, other=0.0)),
                                  input_precision="ieee")
-        if SPLIT:
+        if splits > 1:
             blk = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
             slot = 2 * BLOCK_M * BLOCK_N
             first = WS + (rest * splits).to(tl.int64) * slot

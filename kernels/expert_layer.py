@@ -66,6 +66,7 @@ DEFAULT_TILING = {
     "num_warps": 4, "num_stages": 3,
     "grid_per_sm": 1,                                  # persistent launches: programs per SM
     "prefetch": True,                                  # L2 prefetch of upcoming weights (CUDA only)
+    "cooperative": True,                               # persistent launches: cooperative (co-residency checked)
 }
 
 
@@ -148,15 +149,13 @@ if HAVE_TRITON:
             SC, SH, GT, NREF, s_sc, s_sh, s_g,
             H0, sh0, HB, shb, XO, sxo, QB, sqb, AB, sab, MB, smbuf, STATS, WS, CNT, BAR,
             MASK, smb, smq, smk, COS, SIN, scb, sct,
-            M, W, I, T, P, Hq, Hkv, eps, qk_scale, layer0, layer1,
+            M, W, I, T, P, Hq, Hkv, eps, qk_scale, layer0, layer1, n_layers,
             n_mt, q_splits, q_kper, q_tiles, a_mt, a_splits, a_chunk, a_tiles, o_splits, o_kper, o_tiles,
             g_splits, g_kper, g_tiles, d_splits, d_kper, d_tiles, r_mt, r_tiles, n_stats_o, n_stats_d,
             PHASES: tl.constexpr, TABLES: tl.constexpr, ADA: tl.constexpr, ITEMS: tl.constexpr, D: tl.constexpr,
-            BLOCK_M: tl.constexpr, BN_Q: tl.constexpr, BK_Q: tl.constexpr, SPLIT_Q: tl.constexpr,
-            BN_O: tl.constexpr, BK_O: tl.constexpr, SPLIT_O: tl.constexpr,
-            BN_G: tl.constexpr, BK_G: tl.constexpr, SPLIT_G: tl.constexpr,
-            BN_D: tl.constexpr, BK_D: tl.constexpr, SPLIT_D: tl.constexpr,
-            AM: tl.constexpr, AN: tl.constexpr, A_DIRECT: tl.constexpr, MASK_MODE: tl.constexpr,
+            BLOCK_M: tl.constexpr, BN_Q: tl.constexpr, BK_Q: tl.constexpr, BN_O: tl.constexpr, BK_O: tl.constexpr,
+            BN_G: tl.constexpr, BK_G: tl.constexpr, BN_D: tl.constexpr, BK_D: tl.constexpr,
+            AM: tl.constexpr, AN: tl.constexpr, MASK_MODE: tl.constexpr,
             MASK_PER_KEY: tl.constexpr, DOT_PREC: tl.constexpr, RM: tl.constexpr, STATS_BLOCK: tl.constexpr,
             PDL: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr):
         pid = tl.program_id(0)
@@ -185,13 +184,14 @@ if HAVE_TRITON:
                     prefetch_gemm_tile(t, DN_W, sw_d, I, W, n_mt, d_splits, d_kper, RESID, HALF, BN_D, BK_D, LINE)
         wait_for_producer(PDL)
         epoch = 0
-        if PHASES & 1:   # ROWS: the working residual and its row statistics
-            for t in range(pid, r_tiles, nprog):
-                rows_tile(t, H0, sh0, HB, shb, STATS, n_stats_d, XO, sxo, SC, s_sc, SH, s_sh, M, W, r_mt, T, eps,
-                          False, False, STATS_BLOCK, RM, BN_D, ITEMS)
-            if MULTI:
-                epoch += 1
-                grid_barrier(BAR, epoch * nprog)
+        if PHASES & 1:   # ROWS (before the first layer): the working residual and its row statistics
+            if layer0 == 0:
+                for t in range(pid, r_tiles, nprog):
+                    rows_tile(t, H0, sh0, HB, shb, STATS, n_stats_d, XO, sxo, SC, s_sc, SH, s_sh, M, W, r_mt, T,
+                              eps, False, False, STATS_BLOCK, RM, BN_D, ITEMS)
+                if MULTI:
+                    epoch += 1
+                    grid_barrier(BAR, epoch * nprog)
         for layer in range(layer0, layer1):
             if PHASES & 2:   # QKV
                 w = _pick(QKV_W, layer, H0, TABLES)
@@ -204,7 +204,7 @@ if HAVE_TRITON:
                     gemm_tile(t, HB, shb, w, sw_q, QB, sqb, M, W, n_qkv, n_mt, q_splits, q_kper,
                               STATS, n_stats_d, sc, s_sc, sh, s_sh, T, eps,
                               COS, SIN, scb, sct, Hq + Hkv, HB, shb, sc, s_g, STATS, WS, CNT,
-                              ROPE, True, ADA, False, SPLIT_Q, HALF, STATS_BLOCK, BLOCK_M, BN_Q, BK_Q, ITEMS)
+                              ROPE, True, ADA, False, HALF, STATS_BLOCK, BLOCK_M, BN_Q, BK_Q, ITEMS)
                 if MULTI:
                     if PREFETCH:
                         kp = _pick(KP, layer, H0, TABLES)
@@ -220,7 +220,7 @@ if HAVE_TRITON:
                 for t in range(pid, a_tiles, nprog):
                     attention_tile(t, QB, sqb, kp, vp, skb, skh, skn, svb, svh, svn, MASK, smb, smq, smk, AB, sab,
                                    WS, CNT, T, P, Hq, Hkv, (Hq // Hkv) * T, a_mt, a_splits, a_chunk, qk_scale,
-                                   MASK_MODE, MASK_PER_KEY, A_DIRECT, AM, AN, D, DOT_PREC)
+                                   MASK_MODE, MASK_PER_KEY, AM, AN, D, DOT_PREC)
                 if MULTI:
                     if PREFETCH:
                         w = _pick(O_W, layer, H0, TABLES)
@@ -239,7 +239,7 @@ if HAVE_TRITON:
                     gemm_tile(t, AB, sab, w, sw_o, HB, shb, M, Hq * D, W, n_mt, o_splits, o_kper,
                               STATS, n_stats_d, g, s_sc, g, s_sh, T, eps,
                               COS, SIN, scb, sct, 0, HB, shb, g, s_g, STATS, WS, CNT,
-                              RESID, False, False, ADA, SPLIT_O, HALF, STATS_BLOCK, BLOCK_M, BN_O, BK_O, ITEMS)
+                              RESID, False, False, ADA, HALF, STATS_BLOCK, BLOCK_M, BN_O, BK_O, ITEMS)
                 if MULTI:
                     if PREFETCH:
                         w = _pick(GU_W, layer, H0, TABLES)
@@ -259,7 +259,7 @@ if HAVE_TRITON:
                     gemm_tile(t, HB, shb, w, sw_g, MB, smbuf, M, W, I, n_mt, g_splits, g_kper,
                               STATS, n_stats_o, sc, s_sc, sh, s_sh, T, eps,
                               COS, SIN, scb, sct, 0, HB, shb, sc, s_g, STATS, WS, CNT,
-                              GEGLU, True, ADA, False, SPLIT_G, HALF, STATS_BLOCK, BLOCK_M, BN_G, BK_G, ITEMS)
+                              GEGLU, True, ADA, False, HALF, STATS_BLOCK, BLOCK_M, BN_G, BK_G, ITEMS)
                 if MULTI:
                     if PREFETCH:
                         w = _pick(DN_W, layer, H0, TABLES)
@@ -278,7 +278,7 @@ if HAVE_TRITON:
                     gemm_tile(t, MB, smbuf, w, sw_d, HB, shb, M, I, W, n_mt, d_splits, d_kper,
                               STATS, n_stats_o, g, s_sc, g, s_sh, T, eps,
                               COS, SIN, scb, sct, 0, HB, shb, g, s_g, STATS, WS, CNT,
-                              RESID, False, False, ADA, SPLIT_D, HALF, STATS_BLOCK, BLOCK_M, BN_D, BK_D, ITEMS)
+                              RESID, False, False, ADA, HALF, STATS_BLOCK, BLOCK_M, BN_D, BK_D, ITEMS)
                 if MULTI:
                     if layer + 1 < layer1:
                         if PREFETCH:
@@ -288,18 +288,19 @@ if HAVE_TRITON:
                                                    BK_Q, LINE)
                         epoch += 1
                         grid_barrier(BAR, epoch * nprog)
-                    elif PHASES & 64:
+                    elif layer1 == n_layers:   # FINAL follows
                         epoch += 1
                         grid_barrier(BAR, epoch * nprog)
-        if PHASES & 64:  # FINAL: x = the last norm of h
-            sc = _pick(SC, 2 * layer1, NREF, TABLES)
-            if ADA:
-                sh = _pick(SH, 2 * layer1, NREF, TABLES)
-            else:
-                sh = sc
-            for t in range(pid, r_tiles, nprog):
-                rows_tile(t, HB, shb, HB, shb, STATS, n_stats_d, XO, sxo, sc, s_sc, sh, s_sh, M, W, r_mt, T, eps,
-                          True, ADA, STATS_BLOCK, RM, BN_D, ITEMS)
+        if PHASES & 64:  # FINAL (after the last layer): x = the last norm of h
+            if layer1 == n_layers:
+                sc = _pick(SC, 2 * layer1, NREF, TABLES)
+                if ADA:
+                    sh = _pick(SH, 2 * layer1, NREF, TABLES)
+                else:
+                    sh = sc
+                for t in range(pid, r_tiles, nprog):
+                    rows_tile(t, HB, shb, HB, shb, STATS, n_stats_d, XO, sxo, sc, s_sc, sh, s_sh, M, W, r_mt, T,
+                              eps, True, ADA, STATS_BLOCK, RM, BN_D, ITEMS)
         if MULTI:   # count out; the last program resets both counters (all others are past their last wait)
             tl.debug_barrier()
             done = tl.atomic_add(BAR + 1, 1, sem="acq_rel", scope="gpu")
@@ -467,10 +468,9 @@ class StackLaunch:
             a_splits=pa.n_splits, a_chunk=pa.chunk, a_tiles=pa.n_tiles, o_splits=po.splits, o_kper=po.k_per,
             o_tiles=po.n_tiles, g_splits=pg.splits, g_kper=pg.k_per, g_tiles=pg.n_tiles, d_splits=pd.splits,
             d_kper=pd.k_per, d_tiles=pd.n_tiles, r_mt=r_mt, r_tiles=self.rows_tiles, n_stats_o=po.n_pb,
-            n_stats_d=pd.n_pb, ADA=ada, ITEMS=any(self.n_strides), D=d, BLOCK_M=pq.block_m, BN_Q=pq.block_n,
-            BK_Q=pq.block_k, SPLIT_Q=pq.splits > 1, BN_O=po.block_n, BK_O=po.block_k, SPLIT_O=po.splits > 1,
-            BN_G=pg.block_n, BK_G=pg.block_k, SPLIT_G=pg.splits > 1, BN_D=pd.block_n, BK_D=pd.block_k,
-            SPLIT_D=pd.splits > 1, AM=pa.block_m, AN=pa.block_n, A_DIRECT=pa.n_splits == 1, MASK_MODE=mask_mode,
+            n_stats_d=pd.n_pb, n_layers=n, ADA=ada, ITEMS=any(self.n_strides), D=d, BLOCK_M=pq.block_m,
+            BN_Q=pq.block_n, BK_Q=pq.block_k, BN_O=po.block_n, BK_O=po.block_k, BN_G=pg.block_n, BK_G=pg.block_k,
+            BN_D=pd.block_n, BK_D=pd.block_k, AM=pa.block_m, AN=pa.block_n, MASK_MODE=mask_mode,
             MASK_PER_KEY=per_key, DOT_PREC="ieee" if dt == torch.float32 else "tf32", RM=rm,
             STATS_BLOCK=next_power_of_2(max(po.n_pb, pd.n_pb)), LINE=128 // h.element_size(), **self.launch_kw)
         self.buffers = (h, h.stride(1), self.h, self.h.stride(0), self.out, self.out.stride(1), self.qkv,
@@ -514,11 +514,12 @@ class StackLaunch:
                                  num_warps=warps, num_stages=stages, **self.common)
 
     # ------------------------------------------------------------------ layers l0 .. l1-1 in one kernel
-    def persistent(self, l0: int, l1: int, grid: Optional[int] = None, cooperative: bool = True) -> None:
+    def persistent(self, l0: int, l1: int, grid: Optional[int] = None, cooperative: Optional[bool] = None) -> None:
         """One persistent launch over layers [l0, l1) (with ROWS when l0 == 0 and FINAL when l1 == n): ``grid``
         programs (default: SMs x grid_per_sm, at most the largest phase's tiles), grid barriers between phases,
-        per-layer operands through address tables; cooperative launch on CUDA unless ``cooperative`` is off."""
-        n, dev = self.n_layers, self.device
+        per-layer operands through address tables; a cooperative launch on CUDA unless ``cooperative`` (default:
+        the tiling's) is off."""
+        dev = self.device
         if any(x.dtype != torch.float32 for x in (*self.scale, *(self.shift or ()), *(self.gate or ()))):
             raise ValueError("persistent launches take float32 norm operands")
         tables = tuple(_address_table(ts, dev) for ts in self.layer_weights)
@@ -531,15 +532,16 @@ class StackLaunch:
         g = grid or max(1, min(most, num_sms(dev) * self.tiling["grid_per_sm"]))
         if interpret_mode():   # the interpreter runs programs one after another: a barrier waits for one
             g = 1
-        extra = {"launch_cooperative_grid": True} if self.on_cuda and cooperative else {}
-        phases = LAYER | (ROWS if l0 == 0 else 0) | (FINAL if l1 == n else 0)
+        coop = self.tiling["cooperative"] if cooperative is None else cooperative
+        extra = {"launch_cooperative_grid": True} if self.on_cuda and coop else {}
         _expert_kernel[(g,)](*tables, *self.strides, *norm_tables, self.scale[0], *self.n_strides, *self.buffers,
-                             layer0=l0, layer1=l1, PHASES=phases, TABLES=True,
+                             layer0=l0, layer1=l1, PHASES=ROWS | LAYER | FINAL, TABLES=True,
                              PREFETCH=bool(self.tiling["prefetch"] and self.on_cuda),
                              num_warps=max(p["qkv"].num_warps, p["attention"].num_warps),
                              num_stages=p["qkv"].num_stages, **self.common, **extra)
 
-    def run(self, launch: str = "kernels", grid: Optional[int] = None, cooperative: bool = True) -> torch.Tensor:
+    def run(self, launch: str = "kernels", grid: Optional[int] = None,
+            cooperative: Optional[bool] = None) -> torch.Tensor:
         if launch not in LAUNCHES:
             raise ValueError(f"launch must be one of {LAUNCHES}, got {launch!r}")
         n = self.n_layers
@@ -563,7 +565,7 @@ def expert_stack(h: torch.Tensor, qkv_w: Sequence[torch.Tensor], o_w: Sequence[t
                  cos: torch.Tensor, sin: torch.Tensor, scale: Sequence[torch.Tensor],
                  shift: Optional[Sequence[torch.Tensor]], gate: Optional[Sequence[torch.Tensor]], eps: float, *,
                  n_heads: int, launch: str = "kernels", tiling: Optional[dict] = None,
-                 grid: Optional[int] = None, cooperative: bool = True) -> torch.Tensor:
+                 grid: Optional[int] = None, cooperative: Optional[bool] = None) -> torch.Tensor:
     """The expert's layers on the residual stream h [B, T, W] -> x [B, T, W], the final norm of the last h
     (in h's dtype; h itself is not changed).
 

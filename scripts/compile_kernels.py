@@ -27,10 +27,9 @@ sys.path.insert(0, str(REPO))
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory per block on sm_90 / sm_100-class GPUs
 
 # The expert stack's kernel at pi0.5's shapes (W 1024, 8 heads of 256, one KV head; 50 rows): default tiling.
-_EXPERT = dict(TABLES=False, ADA=True, ITEMS=False, D=256, BLOCK_M=64, BN_Q=32, BK_Q=128, SPLIT_Q=True, BN_O=32,
-               BK_O=128, SPLIT_O=True, BN_G=32, BK_G=128, SPLIT_G=True, BN_D=32, BK_D=128, SPLIT_D=True, AM=16, AN=64,
-               A_DIRECT=False, MASK_MODE=2, MASK_PER_KEY=False, DOT_PREC="tf32", RM=16, STATS_BLOCK=32, PDL=True,
-               PREFETCH=True, LINE=64)
+_EXPERT = dict(TABLES=False, ADA=True, ITEMS=False, D=256, BLOCK_M=64, BN_Q=32, BK_Q=128, BN_O=32, BK_O=128, BN_G=32,
+               BK_G=128, BN_D=32, BK_D=128, AM=16, AN=64, MASK_MODE=2, MASK_PER_KEY=False, DOT_PREC="tf32", RM=16,
+               STATS_BLOCK=32, PDL=True, PREFETCH=True, LINE=64)
 _EXPERT_TYPES = {"W": "i32", "P": "i32", "SC": "*fp32", "SH": "*fp32", "GT": "*fp32", "NREF": "*fp32",
                  "STATS": "*fp32", "WS": "*fp32", "CNT": "*i32", "BAR": "*i32", "MASK": "*fp32"}
 
@@ -113,7 +112,7 @@ SPECS = [
       for phase, prefetch in ((1, False), (2, True), (4, True), (8, True), (16, True), (32, True), (64, False))),
     ("expert_layer", "_expert_kernel", _EXPERT_TYPES, dict(_EXPERT, PHASES=2, ADA=False, ITEMS=False), {}),
     ("expert_layer", "_expert_kernel", _EXPERT_TYPES,
-     dict(_EXPERT, PHASES=16, BLOCK_M=128, BN_G=64, BK_G=64, SPLIT_G=False, ITEMS=True), dict(num_warps=8)),
+     dict(_EXPERT, PHASES=16, BLOCK_M=128, BN_G=64, BK_G=64, ITEMS=True), dict(num_warps=8)),
     ("expert_layer", "_expert_kernel", {**_EXPERT_TYPES, **{k: "*i64" for k in ("QKV_W", "O_W", "GU_W", "DN_W", "KP",
                                                                               "VP", "SC", "SH", "GT")}},
      dict(_EXPERT, PHASES=127, TABLES=True), {}),
