@@ -47,8 +47,8 @@ from .expert_gemm import (GEGLU, RESID, ROPE, _cdiv, gated_residual_ref, gemm_pl
                           row_norm_ref)
 from .split_kv_attention import _mask_strides
 
-__all__ = ["StackLaunch", "ROWS", "QKV", "ATTN", "OPROJ", "GATE_UP", "DOWN", "FINAL", "LAYER", "LAUNCHES", "DEFAULT_TILING",
-           "expert_stack", "expert_stack_ref", "stack_plans", "kernels_per_step"]
+__all__ = ["StackLaunch", "ROWS", "QKV", "ATTN", "OPROJ", "GATE_UP", "DOWN", "FINAL", "LAYER", "LAUNCHES",
+           "DEFAULT_TILING", "expert_stack", "expert_stack_ref", "stack_plans", "kernels_per_step"]
 
 ROWS, QKV, ATTN, OPROJ, GATE_UP, DOWN, FINAL = (1 << i for i in range(7))   # phase bits (PHASES constexpr)
 LAYER = QKV | ATTN | OPROJ | GATE_UP | DOWN
@@ -170,8 +170,8 @@ if HAVE_TRITON:
                                        ROPE, HALF, BN_Q, BK_Q, LINE)
             if PHASES == 4:
                 for t in range(pid, a_tiles, nprog):
-                    prefetch_attention_tile(t, _pick(KP, layer0, H0, TABLES), _pick(VP, layer0, H0, TABLES), skb, skh, skn, svb, svh, svn, P, Hkv, a_mt, a_splits,
-                                            a_chunk, D, AN, LINE)
+                    prefetch_attention_tile(t, _pick(KP, layer0, H0, TABLES), _pick(VP, layer0, H0, TABLES), skb,
+                                            skh, skn, svb, svh, svn, P, Hkv, a_mt, a_splits, a_chunk, D, AN, LINE)
             if PHASES == 8:
                 for t in range(pid, o_tiles, nprog):
                     prefetch_gemm_tile(t, O_W, sw_o, Hq * D, W, n_mt, o_splits, o_kper, RESID, HALF, BN_O, BK_O,
@@ -349,8 +349,12 @@ def _same_layout(tensors: Sequence[torch.Tensor], name: str) -> None:
 
 def stack_plans(m: int, batch: int, tokens: int, width: int, mlp: int, n_heads: int, n_kv_heads: int, d: int,
                 keys: int, device: torch.device, tiling: Optional[dict] = None):
-    """(tiling, plans): the launch plan of every phase for these sizes."""
-    tl_ = {**DEFAULT_TILING, **(tiling or {})}
+    """(tiling, plans): the launch plan of every phase for these sizes (``tiling``: overrides of DEFAULT_TILING,
+    per phase key by key)."""
+    tiling = tiling or {}
+    tl_ = {**DEFAULT_TILING, **tiling}
+    for phase in ("qkv", "o", "gate_up", "down", "attention"):   # a phase's overrides go over its defaults
+        tl_[phase] = {**DEFAULT_TILING[phase], **tiling.get(phase, {})}
     # a qkv tile pairs columns [c, c+BN) and [c+D/2, c+D/2+BN) of one head: BN at most D/2 (powers of two)
     tl_["qkv"] = {**tl_["qkv"], "block_n": min(tl_["qkv"]["block_n"], d // 2)}
     common = dict(block_m=tl_["block_m"], num_warps=tl_["num_warps"], num_stages=tl_["num_stages"])
@@ -575,8 +579,8 @@ def expert_stack(h: torch.Tensor, qkv_w: Sequence[torch.Tensor], o_w: Sequence[t
     Norm j (2i: layer i's input, 2i+1: its post-attention norm, 2n: the final norm): scale[j] (pi0's plain
     Gemma weight [W], or adaRMS per item [B|1, W]), shift[j] (None: plain), gate[j] scaling the residual of
     the sublayer norm j feeds (None: plain residual). ``launch``: "kernels", "layer" or "step" (module doc);
-    ``tiling``: overrides of DEFAULT_TILING; ``grid``: programs of a persistent launch (default: SMs x
-    grid_per_sm, at most the largest phase's tiles).
+    ``tiling``: overrides of DEFAULT_TILING (per phase key by key); ``grid``: programs of a persistent launch
+    (default: SMs x grid_per_sm, at most the largest phase's tiles).
     """
     return StackLaunch(h, qkv_w, o_w, gate_up_w, down_w, k_prefix, v_prefix, mask, cos, sin, scale, shift, gate,
                        eps, n_heads=n_heads, tiling=tiling).run(launch, grid, cooperative)

@@ -134,6 +134,10 @@ def fits(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, eps
             and tuple(ctx.cos.shape) == (h.shape[0], h.shape[1], d))
 
 
+# A persistent kernel has one program per SM: split so that every phase has about one tile per program (one round).
+PERSISTENT_TILING = {"qkv": {"tiles_per_sm": 1}, "o": {"tiles_per_sm": 1}, "gate_up": {"tiles_per_sm": 1},
+                     "down": {"tiles_per_sm": 1}, "attention": {"tiles_per_sm": 1}}
+
 # Launch forms the profile may pick: (name, launch, tiling overrides, rows taken, profiled only). The 5-kernel
 # form is the default up to 64 rows (batch 1: the latency-bound bucket); beyond that, and the persistent forms,
 # only where a device profile measured them faster than the reference.
@@ -145,8 +149,8 @@ FUSED_FORMS = (
     ("kernels_n16", "kernels", {"qkv": {"block_n": 16, "block_k": 128}, "o": {"block_n": 16, "block_k": 256},
                                 "gate_up": {"block_n": 16, "block_k": 128}, "down": {"block_n": 16, "block_k": 256},
                                 "attention": {"block_m": 32, "block_n": 32}}, (0, None), True),
-    ("layer", "layer", None, (0, None), True),
-    ("step", "step", None, (0, None), True),
+    ("layer", "layer", PERSISTENT_TILING, (0, None), True),
+    ("step", "step", PERSISTENT_TILING, (0, None), True),
 )
 
 
