@@ -24,7 +24,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ._common import HAVE_TRITON, num_sms, prefetch_l2, tl, triton
-from .expert_gemm import _cdiv
+from .expert_gemm import _MAX_SPLITS, MAX_SPLITS, _cdiv
 from .split_kv_attention import split_kv_attention_ref
 
 __all__ = ["AttentionPlan", "attention_plan", "expert_attention_ref"]
@@ -65,6 +65,7 @@ def attention_plan(batch: int, n_kv_heads: int, group: int, tokens: int, keys: i
     if splits is None:
         splits = max(1, min(tiles_per_sm * num_sms(device) // max(1, n_mt * batch * n_kv_heads),
                             keys // (2 * block_n)))
+    splits = min(splits, MAX_SPLITS)
     chunk = _cdiv(_cdiv(keys, splits), block_n) * block_n
     splits = _cdiv(keys, chunk)
     n_tiles = batch * n_kv_heads * n_mt * splits
@@ -184,11 +185,13 @@ if HAVE_TRITON:
                 m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
                 l_run = tl.zeros([BLOCK_M], tl.float32)
                 a_run = tl.zeros([BLOCK_M, D], tl.float32)
-                for q_s in range(0, n_splits):
+                for q_s in tl.static_range(_MAX_SPLITS):   # unrolled: the loads of every split in flight at once
                     part = first + q_s * slot
-                    m_s = tl.load(part + r, cache_modifier=".cg")
-                    l_s = tl.load(part + BLOCK_M + r, cache_modifier=".cg")
-                    a_s = tl.load(part + 2 * BLOCK_M + r[:, None] * D + offs_d[None, :], cache_modifier=".cg")
+                    here = q_s < n_splits
+                    m_s = tl.load(part + r, mask=here, other=float("-inf"), cache_modifier=".cg")
+                    l_s = tl.load(part + BLOCK_M + r, mask=here, other=0.0, cache_modifier=".cg")
+                    a_s = tl.load(part + 2 * BLOCK_M + r[:, None] * D + offs_d[None, :], mask=here, other=0.0,
+                                  cache_modifier=".cg")
                     m_new = tl.maximum(m_run, m_s)
                     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
                     alpha = tl.exp2(m_run - m_safe)

@@ -32,11 +32,14 @@ import torch
 
 from ._common import HAVE_TRITON, next_power_of_2, num_sms, prefetch_l2, tl, triton
 
-__all__ = ["RESID", "ROPE", "GEGLU", "GemmPlan", "gemm_plan", "row_norm_ref", "norm_qkv_rope_ref",
+__all__ = ["RESID", "ROPE", "GEGLU", "MAX_SPLITS", "GemmPlan", "gemm_plan", "row_norm_ref", "norm_qkv_rope_ref",
            "norm_geglu_ref", "gated_residual_ref"]
 
 # the epilogue modes (MODE constexpr); constexpr objects so that kernels may name them
 RESID, ROPE, GEGLU = (tl.constexpr(i) for i in range(3)) if HAVE_TRITON else (0, 1, 2)
+# At most this many K splits: the last tile's sum over them is unrolled, so its loads are all in flight at once.
+MAX_SPLITS = 8
+_MAX_SPLITS = tl.constexpr(MAX_SPLITS) if HAVE_TRITON else MAX_SPLITS
 
 
 # --------------------------------------------------------------------------- references (fp32 torch)
@@ -121,6 +124,7 @@ def gemm_plan(m: int, n_blocks: int, k: int, device: torch.device, *, paired: bo
     n_mt = _cdiv(m, bm)
     if splits is None:
         splits = max(1, min(tiles_per_sm * num_sms(device) // max(1, n_blocks * n_mt), k // (2 * block_k)))
+    splits = min(splits, MAX_SPLITS)
     k_per = _cdiv(_cdiv(k, splits), block_k) * block_k
     splits = _cdiv(k, k_per)
     n_tiles = n_blocks * n_mt * splits
@@ -283,10 +287,11 @@ if HAVE_TRITON:
                 tl.debug_barrier()
                 tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 tot_hi = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for q in range(0, splits):
-                    tot += tl.load(first + q * slot + blk, cache_modifier=".cg")
+                for q in tl.static_range(_MAX_SPLITS):   # unrolled: every split's load issued up front
+                    tot += tl.load(first + q * slot + blk, mask=q < splits, other=0.0, cache_modifier=".cg")
                     if MODE != 0:
-                        tot_hi += tl.load(first + q * slot + BLOCK_M * BLOCK_N + blk, cache_modifier=".cg")
+                        tot_hi += tl.load(first + q * slot + BLOCK_M * BLOCK_N + blk, mask=q < splits, other=0.0,
+                                          cache_modifier=".cg")
                 tl.atomic_xchg(CNT + rest, 0)
                 gemm_epilogue(tot, tot_hi, rows, rmask, lo, hi, d_lo, head, pb, item, n_cols, M, Y, sy,
                               COS, SIN, scb, sct, tokens, rot_heads, HOUT, sho, GATE, s_g, STATS_OUT,

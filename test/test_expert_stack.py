@@ -117,14 +117,15 @@ def test_the_reference_is_the_old_per_op_path_bitwise(policy, t, dtype):
 
 # ----------------------------------------------------------------------------- fused forms through the models
 def forcing(name: str) -> OperatorSelector:
-    """A selector forced to candidate ``name`` of expert_stack, made usable on the CPU (the interpreter)."""
-    cands = [dataclasses.replace(c, devices=("cpu", "cuda")) if c.name == name else c
+    """A selector forced to candidate ``name`` of expert_stack, made usable on the CPU (the interpreter) and for
+    any number of rows."""
+    cands = [dataclasses.replace(c, devices=("cpu", "cuda"), supports=fits) if c.name == name else c
              for c in dispatch.SELECTOR.candidates["expert_stack"]]
     return OperatorSelector(candidates={**dispatch.SELECTOR.candidates, "expert_stack": cands}, forced=name)
 
 
 @needs_interpreter
-@pytest.mark.parametrize("name", ["kernels", "kernels_s1", "layer", "step"])
+@pytest.mark.parametrize("name", FORMS)
 @pytest.mark.parametrize("policy,t", [("pi05", (0.7,)), ("pi05", (0.7, 0.2)), ("pi0", (0.4,))])
 def test_fused_forms_give_the_reference_velocity(policy, t, name):
     """fp32: the fused stack through denoise_velocity equals the per-op path within fp32 rounding (pi0.5 with

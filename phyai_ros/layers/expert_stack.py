@@ -138,12 +138,17 @@ def fits(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, eps
 PERSISTENT_TILING = {"qkv": {"tiles_per_sm": 1}, "o": {"tiles_per_sm": 1}, "gate_up": {"tiles_per_sm": 1},
                      "down": {"tiles_per_sm": 1}, "attention": {"tiles_per_sm": 1}}
 
+# Many rows (batch 8, 32): larger tiles, so that each weight tile serves more rows (fewer re-reads of x from L2).
+WIDE_TILING = {"block_m": 128, "num_warps": 8, "qkv": {"block_n": 64, "block_k": 64},
+               "o": {"block_n": 64, "block_k": 64}, "gate_up": {"block_n": 64, "block_k": 64},
+               "down": {"block_n": 64, "block_k": 64}, "attention": {"block_m": 64, "block_n": 64}}
+
 # Launch forms the profile may pick: (name, launch, tiling overrides, rows taken, profiled only). The 5-kernel
 # form is the default up to 64 rows (batch 1: the latency-bound bucket); beyond that, and the persistent forms,
 # only where a device profile measured them faster than the reference.
 FUSED_FORMS = (
     ("kernels", "kernels", None, (0, 64), False),
-    ("kernels_wide", "kernels", None, (65, None), True),
+    ("kernels_wide", "kernels", WIDE_TILING, (65, None), True),
     ("kernels_s1", "kernels", {n: {"block_n": 32, "block_k": 128, "splits": 1} for n in ("qkv", "o", "gate_up",
                                                                                          "down")}, (0, None), True),
     ("kernels_n16", "kernels", {"qkv": {"block_n": 16, "block_k": 128}, "o": {"block_n": 16, "block_k": 256},
