@@ -40,14 +40,14 @@ from typing import Optional, Sequence
 
 import torch
 
-from ._common import (HAVE_TRITON, check_tensors, interpret_mode, next_power_of_2, num_sms, pdl, require_triton,
+from ._common import (HAVE_TRITON, available, check_tensors, interpret_mode, next_power_of_2, num_sms, pdl, require_triton,
                       tl, triton, wait_for_producer)
 from .expert_attention import LOG2E, attention_plan, expert_attention_ref
 from .expert_gemm import (GEGLU, RESID, ROPE, _cdiv, gated_residual_ref, gemm_plan, norm_geglu_ref, norm_qkv_rope_ref,
                           row_norm_ref)
 from .split_kv_attention import _mask_strides
 
-__all__ = ["StackLaunch", "ROWS", "QKV", "ATTN", "OPROJ", "GATE_UP", "DOWN", "FINAL", "LAYER", "LAUNCHES",
+__all__ = ["available", "StackLaunch", "ROWS", "QKV", "ATTN", "OPROJ", "GATE_UP", "DOWN", "FINAL", "LAYER", "LAUNCHES",
            "DEFAULT_TILING", "expert_stack", "expert_stack_ref", "stack_plans", "kernels_per_step"]
 
 ROWS, QKV, ATTN, OPROJ, GATE_UP, DOWN, FINAL = (1 << i for i in range(7))   # phase bits (PHASES constexpr)
