@@ -111,13 +111,17 @@ def test_stack_bf16_vs_fp32(launch, model, batch):
 
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("model", list(MODELS))
-def test_stack_fp32(model, batch, monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    c = inputs(model, batch, seed=10 + batch, dtype=torch.float32)
-    want = el.expert_stack_ref(*stack_args(c), HQ)
-    for launch in el.LAUNCHES:
-        got = el.expert_stack(*stack_args(c), n_heads=HQ, launch=launch)
-        assert rel(got, want) < 1e-4, launch
+def test_stack_fp32(model, batch):
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False     # a true fp32 reference (the kernels' fp32 dots are IEEE)
+    try:
+        c = inputs(model, batch, seed=10 + batch, dtype=torch.float32)
+        want = el.expert_stack_ref(*stack_args(c), HQ)
+        for launch in el.LAUNCHES:
+            got = el.expert_stack(*stack_args(c), n_heads=HQ, launch=launch)
+            assert rel(got, want) < 1e-4, launch
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
 
 
 @pytest.mark.parametrize("batch", [1, 8])
