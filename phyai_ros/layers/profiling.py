@@ -164,7 +164,8 @@ def profile_calls(selector: OperatorSelector, calls: dict, device, tolerance: fl
     for this device as soon as it is made: ops run in name order, so the sub-ops (linear, geglu, *_rms_norm)
     are chosen before the fused linear_* ops, whose "unfused" candidate is then timed with its sub-ops'
     choices, and COMPOSITE_OPS (the expert stack, built from those) come last. time_single False: a call with
-    one usable candidate is not timed (nothing to choose); it is listed in timings as {name: "only candidate"}. report(op, key, timings of the key, chosen name or None): progress."""
+    one usable candidate is not timed (nothing to choose); it is listed in timings as {name: "only candidate"}.
+    report(op, key, timings of the key, chosen name or None): progress."""
     device = torch.device(device)
     signature = device_signature(device)
     timer = graph_time_us if device.type == "cuda" else host_time_us
