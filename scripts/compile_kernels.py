@@ -26,6 +26,13 @@ sys.path.insert(0, str(REPO))
 
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory per block on sm_90 / sm_100-class GPUs
 
+# The expert stack's kernel at pi0.5's shapes (W 1024, 8 heads of 256, one KV head; 50 rows): default tiling.
+_EXPERT = dict(TABLES=False, ADA=True, ITEMS=False, D=256, BLOCK_M=64, BN_Q=32, BK_Q=128, BN_O=32, BK_O=128, BN_G=32,
+               BK_G=128, BN_D=32, BK_D=128, AM=16, AN=64, MASK_MODE=2, MASK_PER_KEY=False, DOT_PREC="tf32", RM=16,
+               STATS_BLOCK=32, PDL=True, PREFETCH=True, LINE=64)
+_EXPERT_TYPES = {"W": "i32", "P": "i32", "SC": "*fp32", "SH": "*fp32", "GT": "*fp32", "NREF": "*fp32",
+                 "STATS": "*fp32", "WS": "*fp32", "CNT": "*i32", "BAR": "*i32", "MASK": "*fp32"}
+
 # (module, kernel, argument types where the default is wrong, constexprs, launch options) at production
 # launch shapes. Default types: see ``signature``.
 SPECS = [
@@ -99,6 +106,16 @@ SPECS = [
           DIRECT=True, HAS_BIAS=True, ACT=1, PDL=True), dict(num_warps=4, num_stages=4)),
     ("quant_linear", "_quantize_rows_kernel", {"XS": "*fp32", "Y": "*fp8e4nv", "S": "*fp32"},
      dict(BLOCK=16384, STATIC=False, PDL=True), dict(num_warps=8)),
+    # the expert layer stack (kernels/expert_layer.py): each phase as its own kernel (pi0.5's adaRMS, split K and
+    # split keys with last-arriving merges), pi0's plain norm, the wide tiling, and the persistent step kernel
+    *(("expert_layer", "_expert_kernel", _EXPERT_TYPES, dict(_EXPERT, PHASES=phase, PREFETCH=prefetch), {})
+      for phase, prefetch in ((1, False), (2, True), (4, True), (8, True), (16, True), (32, True), (64, False))),
+    ("expert_layer", "_expert_kernel", _EXPERT_TYPES, dict(_EXPERT, PHASES=2, ADA=False, ITEMS=False), {}),
+    ("expert_layer", "_expert_kernel", _EXPERT_TYPES,
+     dict(_EXPERT, PHASES=16, BLOCK_M=128, BN_G=64, BK_G=64, ITEMS=True), dict(num_warps=8)),
+    ("expert_layer", "_expert_kernel", {**_EXPERT_TYPES, **{k: "*i64" for k in ("QKV_W", "O_W", "GU_W", "DN_W", "KP",
+                                                                              "VP", "SC", "SH", "GT")}},
+     dict(_EXPERT, PHASES=127, TABLES=True), {}),
 ]
 FLOAT_ARGS = {"eps", "qk_scale"}
 INT_ARGS = {"M", "N", "K", "I", "D", "S", "G", "T", "HQ", "HKV", "SPLITS"}  # sizes spelt in capitals

@@ -11,6 +11,11 @@
 #                   without programmatic dependent launch (PHYAI_PDL=0) -> pi0.5 batch 1 -> the other GPU tests
 #   CAMERAS=1:      a camera absent: the runner's GPU test of skipping it under graphs, then pi0.5 batch 1 with 3
 #                   cameras, with 2 (the third skipped) and with 2 computed masked (--keep-absent)
+#   EXPERT=1:       the expert layer stack (issue 21): scripts/bench_expert_layer.py (correctness of every variant,
+#                   time per layer-step, kernel timeline, the loop in the runner; ~7 min, its JSON in $OUT)
+#   EXPERT_TESTS=1: its GPU tests and those of the ops around it (one device call of its own, ~5 min):
+#                   pytest -m gpu test/test_expert_layer_gpu.py test/test_dispatch.py test/test_runner.py
+#                   test/test_pi05_parity.py test/test_pi0_parity.py
 # Expects (carried to the GPU machine): .device_shared/ = a copy of ../shared (tokenizer, parity fixtures) and
 # .whl/ = LeRobot's wheels (see ../shared/device-wheels/README.md).
 set -u
@@ -55,6 +60,17 @@ if [ "${CAMERAS:-0}" = 1 ]; then
     step "bench_pi05_cameras_$1${2:+_masked}" 120 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup \
       --iters 300 --batches 1 --cameras "$1" ${2:-} --out "$OUT/bench_pi05_cam$1${2:+_masked}.json"
   done
+  exit 0
+fi
+if [ "${EXPERT:-0}" = 1 ]; then
+  step bench_expert_layer 470 python3 scripts/bench_expert_layer.py --out "$OUT/bench_expert_layer.json"
+  tail -n 80 "$LOG"
+  exit 0
+fi
+if [ "${EXPERT_TESTS:-0}" = 1 ]; then
+  step gpu_tests_expert 560 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_expert_layer_gpu.py \
+    test/test_dispatch.py test/test_runner.py test/test_pi05_parity.py test/test_pi0_parity.py
+  tail -n 60 "$LOG"
   exit 0
 fi
 if [ "${COMPILED:-0}" = 1 ]; then

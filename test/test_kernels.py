@@ -54,7 +54,8 @@ def test_import_without_triton():
         sys.meta_path.insert(0, _Block())
         import torch
         from phyai_ros.kernels import rms_norm, ada_rms_norm, geglu, layer_norm, split_kv_attention, skinny_epilogue
-        for m in (rms_norm, ada_rms_norm, geglu, layer_norm, split_kv_attention, skinny_epilogue):
+        from phyai_ros.kernels import expert_layer
+        for m in (rms_norm, ada_rms_norm, geglu, layer_norm, split_kv_attention, skinny_epilogue, expert_layer):
             assert m.available() is False, m
         x = torch.randn(3, 8); w = torch.randn(8)
         rms_norm.rms_norm_ref(x, w)

@@ -18,6 +18,7 @@ from typing import Optional, Tuple
 import torch
 
 from phyai_ros.kernels import _common as _triton_common
+from phyai_ros.layers import expert_stack as _expert_stack
 from phyai_ros.layers import flashinfer_backend, ops
 from phyai_ros.layers.quantized import QuantizedWeight, qshape_key
 from phyai_ros.layers.selector import SELECTOR, Candidate, active_selector, shape_key
@@ -378,6 +379,9 @@ _REGISTRY = {
         *(Candidate(name, functools.partial(_triton_rope_attention, **tiling), _CUDA, available=_triton_ok,
                     supports=_rope_attention_fits, profiled_only=True) for name, tiling in ATTENTION_TILINGS.items()),
         Candidate("unfused", _unfused_rope_attention)],
+    # The action expert's whole layer stack (pi0 / pi0.5): few-kernel and persistent forms, today's per-op path
+    # as the reference (layers/expert_stack.py).
+    "expert_stack": _expert_stack.candidates(_triton_ok),
     # Long-query attention (SigLIP, the prefix): SDPA first; the split-KV kernel is a profiled option.
     "attention": [Candidate("sdpa", _sdpa, _CUDA),
                   *(Candidate(name, functools.partial(_triton_attention, **tiling), _CUDA, available=_triton_ok)
@@ -509,3 +513,13 @@ def rope_attention_with_prefix(qkv: Tensor, cos: Tensor, sin: Tensor, k_prefix: 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None) -> Tensor:
     return _selector().call("attention", shape_key(q, k), q.device, q, k, v, mask)
+
+
+def expert_stack(h: Tensor, layers, kv, ctx, norms: "_expert_stack.ExpertNorms", eps: float) -> Tensor:
+    """The action expert's layers on its residual stream h [B, T, W] -> the final norm's output [B, T, W].
+    layers: per layer qkv_w / o_w / gate_up_w / down_w (GemmaLayer); kv: per layer the prefix cache (k, v);
+    ctx: the suffix's mask and RoPE tables (modeling.suffix.SuffixContext); norms: layers.expert_stack's
+    ExpertNorms (adaRMS modulation or plain weights, 2 * depth + 1 of them)."""
+    kind = ("ada" if norms.adaptive else "rms") + ("_tok" if norms.per_token else "")
+    key = f"{shape_key(h, kv[0][0])}|{kind}{len(layers)}"
+    return _selector().call("expert_stack", key, h.device, h, layers, kv, ctx, norms, eps)

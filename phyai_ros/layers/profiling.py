@@ -24,6 +24,10 @@ from phyai_ros.layers.selector import OperatorSelector, device_signature
 COLD_BYTES = 256 * 1024  # operands at least this large (weights, KV caches) are timed out of L2
 MAX_COPIES = 256
 ATTENTION_OPS = ("attention", "attention_with_prefix", "rope_attention_with_prefix")
+# Ops built from fused ops (their reference runs those, each as chosen): profiled after every other op.
+# A whole expert stack (18 layers in bf16) is ~1e-2 (relative) from fp32, and two bf16 orders of rounding
+# ~1.5e-2 from each other (CPU, random full-size weights): its error is held to 4e-2, not the per-op bound.
+COMPOSITE_OPS = {"expert_stack": 4e-2}
 
 
 def cold_arg_sets(args: tuple) -> list:
@@ -159,14 +163,15 @@ def profile_calls(selector: OperatorSelector, calls: dict, device, tolerance: fl
     {op: {key: {name: {"us", "rel_err", "ok"} or "failed: ..."}}}. Each choice goes into the selector's profile
     for this device as soon as it is made: ops run in name order, so the sub-ops (linear, geglu, *_rms_norm)
     are chosen before the fused linear_* ops, whose "unfused" candidate is then timed with its sub-ops'
-    choices. time_single False: a call with one usable candidate is not timed (nothing to choose); it is listed
-    in timings as {name: "only candidate"}. report(op, key, timings of the key, chosen name or None): progress."""
+    choices, and COMPOSITE_OPS (the expert stack, built from those) come last. time_single False: a call with
+    one usable candidate is not timed (nothing to choose); it is listed in timings as {name: "only candidate"}.
+    report(op, key, timings of the key, chosen name or None): progress."""
     device = torch.device(device)
     signature = device_signature(device)
     timer = graph_time_us if device.type == "cuda" else host_time_us
     table, timings = {}, {}
     with selector.active():
-        for (op, key), (a, kw) in sorted(calls.items()):
+        for (op, key), (a, kw) in sorted(calls.items(), key=lambda item: (item[0][0] in COMPOSITE_OPS, item[0])):
             cands = usable_for(selector, op, key, device, a)
             entry = timings.setdefault(op, {}).setdefault(key, {})
             best = None
@@ -182,7 +187,7 @@ def profile_calls(selector: OperatorSelector, calls: dict, device, tolerance: fl
                     except Exception as exc:  # a candidate that cannot run here is simply not chosen
                         entry[c.name] = f"failed: {exc}"[:200]
                         continue
-                    ok = err <= tolerance
+                    ok = err <= max(tolerance, COMPOSITE_OPS.get(op, 0.0))
                     entry[c.name] = {"us": round(us, 2), "rel_err": err, "ok": ok}
                     if ok and (best is None or us < best[1]):
                         best = (c.name, us)

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from phyai_ros.layers import dispatch, ops
-from phyai_ros.modeling.gemma import GemmaLayer, expert_attention, mlp_hidden, rope_inv_freq
+from phyai_ros.layers.expert_stack import ExpertNorms
+from phyai_ros.modeling.gemma import GemmaLayer, rope_inv_freq
 from phyai_ros.modeling.paligemma import PaliGemmaPrefix, PrefixKV, prefix_positions
 from phyai_ros.modeling.suffix import SuffixContext, suffix_context
 from phyai_ros.modeling.time_embedding import sinusoidal_time_embedding
@@ -100,15 +101,10 @@ class Pi0Model(PaliGemmaPrefix):
             time_bias = self.time_bias(t)
         h = self.embed_suffix(x_t, state_emb, time_bias).to(self.dtype)
         layers = self.expert_layers
-        x = dispatch.rms_norm(h, layers[0].in_norm_w, cfg.rms_eps)
-        for i, layer in enumerate(layers):
-            a = expert_attention(x, layer, *kv[i], ctx)
-            # Output projections fused with the residual add and the norm that reads it where a kernel can.
-            x, h = dispatch.linear_add_rms_norm(a, layer.o_w, h, layer.post_norm_w, cfg.rms_eps)
-            m = mlp_hidden(x, layer)
-            if i + 1 < len(layers):
-                x, h = dispatch.linear_add_rms_norm(m, layer.down_w, h, layers[i + 1].in_norm_w, cfg.rms_eps)
-            else:
-                h = h + dispatch.linear(m, layer.down_w)
-        x = dispatch.rms_norm(h[:, -self.cfg.chunk_size:], self.final_norm_w, cfg.rms_eps)
+        # The expert's layers as one op (layers/expert_stack.py): plain Gemma RMSNorms (input, post-attention,
+        # ..., final), residuals ungated; few kernels per layer where they run, else op by op. The final norm
+        # is per row, so the state token's row is dropped after it.
+        norms = ExpertNorms(weights=(*(w for la in layers for w in (la.in_norm_w, la.post_norm_w)),
+                                     self.final_norm_w))
+        x = dispatch.expert_stack(h, layers, kv, ctx, norms, cfg.rms_eps)[:, -self.cfg.chunk_size:].contiguous()
         return ops.linear(x.to(torch.float32), self.action_out_w, self.action_out_b)

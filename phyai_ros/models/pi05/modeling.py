@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from phyai_ros.layers import dispatch, ops
-from phyai_ros.modeling.gemma import GemmaLayer, expert_attention, mlp_hidden, rope_inv_freq
+from phyai_ros.layers.expert_stack import ExpertNorms
+from phyai_ros.modeling.gemma import GemmaLayer, rope_inv_freq
 from phyai_ros.modeling.paligemma import PaliGemmaPrefix, PrefixKV, prefix_positions
 from phyai_ros.modeling.suffix import SuffixContext, suffix_context
 from phyai_ros.modeling.time_embedding import sinusoidal_time_embedding
@@ -116,16 +117,9 @@ class Pi05Model(PaliGemmaPrefix):
         # [B|1, 2*depth+1, 3, 1, We], or per token [B, 2*depth+1, 3, H, We] (training-time RTC)
         mod = modulation if modulation.dim() == 5 else modulation.unsqueeze(3)
         n = len(self.expert_layers)
-        h = self.embed_actions(x_t)
-        x = dispatch.ada_rms_norm(h, mod[:, 0, 0], mod[:, 0, 1], cfg.rms_eps)
-        for i, layer in enumerate(self.expert_layers):
-            a = expert_attention(x, layer, *kv[i], ctx)
-            # Output projection, gated residual and the norm that reads it in one op where a kernel can:
-            # post-attention norm, then the next layer's input norm (the final norm after the last layer).
-            m_attn, m_post, m_next = mod[:, 2 * i], mod[:, 2 * i + 1], mod[:, 2 * i + 2]
-            h, x = dispatch.linear_gated_ada_rms_norm(a, layer.o_w, h, m_attn[:, 2], m_post[:, 0], m_post[:, 1],
-                                                      cfg.rms_eps)
-            h, x = dispatch.linear_gated_ada_rms_norm(mlp_hidden(x, layer), layer.down_w, h, m_post[:, 2],
-                                                      m_next[:, 0], m_next[:, 1], cfg.rms_eps)
         assert mod.shape[1] == 2 * n + 1
+        h = self.embed_actions(x_t)
+        # The expert's layers as one op (layers/expert_stack.py): the norm before each sublayer (adaRMS), the
+        # gated residuals, and the final norm; few kernels per layer where they run, else op by op.
+        x = dispatch.expert_stack(h, self.expert_layers, kv, ctx, ExpertNorms(mod=mod), cfg.rms_eps)
         return ops.linear(x.to(torch.float32), self.action_out_w, self.action_out_b)

@@ -1,0 +1,171 @@
+"""The action expert's layer stack as one op (pi0 and pi0.5): its norms, its reference and its fused launches.
+
+Why the whole stack is one op: the fused forms keep state between layers that the per-op path does not have
+(the residual's row statistics instead of the normed activations, workspaces, ticket counters), and the
+persistent forms run several layers in one kernel; only at the stack's boundary (the residual stream in, the
+final norm's output out) do all forms agree. ``layers.dispatch.expert_stack`` selects among them:
+
+* ``unfused`` (the reference, last): today's per-op path, each op selected on its own (skinny GEMMs with
+  fused epilogues, the split-KV attention, ...), bit for bit what the models ran before this op existed;
+* ``kernels``: kernels/expert_layer.py's phases, five kernels per layer, no reducers (the default for up to
+  64 rows where Triton runs; ``kernels_wide`` is the same for more rows, profiled-only);
+* ``layer`` / ``step``: the same phases as one persistent kernel per layer / per denoising step
+  (profiled-only until a device profile measures them faster).
+
+Training-time RTC (modulation per token), quantized weights and anything the kernels do not take run the
+reference. Design: design.md §7.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+
+Tensor = torch.Tensor
+
+
+class ExpertNorms(NamedTuple):
+    """The 2 * depth + 1 RMSNorms of an action expert, in order: layer 0's input norm, its post-attention norm,
+    layer 1's input norm, ..., the final norm. Either adaRMS (pi0.5): ``mod`` [B|1, 2*depth+1, 3, 1|H, W]
+    float32, (scale, shift, gate) per norm, where norm j's gate scales the residual of the sublayer it feeds
+    (H: per token, training-time RTC); or plain Gemma RMSNorm (pi0): ``weights``, one [W] vector per norm,
+    residuals ungated."""
+    mod: Optional[Tensor] = None
+    weights: tuple = ()
+
+    @property
+    def adaptive(self) -> bool:
+        return self.mod is not None
+
+    @property
+    def count(self) -> int:
+        return self.mod.shape[1] if self.adaptive else len(self.weights)
+
+    @property
+    def per_token(self) -> bool:
+        return self.adaptive and self.mod.shape[3] > 1
+
+    def scale(self, j: int) -> Tensor:
+        """Norm j's scale ([B|1, 1|H, W] slice of mod) or plain weight ([W])."""
+        return self.mod[:, j, 0] if self.adaptive else self.weights[j]
+
+    def shift(self, j: int) -> Tensor:
+        return self.mod[:, j, 1]
+
+    def gate(self, j: int) -> Tensor:
+        return self.mod[:, j, 2]
+
+    def rows(self) -> tuple:
+        """(scales, shifts, gates) as the kernels take them: [B|1, W] rows per norm; shifts and gates None for
+        plain norms."""
+        if not self.adaptive:
+            return [w.reshape(1, -1) for w in self.weights], None, None
+        w = self.mod.shape[-1]
+        per = [[self.mod[:, j, c].reshape(-1, w) for j in range(self.count)] for c in range(3)]
+        return per[0], per[1], per[2][:-1]
+
+
+def _attn_tokens(a: Tensor) -> Tensor:
+    """Attention output [B, Hq, T, hd] -> [B, T, Hq*hd], the o_proj input (a view where a is token-major)."""
+    b, h, t, d = a.shape
+    return a.transpose(1, 2).reshape(b, t, h * d)
+
+
+def unfused(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, eps: float) -> Tensor:
+    """The reference: per layer qkv GEMM, RoPE + attention, o-proj with residual and norm, GeGLU GEMM,
+    down-proj with residual and norm, each through its own selected op; returns the final norm's output."""
+    from phyai_ros.layers import dispatch
+    n = len(layers)
+    if norms.adaptive:
+        x = dispatch.ada_rms_norm(h, norms.scale(0), norms.shift(0), eps)
+    else:
+        x = dispatch.rms_norm(h, norms.scale(0), eps)
+    for i, layer in enumerate(layers):
+        qkv = dispatch.linear(x, layer.qkv_w)
+        a = _attn_tokens(dispatch.rope_attention_with_prefix(qkv, ctx.cos, ctx.sin, *kv[i], ctx.mask))
+        if norms.adaptive:
+            h, x = dispatch.linear_gated_ada_rms_norm(a, layer.o_w, h, norms.gate(2 * i), norms.scale(2 * i + 1),
+                                                      norms.shift(2 * i + 1), eps)
+            h, x = dispatch.linear_gated_ada_rms_norm(dispatch.linear_geglu(x, layer.gate_up_w), layer.down_w, h,
+                                                      norms.gate(2 * i + 1), norms.scale(2 * i + 2),
+                                                      norms.shift(2 * i + 2), eps)
+        else:
+            x, h = dispatch.linear_add_rms_norm(a, layer.o_w, h, norms.scale(2 * i + 1), eps)
+            m = dispatch.linear_geglu(x, layer.gate_up_w)
+            if i + 1 < n:
+                x, h = dispatch.linear_add_rms_norm(m, layer.down_w, h, norms.scale(2 * i + 2), eps)
+            else:
+                h = h + dispatch.linear(m, layer.down_w)
+                x = dispatch.rms_norm(h, norms.scale(2 * n), eps)
+    return x
+
+
+def fused(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, eps: float, *, launch: str,
+          tiling: Optional[dict] = None) -> Tensor:
+    """kernels/expert_layer.py's stack in one of its launch forms."""
+    from phyai_ros.kernels.expert_layer import expert_stack
+    scales, shifts, gates = norms.rows()
+    k0 = kv[0][0]
+    return expert_stack(h.contiguous(), [la.qkv_w for la in layers], [la.o_w for la in layers],
+                        [la.gate_up_w for la in layers], [la.down_w for la in layers], [k for k, _ in kv],
+                        [v for _, v in kv], ctx.mask, ctx.cos, ctx.sin, scales, shifts, gates, eps,
+                        n_heads=layers[0].qkv_w.shape[0] // k0.shape[-1] - 2 * k0.shape[1], launch=launch,
+                        tiling=tiling)
+
+
+def fits(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, eps: float,
+         max_rows: Optional[int] = None, min_rows: int = 0) -> bool:
+    """What the fused forms take: float weights of h's dtype (a QuantizedWeight runs the reference), norms per
+    batch item (not per token), a power-of-two head_dim >= 32, the suffix's RoPE tables per token; rows
+    (B * T) within [min_rows, max_rows]."""
+    if h.dim() != 3 or h.dtype not in (torch.float32, torch.float16, torch.bfloat16) or not layers:
+        return False
+    rows = h.shape[0] * h.shape[1]
+    if rows < min_rows or (max_rows is not None and rows > max_rows) or norms.per_token:
+        return False
+    if norms.count != 2 * len(layers) + 1 or len(kv) != len(layers):
+        return False
+    weights = [getattr(la, n) for la in layers for n in ("qkv_w", "o_w", "gate_up_w", "down_w")]
+    if not all(isinstance(w, torch.Tensor) and w.dtype == h.dtype for w in weights):
+        return False
+    d = kv[0][0].shape[-1]
+    return (d >= 32 and d & (d - 1) == 0 and kv[0][0].dtype == h.dtype
+            and tuple(ctx.cos.shape) == (h.shape[0], h.shape[1], d))
+
+
+# A persistent kernel has one program per SM: split so that every phase has about one tile per program (one round).
+PERSISTENT_TILING = {"qkv": {"tiles_per_sm": 1}, "o": {"tiles_per_sm": 1}, "gate_up": {"tiles_per_sm": 1},
+                     "down": {"tiles_per_sm": 1}, "attention": {"tiles_per_sm": 1}}
+
+# Many rows (batch 8, 32): larger tiles, so that each weight tile serves more rows (fewer re-reads of x from L2).
+WIDE_TILING = {"block_m": 128, "num_warps": 8, "qkv": {"block_n": 64, "block_k": 64},
+               "o": {"block_n": 64, "block_k": 64}, "gate_up": {"block_n": 64, "block_k": 64},
+               "down": {"block_n": 64, "block_k": 64}, "attention": {"block_m": 64, "block_n": 64}}
+
+# Launch forms the profile may pick: (name, launch, tiling overrides, rows taken, profiled only). The 5-kernel
+# form is the default up to 64 rows (batch 1: the latency-bound bucket); beyond that, and the persistent forms,
+# only where a device profile measured them faster than the reference.
+FUSED_FORMS = (
+    ("kernels", "kernels", None, (0, 64), False),
+    ("kernels_wide", "kernels", WIDE_TILING, (65, None), True),
+    ("kernels_s1", "kernels", {n: {"block_n": 32, "block_k": 128, "splits": 1} for n in ("qkv", "o", "gate_up",
+                                                                                         "down")}, (0, None), True),
+    ("kernels_n16", "kernels", {"qkv": {"block_n": 16, "block_k": 128}, "o": {"block_n": 16, "block_k": 256},
+                                "gate_up": {"block_n": 16, "block_k": 128}, "down": {"block_n": 16, "block_k": 256},
+                                "attention": {"block_m": 32, "block_n": 32}}, (0, None), True),
+    ("layer", "layer", PERSISTENT_TILING, (0, None), True),
+    ("step", "step", PERSISTENT_TILING, (0, None), True),
+)
+
+
+def candidates(available) -> list:
+    """The selector's candidates for "expert_stack", the reference last."""
+    from phyai_ros.layers.selector import Candidate
+    out = []
+    for name, launch, tiling, (lo, hi), profiled in FUSED_FORMS:
+        out.append(Candidate(name, functools.partial(fused, launch=launch, tiling=tiling), ("cuda",),
+                             available=available, supports=functools.partial(fits, min_rows=lo, max_rows=hi),
+                             profiled_only=profiled))
+    out.append(Candidate("unfused", unfused))
+    return out
