@@ -21,7 +21,7 @@ def live(tmp_path_factory):
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
 
-    from phyai_ros.node.main import PolicyNode
+    from phyai_ros.node.main import PolicyNode, start
 
     tokenizer = require_tokenizer()
     ckpt = make_small_checkpoint(tmp_path_factory.mktemp("pi05_small"))
@@ -29,7 +29,8 @@ def live(tmp_path_factory):
     context = rclpy.Context()
     rclpy.init(context=context)
     node = PolicyNode(context=context,
-                      cli_args=["--ros-args", *node_ros_args(ckpt, tokenizer, overrides=overrides)]).configure()
+                      cli_args=["--ros-args", *node_ros_args(ckpt, tokenizer, overrides=overrides)])
+    start(node)
     executor = SingleThreadedExecutor(context=context)
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, daemon=True)
