@@ -15,7 +15,9 @@ Each node input (camera, joint state, instruction) ends in exactly one category:
 * ``not_played`` - the replay stopped before reaching it (normally 0).
 
 So per topic: played (= messages in the bag for that topic) = used + superseded + stale +
-rejected + not_played, always.
+rejected + not_played, always.  ``used`` counts messages, not snapshots: a message that stayed the
+newest of its topic over several snapshots (a 15 Hz camera, a 20 Hz trigger) is one used message
+taken by each of them; ``snapshot_uses`` counts the snapshots that took a message of the topic.
 
 How it is attributed.  The node publishes, per chunk, the *oldest* sensor stamp of its
 snapshot (``ActionChunk.observation_stamp``) and, per chunk, the latency segments from which
@@ -72,6 +74,7 @@ class Accounting:
     snapshots: int = 0
     verified: int = 0
     races: int = 0      # snapshots where a message published just before had not reached the node
+    snapshot_uses: Dict[str, int] = field(default_factory=dict)   # topic -> snapshots that took one of its messages
     unexplained: List[str] = field(default_factory=list)
     rejection_check: Dict[str, Dict[str, Optional[int]]] = field(default_factory=dict)
     problems: List[str] = field(default_factory=list)
@@ -88,7 +91,8 @@ class Accounting:
 
     def to_dict(self, items: Optional[Sequence[Item]] = None) -> dict:
         d = {"per_topic": self.per_topic, "reasons": self.reasons, "snapshots": self.snapshots,
-             "verified": self.verified, "races": self.races, "unexplained": self.unexplained,
+             "verified": self.verified, "races": self.races, "snapshot_uses": self.snapshot_uses,
+             "unexplained": self.unexplained,
              "rejection_check": self.rejection_check, "problems": self.problems, "ok": self.ok}
         if items is not None:
             by_index = {i.index: i for i in items}
@@ -125,6 +129,7 @@ def account(session: Session, snapshots: Sequence[Snapshot], *, played: int, end
 
     sensor_topics = [c.topic for c in node.cameras] + [node.state_topic]
     used: Dict[int, int] = {}
+    uses: Counter = Counter()
     n_verified = n_races = 0
     unexplained: List[str] = []
 
@@ -180,6 +185,7 @@ def account(session: Session, snapshots: Sequence[Snapshot], *, played: int, end
         for it in choice.values():
             if it is not None:
                 used[it.index] = snap.chunk_seq
+                uses[it.topic] += 1
 
     for (topic, epoch), lst in valid.items():
         age = node.max_age(topic)
@@ -214,7 +220,7 @@ def account(session: Session, snapshots: Sequence[Snapshot], *, played: int, end
             r[key] = r.get(key, 0) + 1
 
     acc = Accounting(per_topic=per_topic, reasons=reasons, verdicts=verdicts, snapshots=len(snapshots),
-                     verified=n_verified, races=n_races, unexplained=unexplained)
+                     verified=n_verified, races=n_races, snapshot_uses=dict(uses), unexplained=unexplained)
     # totals must add up (by construction; checked anyway)
     for topic, row in per_topic.items():
         if sum(row[c] for c in CATEGORIES) != row["played"]:
