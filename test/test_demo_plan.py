@@ -16,19 +16,25 @@ from phyai_ros.replay.demo_bag import DemoBagConfig
 H = 50
 
 
+def d_range(plan, compute) -> tuple:
+    """The node's delay estimate (actions) from the fastest measured inference to the 95 % one."""
+    c = np.asarray(compute) / plan.dt
+    return int(np.floor(c.min())), int(np.quantile(np.ceil(c), 0.95, method="higher"))
+
+
 def trigger_budget(plan, compute) -> float:
-    """Seconds a chunk has when the node triggers with its smallest possible delay estimate (design.md §3:
-    R = d_est + overlap actions left, (R + 1) dt to reach the timer)."""
-    d_min = int(np.floor(np.min(compute) / plan.dt))
-    return (d_min + plan.overlap + 1) * plan.dt
+    """Seconds a chunk has when the node triggers with its smallest delay estimate (design.md §3: R = d_est +
+    overlap actions left, (R + 1) dt to reach the timer)."""
+    return (d_range(plan, compute)[0] + plan.overlap + 1) * plan.dt
 
 
-def cycle(plan, compute) -> float:
-    d95 = int(np.quantile(np.ceil(np.asarray(compute) / plan.dt), 0.95, method="higher"))
-    return (H - d95 - plan.overlap) * plan.dt
+def cycles(plan, compute) -> tuple:
+    """The shortest (at the largest delay estimate) and the longest chunk cycle (s)."""
+    d_min, d95 = d_range(plan, compute)
+    return (H - d95 - plan.overlap) * plan.dt, (H - d_min - plan.overlap) * plan.dt
 
 
-@pytest.mark.parametrize("p50, spread, rate", [(0.08, 0.01, 50.0), (0.2, 0.12, 25.0), (0.35, 0.3, 10.0)],
+@pytest.mark.parametrize("p50, spread, rate", [(0.08, 0.01, 50.0), (0.2, 0.12, 20.0), (0.3, 0.15, 10.0)],
                          ids=["quiet", "shared", "loaded"])
 def test_the_trigger_covers_the_tail_and_the_session_holds_the_cycles(p50, spread, rate):
     rng = np.random.default_rng(0)
@@ -37,21 +43,22 @@ def test_the_trigger_covers_the_tail_and_the_session_holds_the_cycles(p50, sprea
     p99 = float(np.percentile(compute, 99))
     assert plan.hz == rate, plan.why_rate
     assert trigger_budget(plan, compute) >= TAIL_SAFETY * p99 - 1e-9
-    c = cycle(plan, compute)
-    assert p99 <= c <= max(SESSION_S / MIN_CYCLES, math.ceil(p99 / plan.dt) * plan.dt) + 1e-9  # rests, no longer
-    assert SESSION_S <= plan.session_s <= SESSION_MAX_S and plan.session_s >= MIN_CYCLES * c - 1e-9
+    shortest, longest = cycles(plan, compute)
+    assert shortest >= p99 - 1e-9                                             # the node rests between inferences
+    assert SESSION_S <= plan.session_s <= SESSION_MAX_S and plan.session_s >= MIN_CYCLES * longest - 1e-9
     assert MIN_OVERLAP <= plan.overlap < H and "expect" not in plan.why_rate + plan.why_session
     assert f"{rate:g} Hz" in plan.why_rate and "p99" in plan.why_rate
     if rate != CONTROL_RATES[0]:   # a faster rate would not have fitted
         faster = CONTROL_RATES[CONTROL_RATES.index(rate) - 1]
         forced = plan_control(compute, H, rate_hz=faster)
-        assert cycle(forced, compute) < p99 and "expect deadline misses" in forced.why_rate
+        assert (trigger_budget(forced, compute) < TAIL_SAFETY * p99 or cycles(forced, compute)[0] < p99) \
+            and "expect deadline misses" in forced.why_rate
 
 
 def test_a_machine_too_slow_for_every_rate_is_told_so():
     plan = plan_control(np.full(20, 8.0), H)     # even 5 Hz: 10 s chunks, a 12 s budget needed
     assert plan.hz == CONTROL_RATES[-1] and "expect deadline misses" in plan.why_rate
-    slow = plan_control(np.full(20, 4.0), H)     # fits at 5 Hz, but 4 s cycles: too few in the longest session
+    slow = plan_control(np.full(20, 1.8), H)     # fits at 5 Hz, but ~2 s cycles: too few in the longest session
     assert slow.hz == CONTROL_RATES[-1] and "expect" not in slow.why_rate
     assert slow.session_s == SESSION_MAX_S and "expect WARN" in slow.why_session
 

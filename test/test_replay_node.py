@@ -181,6 +181,61 @@ def test_stepped_replay_is_deterministic(model, bags, tmp_path):
     assert "simulated time" in va["verdict"]["headline"] and va["latency_ms"]["inference"]["p99"] == 0.0
 
 
+def test_a_replay_judges_only_its_own_node(model, bags, tmp_path):
+    """Another node named /phyai_policy on the DDS domain, its watchdog saying ERROR on /diagnostics (issue 24: a
+    replay once took it for its own): the replay records and judges only the node it started, says which, and
+    says the domain is shared."""
+    import os
+    import threading
+
+    import rclpy
+    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+    from rclpy.executors import SingleThreadedExecutor
+
+    from phyai_ros.replay.report import make_report
+    ckpt, tokenizer = model
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    other = rclpy.create_node("phyai_policy", context=ctx)
+    pub = other.create_publisher(DiagnosticArray, "/diagnostics", 10)
+
+    def report() -> None:
+        loop = DiagnosticStatus(name="phyai_policy: inputs and loop", level=DiagnosticStatus.OK, values=[
+            KeyValue(key="deadline_misses", value="99"), KeyValue(key="pid", value=str(os.getpid()))])
+        margin = DiagnosticStatus(name="phyai_policy: control margin", level=DiagnosticStatus.ERROR,
+                                  message="the other node's watchdog")
+        msg = DiagnosticArray(status=[margin, loop])
+        msg.header.stamp = other.get_clock().now().to_msg()
+        pub.publish(msg)
+
+    other.create_timer(0.05, report)
+    executor = SingleThreadedExecutor(context=ctx)
+    executor.add_node(other)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    try:
+        with PolicyNode(checkpoint=ckpt, tokenizer=tokenizer, overrides=OVERRIDES) as node:
+            result = replay(bags[1].path, node, mode="stepped", out=tmp_path / "out")
+    finally:
+        executor.shutdown(timeout_sec=2.0)
+        other.destroy_node()
+        rclpy.try_shutdown(context=ctx)
+    assert result.complete and result.accounting.ok and len(result.chunks) >= 4
+    assert result.node_identity.pid == node.proc.pid and sum(result.foreign_reports.values()) > 0
+    assert all(d.msg["pid"] == node.proc.pid for d in result.diagnostics)
+    assert result.node_counters["deadline_misses"] != 99
+    kinds = {e.kind for e in result.events}
+    assert {"foreign_diagnostics", "shared_domain"} <= kinds, kinds
+    run = load_run(tmp_path / "out")    # the output bag holds the judged node's reports only
+    assert run.diagnostics and all(d["pid"] == node.proc.pid for _, d in run.diagnostics)
+    rep = make_report(tmp_path / "out")
+    text = rep.markdown.read_text()
+    assert "the other node's watchdog" not in text and f"judged node /phyai_policy (pid {node.proc.pid}" in text
+    v = rep.numbers["verdict"]
+    assert v["level"] >= 1 and any(f.startswith("Not alone on the DDS domain") for f in v["facts"]), v
+    assert rep.numbers["health"]["errors"] == 0
+
+
 def test_faulty_bag_replays_to_the_end_with_every_event_reported(model, bags, tmp_path, capsys):
     from phyai_ros.replay.cli import main
     from phyai_ros.replay.report import make_report

@@ -108,8 +108,8 @@ def format_summary(r: ReplayResult) -> str:
             what = f"not played: unknown message type {s.topics[t]['msgtype']}"
         lines.append(f"    {t:<{w}}  {n:>6}  {what}")
     lines.append(f"  snapshots: {acc.snapshots} (one per recorded chunk), {acc.verified} observation stamps verified"
-                 + (f" ({acc.races} after resolving a delivery race: a message published just before the "
-                    "snapshot had not reached the node)" if acc.races else ""))
+                 + (f" ({acc.races} after resolving a delivery race: messages published before the "
+                    "snapshot had not reached the node, or it had not taken them yet)" if acc.races else ""))
     chk = ", ".join(f"{k} {v['predicted']}/{v['node'] if v['node'] is not None else '?'}"
                     for k, v in acc.rejection_check.items() if v["predicted"] or v["node"])
     if chk:
@@ -154,8 +154,8 @@ def run_replay(bag, *, out=None, options: Optional[ReplayOptions] = None, remaps
                log=print, session=None) -> ReplayResult:
     """Connect to the policy node, scan the bag against its parameters, replay, return the result.
 
-    ``node_info``: the node's NodeInfo if known (else asked from the live node); ``node_process``:
-    a PolicyNodeProcess to watch (its death ends the replay); ``session``: the bag already scanned
+    ``node_info``: the node's NodeInfo if known (asked from the live node unless it is ``node_process``'s);
+    ``node_process``: a PolicyNodeProcess to watch (its death ends the replay; its reports are the judged ones); ``session``: the bag already scanned
     (``prepare_session``), rescanned only if the live node's inputs differ from the scan's."""
     options = options or ReplayOptions()
     alive = (lambda: node_process.alive) if node_process is not None else None
@@ -165,7 +165,9 @@ def run_replay(bag, *, out=None, options: Optional[ReplayOptions] = None, remaps
             detail = ("\n" + node_process.output(last=30)) if node_process is not None else ""
             raise RuntimeError(f"policy node /{node_name} {why}{detail}")
         info = node_info
-        queried = rn.node_info(timeout=10.0)
+        # A node started here runs the parameters it was given; another one is asked (a launch file may have
+        # set others), which another node of its name on the DDS domain could answer instead.
+        queried = rn.node_info(timeout=10.0) if node_process is None or node_info is None else None
         if queried is not None:
             info = queried
         if info is None:

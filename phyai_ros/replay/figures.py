@@ -132,17 +132,18 @@ def _figure_margin(p: _Plot) -> None:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [1.1, 1]})
     if hfin.any():
         bins = min(40, max(8, int(hfin.sum() // 2)))
-        _hist(a1, M[hfin][M[hfin] >= 0], bins, color="#2e7d32", alpha=0.8, label="M_ctrl >= 0")
-        if (M[hfin] < 0).any():
-            _hist(a1, M[hfin][M[hfin] < 0], max(4, bins // 3), color="#c62828", alpha=0.85,
-                    label="M_ctrl < 0 (miss)")
+        hits, misses = M[hfin][M[hfin] >= 0], M[hfin][M[hfin] < 0]
+        if hits.size:
+            _hist(a1, hits, bins, color="#2e7d32", alpha=0.8, label="M_ctrl >= 0")
+        if misses.size:
+            _hist(a1, misses, max(4, bins // 3), color="#c62828", alpha=0.85, label="M_ctrl < 0 (miss)")
         a1.axvline(0, color="k", lw=1)
-        a1.legend(fontsize=8, loc="upper right")
+        a1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     a1.set_xlabel("M_ctrl = B_ctrl - (L_inference + L_noninf)  [ms]")
     a1.set_ylabel("chunks")
     a1.set_title("Margin distribution (one sample per chunk)")
-    a1.text(0.02, 0.97, f"P(M>=0) = {fmt(mg['p_hat'], 3)} over n = {mg['n']} margin samples\nlower bound {fmt(mg['p_lower'], 3)} "
-            f"({mg['bound_label']})\ntarget 1 - eps = {mg['target']:.3f}", transform=a1.transAxes,
+    a1.text(0.02, 0.97, f"P(M>=0) = {fmt(mg['p_hat'], 3)}, n = {mg['n']} margin samples\nlower bound "
+            f"{fmt(mg['p_lower'], 3)} ({mg['bound_label']})\ntarget 1 - eps = {mg['target']:.3f}", transform=a1.transAxes,
             va="top", fontsize=8, bbox=dict(boxstyle="round", fc="white", ec="#bbb"))
     pn = np.array([m.p_nonnegative for m in margins], float)
     pl = np.array([m.p_nonnegative_lower for m in margins], float)

@@ -384,8 +384,10 @@ class _Playback:
                 raise RuntimeError("the policy node does not follow /clock (its reports carry another time): "
                                    "start it with -p use_sim_time:=true")
             # a node whose clock was ahead (an earlier replay) resets its timers on the jump back:
-            # move on by one control period so they fire
-            t += self.dt_ns
+            # move on by one control period so they fire (a node that has not reported yet is still starting:
+            # the clock waits for it)
+            if self.recording.latest_diag() is not None:
+                t += self.dt_ns
         raise RuntimeError(f"the policy node did not report on /diagnostics within {o.startup_timeout:.0f} s "
                            "of receiving /clock (is it running with use_sim_time:=true?)")
 
