@@ -4,13 +4,14 @@ between inferences, the session holds the chunk cycles the margin bound needs, a
 construction; the session bags are written once per generator and configuration.  No node runs here: the
 distributions are synthetic, the rules are what is checked (scripts/demo.sh runs them on this machine)."""
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from phyai_ros.replay.demo import (CONTROL_RATES, MIN_CYCLES, MIN_OVERLAP, SESSION_MAX_S, SESSION_S, TAIL_SAFETY,
-                                   cached_demo_bag, compute_times, plan_control, stress_rate)
+                                   build_parser, cached_demo_bag, compute_times, plan_control, stress_rate)
 from phyai_ros.replay.demo_bag import DemoBagConfig
 
 H = 50
@@ -94,3 +95,12 @@ def test_session_bags_are_written_once_per_configuration(tmp_path):
     other, reused = cached_demo_bag(tmp_path, "session", DemoBagConfig(duration=0.5, state_rate_hz=20.0, seed=3))
     assert not reused and other.path != bag.path
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no half-written bag left behind
+
+
+def test_demo_sh_names_every_option():
+    header = [line for line in (Path(__file__).resolve().parents[1] / "scripts" / "demo.sh").read_text().splitlines()
+              if line.startswith("#")]
+    options = [o for action in build_parser()._actions for o in action.option_strings if o.startswith("--")]
+    assert "--stress" in options and "--rate-hz" in options
+    missing = [o for o in options if o != "--help" and not any(o in line for line in header)]
+    assert not missing, f"scripts/demo.sh's header omits {missing}"

@@ -86,7 +86,7 @@ def format_summary(r: ReplayResult) -> str:
     lines.append(f"  mode {mode}: {r.played}/{len(s.items)} played in {r.wall_s:.1f} s wall{lag}"
                  + ("" if r.complete else "  ** INCOMPLETE **"))
     who = r.node_identity.describe() if r.node_identity else s.node.name
-    lines.append(f"  node {who} ({s.node.source}): recorded {len(r.chunks)} chunks, {len(r.margins)} margins, "
+    lines.append(f"  node {who}, {s.node.source}: recorded {len(r.chunks)} chunks, {len(r.margins)} margins, "
                  f"{len(r.commands)} commands, {len(r.diagnostics)} diagnostics")
     interesting = {k: v for k, v in r.node_counters.items() if v and k not in ("ticks", "inferences_started", "chunks")}
     lines.append(f"  node counters (the session): ticks {r.node_counters.get('ticks', 0)}, inferences "

@@ -193,7 +193,8 @@ def load_note() -> str:
     return f"; load average {one:.1f} (5 min {five:.1f}) on {os.cpu_count()} CPUs"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The demo's options (scripts/demo.sh's header lists every one)."""
     ap = argparse.ArgumentParser(prog="demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", default=os.environ.get("PHYAI_DEMO_DIR") or
                     str(Path(tempfile.gettempdir()) / "phyai_ros_demo"),
@@ -209,7 +210,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--stress", action="store_true",
                     help="also replay the bag sped up until inference spans several chunks of the robot's time "
                          f"(at least {STRESS_MIN_RATE:g}x), an overload: the monitor must say ERROR")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    a = build_parser().parse_args(argv)
     t_start = time.monotonic()
 
     def say(msg: str) -> None:
