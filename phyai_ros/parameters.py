@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from phyai_ros.control.loop import ControlConfig
+from phyai_ros.control.loop import COMPUTE_CLOCKS, ControlConfig
 from phyai_ros.control.rtc import RTC_MODES
 
 
@@ -119,6 +119,12 @@ SPECS: dict[str, Spec] = {
                                  "names of the D action values, in the policy's action order"),
     "control.deadline_policy": Spec(_loop("deadline_policy"), "what the timer does when the chunk runs out",
                                     choices=("hold_last", "stop", "extrapolate_tail")),
+    "control.compute_clock": Spec(_loop("compute_clock"), "clock of the compute segments (queue, inference, "
+                                                          "actuate): monotonic, converted at the stamp clock's "
+                                                          "measured rate (robot, real-time replay); stamp: ROS time "
+                                                          "itself (a stepped replay holds /clock while the node "
+                                                          "computes, so they take no simulated time)",
+                                  choices=COMPUTE_CLOCKS),
     # Real-time chunking
     "rtc.mode": Spec(_loop("rtc_mode"), "real-time chunking mode (the model must support it: its adapter's "
                                         "rtc_modes)", choices=RTC_MODES),
@@ -277,7 +283,7 @@ class Parameters(_Values):
                 margin_window=self.margin.window, eps=self.margin.eps, confidence=self.margin.confidence,
                 min_samples=self.margin.min_samples, error_p_threshold=self.margin.error_probability,
                 error_consecutive_misses=self.margin.error_consecutive_misses, model_id=self.model.id,
-                image_input_size=image_input_size)
+                image_input_size=image_input_size, compute_clock=self.control.compute_clock)
         except ValueError as exc:   # the loop's own rules, in the parameters' names
             raise ParameterError(f"control configuration from the parameters: {_in_parameter_names(str(exc))} "
                                  f"(control.horizon = {self.control.horizon})") from None

@@ -1,7 +1,9 @@
-"""Offline prediction: one command from raw inputs to an action chunk, for checking any case stored in the
-parity-fixture format (phyai_ros/models/cases.py) against its expected outputs. The policy family comes from the
-checkpoint's config.json type (the registry, phyai_ros.models); the family's adapter reads its own case facts
-(``case_runner``), so every family takes the same flags:
+"""Offline prediction for pi0.5, pi0 and GR00T N1.7: one command from raw inputs to an action chunk.
+
+It checks any case stored in the parity-fixture format (phyai_ros/models/cases.py) against its expected outputs.
+The policy family comes from the checkpoint's config.json type (the registry, phyai_ros.models: pi05, pi0, groot
+and any registered family); the family's adapter reads its own case facts (``case_runner``), so every family takes
+the same flags:
 
     python -m phyai_ros.predict --checkpoint DIR [--tokenizer tokenizer.model] [--norm-stats norm_stats.json] \
         --inputs inputs.safetensors [--tasks-json inputs.json | --task "..."] [--noise noise.safetensors|KEY] \

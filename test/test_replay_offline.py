@@ -300,6 +300,9 @@ def test_report_writes_a_self_contained_report_with_the_verdict_first(tmp_path, 
     assert len(num["discontinuity"]["boundaries"]) == 39
     html = (rep.out_dir / "report.html").read_text()
     assert "data:image/png;base64," in html and "src=\"roofline.png\"" not in html  # self-contained
+    import base64
+    for name, png in rep.figures.items():    # every plot once
+        assert html.count(base64.b64encode(png.read_bytes()).decode()) == 1, name
     head = html[: html.index("<h2>")]                                             # the first screen
     assert "Environment-bound" in head and "P(M_ctrl &gt;= 0) = 1.000" in head and "Deadline misses: 0" in head
     md = (rep.out_dir / "report.md").read_text()

@@ -32,6 +32,12 @@ from .worker import Executor, InferenceWorker
 
 Policy = Callable[[ObservationSnapshot, Optional[RtcRequest]], np.ndarray]
 
+# What the compute segments (L_queue, L_inference, L_actuate) are measured on (docs/design.md §2): the monotonic
+# clock, converted to stamp time at the measured clock rate (the robot, real-time replays), or the stamp clock
+# itself (a stepped replay, which holds /clock while the node computes: they are zero in simulated time, and the
+# run does not depend on this machine's speed).
+COMPUTE_CLOCKS = ("monotonic", "stamp")
+
 # The words are defined once, in docs/design.md ("Vocabulary"); counters, /diagnostics,
 # ControlMargin and the replay report use them with exactly that meaning.
 COUNTERS = (
@@ -83,6 +89,7 @@ class ControlConfig:
     error_consecutive_misses: int = 3
     history_size: int = 1000
     model_id: str = ""
+    compute_clock: str = "monotonic"       # one of COMPUTE_CLOCKS
 
     def __post_init__(self):
         if self.state_joint_names is not None:
@@ -100,6 +107,7 @@ class ControlConfig:
             (self.rtc_mode in RTC_MODES, f"rtc_mode must be one of {RTC_MODES}"),
             (self.rtc_schedule in SCHEDULES, f"rtc_schedule must be one of {SCHEDULES}"),
             (self.deadline_policy in DEADLINE_POLICIES, f"deadline_policy must be one of {DEADLINE_POLICIES}"),
+            (self.compute_clock in COMPUTE_CLOCKS, f"compute_clock must be one of {COMPUTE_CLOCKS}"),
             (0 <= self.rtc_overlap < self.horizon, "rtc_overlap must be in [0, horizon)"),
             (0.0 < self.delay_quantile <= 1.0, "delay_quantile must be in (0, 1]"),
             (self.initial_delay_ticks >= 0 and self.extrapolate_max_ticks >= 0 and self.cold_start_inferences >= 0,
@@ -124,25 +132,25 @@ class ControlConfig:
 
 
 class _InferenceJob:
-    """One inference: snapshot + RTC request in, chunk out.  Instants on the stamp clock."""
+    """One inference: snapshot + RTC request in, chunk out.  Instants on the stamp clock; the compute instants
+    (snapshot, start, end) on the loop's compute clock."""
 
     def __init__(self, loop: "ControlLoop", snapshot: ObservationSnapshot, rtc: Optional[RtcRequest], t0_ns: int,
                  cover_end_ns: Optional[int], remaining: int, epoch: int, cold: bool):
         self.loop, self.snapshot, self.rtc, self.t0_ns = loop, snapshot, rtc, t0_ns
         self.cover_end_ns, self.remaining, self.epoch, self.cold = cover_end_ns, remaining, epoch, cold
         self.result = self.error = self.server = None
-        self.snapshot_mono_ns = loop.clock.monotonic()
+        self.snapshot_mono_ns = loop.compute_now()
         self.start_mono_ns = self.end_mono_ns = 0
 
     def infer(self) -> None:
-        clk = self.loop.clock
-        self.start_mono_ns = clk.monotonic()
+        self.start_mono_ns = self.loop.compute_now()
         try:
             self.result = self.loop.policy(self.snapshot, self.rtc)
             self.server = getattr(self.result, "server_timing", None)   # a remote policy's split (ServerTiming)
         except Exception as e:  # noqa: BLE001 - a policy failure must not kill the loop
             self.error = e
-        self.end_mono_ns = clk.monotonic()
+        self.end_mono_ns = self.loop.compute_now()
 
     def deliver(self) -> None:
         try:
@@ -212,6 +220,10 @@ class ControlLoop:
     def delay_estimate(self) -> int:
         with self._lock:
             return self.delay.estimate()
+
+    def compute_now(self) -> int:
+        """Now on the compute clock (``ControlConfig.compute_clock``), int ns."""
+        return self.clock.now() if self.config.compute_clock == "stamp" else self.clock.monotonic()
 
     def on_image(self, slot: str, image, stamp_ns: int) -> bool:
         return self._intake(lambda now: self.buffer.put_image(slot, image, int(stamp_ns), now))
@@ -416,8 +428,9 @@ class ControlLoop:
                 rec = LatencyRecord.measured(
                     stamp_ns=snap.stamp_ns, recv_ns=snap.anchor_recv_ns, snapshot_ns=snap.taken_ns,
                     ready_ns=self.clock.now(), cover_end_ns=job.cover_end_ns,
-                    mono_ns=(job.snapshot_mono_ns, job.start_mono_ns, job.end_mono_ns, self.clock.monotonic()),
-                    rate=self.clock_rate.rate(), server=job.server, remaining_at_trigger=job.remaining,
+                    mono_ns=(job.snapshot_mono_ns, job.start_mono_ns, job.end_mono_ns, self.compute_now()),
+                    rate=self.clock_rate.rate() if cfg.compute_clock == "monotonic" else 1.0, server=job.server,
+                    remaining_at_trigger=job.remaining,
                     cold=job.cold)
                 chunk = ActionChunk(
                     seq=self._next_seq, t0_ns=job.t0_ns, dt_ns=self.dt_ns, actions=actions, d=d,
@@ -497,4 +510,4 @@ class ControlLoop:
             return report.level, report.message
 
 
-__all__ = ["ControlConfig", "ControlLoop", "Policy", "COUNTERS"]
+__all__ = ["ControlConfig", "ControlLoop", "Policy", "COUNTERS", "COMPUTE_CLOCKS"]

@@ -15,7 +15,9 @@ Each node input (camera, joint state, instruction) ends in exactly one category:
 * ``not_played`` - the replay stopped before reaching it (normally 0).
 
 So per topic: played (= messages in the bag for that topic) = used + superseded + stale +
-rejected + not_played, always.
+rejected + not_played, always.  ``used`` counts messages, not snapshots: a message that stayed the
+newest of its topic over several snapshots (a 15 Hz camera, a 20 Hz trigger) is one used message
+taken by each of them; ``snapshot_uses`` counts the snapshots that took a message of the topic.
 
 How it is attributed.  The node publishes, per chunk, the *oldest* sensor stamp of its
 snapshot (``ActionChunk.observation_stamp``) and, per chunk, the latency segments from which
@@ -23,12 +25,13 @@ the snapshot time follows exactly (``stamp + L_observe + L_transfer`` of the mat
 ``ControlMargin``).  The replay knows when it published every message on the same clock.  The
 used message of each topic is the newest valid one published at or before the snapshot time
 (within the node's max age); the anchor topic's choice is *verified* against the published
-observation stamp.  In real time a message published just before the snapshot (within
-``race_window``) may not have reached the node yet: when the newest-message choice does not
-explain the observation stamp, the previous message on such topics is tried, fewest
-substitutions first (counted as ``races``, resolved races).  What the node's outputs cannot
-verify: the choice on a non-anchor topic whose newest message was published within the race
-window (assumed received).  Exact per-snapshot attribution would need the node to publish the
+observation stamp.  In real time a message published just before the snapshot may not have
+reached the node yet, and a node starved of CPU takes its inputs late (its timer runs before the
+inputs waiting for it): when the newest-message choice does not explain the observation stamp, the
+anchor is looked for among the older messages of each topic still young enough to be used, fewest
+messages back first (counted as ``races``, resolved races; in stepped mode, where the replay waits
+for the node, never).  What the node's outputs cannot verify: the choice on a non-anchor topic
+(its newest message is assumed taken).  Exact per-snapshot attribution would need the node to publish the
 stamp of every source in the snapshot.  Predicted rejections are
 checked against the node's own counters (from /diagnostics).
 """
@@ -71,7 +74,8 @@ class Accounting:
     verdicts: Dict[int, Verdict]                 # play index -> verdict (node inputs only)
     snapshots: int = 0
     verified: int = 0
-    races: int = 0      # snapshots where a message published just before had not reached the node
+    races: int = 0      # snapshots where a message published before had not reached the node
+    snapshot_uses: Dict[str, int] = field(default_factory=dict)   # topic -> snapshots that took one of its messages
     unexplained: List[str] = field(default_factory=list)
     rejection_check: Dict[str, Dict[str, Optional[int]]] = field(default_factory=dict)
     problems: List[str] = field(default_factory=list)
@@ -88,7 +92,8 @@ class Accounting:
 
     def to_dict(self, items: Optional[Sequence[Item]] = None) -> dict:
         d = {"per_topic": self.per_topic, "reasons": self.reasons, "snapshots": self.snapshots,
-             "verified": self.verified, "races": self.races, "unexplained": self.unexplained,
+             "verified": self.verified, "races": self.races, "snapshot_uses": self.snapshot_uses,
+             "unexplained": self.unexplained,
              "rejection_check": self.rejection_check, "problems": self.problems, "ok": self.ok}
         if items is not None:
             by_index = {i.index: i for i in items}
@@ -107,7 +112,8 @@ def account(session: Session, snapshots: Sequence[Snapshot], *, played: int, end
     replay clock at the last played message (the end of the session; what happens in the replay's
     tail after it is not the session's doing); ``node_counters``: the node's counter increments during
     the replay (None: unknown); ``race_window_ns``: publish-to-receive uncertainty (0 in stepped
-    mode, a few ms in real time)."""
+    mode: no race, every snapshot's messages are the newest published; > 0 in real time, where the node
+    may not have taken the newest yet)."""
     node = session.node
     inputs = session.inputs()
     verdicts: Dict[int, Verdict] = {}
@@ -125,6 +131,7 @@ def account(session: Session, snapshots: Sequence[Snapshot], *, played: int, end
 
     sensor_topics = [c.topic for c in node.cameras] + [node.state_topic]
     used: Dict[int, int] = {}
+    uses: Counter = Counter()
     n_verified = n_races = 0
     unexplained: List[str] = []
 
@@ -144,11 +151,8 @@ def account(session: Session, snapshots: Sequence[Snapshot], *, played: int, end
     for snap in snapshots:
         t, e = snap.taken_ns, snap.epoch
         choice: Dict[str, Optional[Item]] = {}
-        racy: List[str] = []
         for topic in sensor_topics + [node.instruction_topic]:
             it = held(topic, e, t)
-            if it is not None and t - it.sim_ns < race_window_ns:
-                racy.append(topic)
             choice[topic] = it if it is not None and (topic == node.instruction_topic or fresh(it, t)) else None
 
         def anchor_of(ch: Dict[str, Optional[Item]]) -> Optional[int]:
@@ -156,19 +160,19 @@ def account(session: Session, snapshots: Sequence[Snapshot], *, played: int, end
                       if it is not None and tp != node.instruction_topic and it.stamp_ns is not None]
             return min(stamps) if stamps else None
 
-        if anchor_of(choice) != snap.anchor_ns and racy:
-            # the node may not have received a message published just before the snapshot: try the
-            # previous message on the racy topics, fewest substitutions first
+        if anchor_of(choice) != snap.anchor_ns and race_window_ns > 0:
+            # the node had not taken the newest messages: the anchor is an older one, still young enough,
+            # of some topic (the one fewest messages back); the other topics keep their newest
             alternatives = []
-            for mask in range(1, 1 << len(racy)):
-                alt = dict(choice)
-                for b, topic in enumerate(racy):
-                    if mask >> b & 1:
-                        prev = held(topic, e, t, back=1)
-                        alt[topic] = prev if prev is not None and (topic == node.instruction_topic or
-                                                                    fresh(prev, t)) else None
-                if anchor_of(alt) == snap.anchor_ns:
-                    alternatives.append((bin(mask).count("1"), alt))
+            for topic in sensor_topics:
+                back = 1
+                while (prev := held(topic, e, t, back=back)) is not None and fresh(prev, t):
+                    if prev.stamp_ns == snap.anchor_ns:
+                        alt = {**choice, topic: prev}
+                        if anchor_of(alt) == snap.anchor_ns:
+                            alternatives.append((back, alt))
+                        break
+                    back += 1
             if alternatives:
                 choice = min(alternatives, key=lambda a: a[0])[1]
                 n_races += 1
@@ -180,6 +184,7 @@ def account(session: Session, snapshots: Sequence[Snapshot], *, played: int, end
         for it in choice.values():
             if it is not None:
                 used[it.index] = snap.chunk_seq
+                uses[it.topic] += 1
 
     for (topic, epoch), lst in valid.items():
         age = node.max_age(topic)
@@ -214,7 +219,7 @@ def account(session: Session, snapshots: Sequence[Snapshot], *, played: int, end
             r[key] = r.get(key, 0) + 1
 
     acc = Accounting(per_topic=per_topic, reasons=reasons, verdicts=verdicts, snapshots=len(snapshots),
-                     verified=n_verified, races=n_races, unexplained=unexplained)
+                     verified=n_verified, races=n_races, snapshot_uses=dict(uses), unexplained=unexplained)
     # totals must add up (by construction; checked anyway)
     for topic, row in per_topic.items():
         if sum(row[c] for c in CATEGORIES) != row["played"]:

@@ -5,7 +5,10 @@ command delivery, the node's health, chunk-boundary discontinuity and the counte
 the text ``render``'s.
 
 The session is bag start to bag end: what the node did after the last message (the replay's tail) is
-left out of every distribution (``session_mask``), as docs/design.md §5 says.
+left out of every distribution (``session_mask``), as docs/design.md §5 says.  Each count is defined once
+(design.md §4, §5) and computed here, so every text shows the same number: chunks and the counters are the
+node's counter increases over the session, and the margin samples are the ControlMargins of the same span,
+so the samples below zero are the deadline misses.
 """
 from __future__ import annotations
 
@@ -16,9 +19,10 @@ from typing import Dict, List, Sequence
 import numpy as np
 
 from phyai_ros.control.clock import NS_PER_S, ns_to_s
-from phyai_ros.control.loop import ControlConfig
+from phyai_ros.control.loop import COUNTERS, ControlConfig
 from phyai_ros.control.margin import MarginReport, bound_label as margin_bound_label, margin_status
 from phyai_ros.control.roofline import roofline_x, y_roof, y_sequential
+from phyai_ros.diagnostics import NodeIdentity
 from phyai_ros.replay.runbag import Run, match_chunks_and_margins
 
 # (MarginReport field, segment name) of the five latency segments, in critical-path order
@@ -55,13 +59,22 @@ def analyze(run: Run) -> dict:
     mt = np.array([(t - t0) / NS_PER_S for t, _ in run.margins])
     margin = margin_numbers(margins, node)
     counters = node_counters(run)
-    misses = counters.get("deadline_misses", margin["n"] - margin["k"])  # else the session's samples below 0
-    expired = counters.get("expired_chunks", int(sum(m.expired for m in margins)))
+    # the counters when the node reported them, else (no /diagnostics recorded) what the session's outputs say
+    counters.setdefault("chunks", session_chunks(run))
+    counters.setdefault("deadline_misses", margin["n"] - margin["k"])
+    counters.setdefault("expired_chunks", int(sum(m.expired for m in margins)))
+    misses, expired = counters["deadline_misses"], counters["expired_chunks"]
+    identity = s.get("node_identity") or {}
     return {
         "bag": str(run.path), "input_bag": s.get("bag"), "mode": s.get("mode", "recorded"), "rate": s.get("rate"),
         "complete": s.get("complete"), "duration_s": float(mt[-1] - mt[0]) if mt.size > 1 else 0.0,
-        "chunks": len(run.chunks), "margins": len(margins), "commands": len(run.commands),
+        "node": NodeIdentity(identity.get("name", node.get("name", "?")), identity.get("pid"),
+                             identity.get("host")).describe() if identity or node else None,
+        "chunks": int(counters["chunks"]), "chunks_recorded": len(run.chunks),
+        "chunks_after_bag_end": int((s.get("tail_counters") or {}).get("chunks", 0)),
+        "margins": len(margins), "commands": len(session_commands(run)),
         "margins_after_bag_end": int(len(all_margins) - len(margins)),
+        "margin_sample_misses": margin["n"] - margin["k"],
         "model_id": run.chunks[-1][1].model_id if run.chunks else node.get("model_id", ""),
         "dt": ns_to_s(run.chunks[-1][1].dt_ns) if run.chunks else node.get("dt"),
         "horizon": run.chunks[-1][1].horizon if run.chunks else node.get("horizon"),
@@ -71,6 +84,8 @@ def analyze(run: Run) -> dict:
         "deadline_misses": int(misses), "expired_chunks": int(expired), "commands_delivery": command_delivery(run),
         "health": node_health(run), "counters": counters, "discontinuity": discontinuity(run, pairs),
         "accounting": s.get("accounting"), "events": run.events, "bad_output_messages": run.bad_messages,
+        "foreign_reports": s.get("foreign_reports") or ({"other policy nodes": run.foreign_reports}
+                                                        if run.foreign_reports else {}),
     }
 
 
@@ -162,20 +177,45 @@ def node_counters(run: Run) -> Dict[str, int]:
     counters: Dict[str, int] = {}
     if run.diagnostics:
         first, last = run.diagnostics[0][1]["counters"], run.diagnostics[-1][1]["counters"]
-        counters = {k2: last.get(k2, 0) - first.get(k2, 0) for k2 in last}
+        counters = {k2: last.get(k2, 0) - first.get(k2, 0) for k2 in last if k2 in COUNTERS}
     replayed = (run.summary or {}).get("node_counters")
     if replayed:
         counters = dict(replayed)
     return counters
 
 
+def session_chunks(run: Run) -> int:
+    """The chunks the node delivered in the session, from its outputs: the replay summary's seq span, else all."""
+    span = (run.summary or {}).get("session_chunk_seqs")
+    if span is None:
+        return len(run.chunks)
+    return sum(span[0] <= c.seq < span[1] for _, c in run.chunks)
+
+
+def _command_times(run: Run) -> tuple:
+    """(time of each command, session start, session end) on the timeline commands are judged on: when they
+    were received (the output bag's time) in real time; in a stepped replay the slot they are for, in
+    simulated time (when the replay received them depends on this machine)."""
+    s = run.summary or {}
+    if s.get("mode") == "stepped":
+        return ([slot for _, slot, _ in run.commands], s.get("session_start_ns"), s.get("session_end_ns"))
+    return ([t for t, _, _ in run.commands], s.get("session_start_bag_ns"), s.get("session_end_bag_ns"))
+
+
+def session_commands(run: Run) -> list:
+    """The commands the node published in the session (bag start to bag end, ``_command_times``)."""
+    times, start, end = _command_times(run)
+    return [c for c, t in zip(run.commands, times) if t is None or ((start is None or t >= start)
+                                                                   and (end is None or t <= end))]
+
+
 def command_delivery(run: Run) -> dict:
     """Command delivery: the delay (tick time - slot time) p50/p99/max as the node measured
     it (/diagnostics), and from the recorded commands (stamp = the slot it is for, bag time =
     when it was received) the slots with no command between consecutive ones (missed slots
-    and deadline-policy 'stop' slots alike) and the longest silence in the session."""
-    cmds = [(t, slot) for t, slot, _ in run.commands if slot is not None]
-    out = {"n": len(cmds), "delay_p50_ms": math.nan, "delay_p99_ms": math.nan, "delay_max_ms": math.nan,
+    and deadline-policy 'stop' slots alike) and the longest silence in the session (``_command_times``)."""
+    cmds = [(t, slot) for t, slot, _ in session_commands(run) if slot is not None]
+    out = {"n": len(session_commands(run)), "delay_p50_ms": math.nan, "delay_p99_ms": math.nan, "delay_max_ms": math.nan,
            "gap_slots": 0, "longest_silence_s": math.nan}
     dt_ns = run.chunks[-1][1].dt_ns if run.chunks else None
     values = next((d["margin_values"] for _, d in reversed(run.diagnostics) if "command_delay_p50_s" in
@@ -187,9 +227,10 @@ def command_delivery(run: Run) -> dict:
         if dt_ns and len(slots) > 1:
             steps = np.round(np.diff(slots) / dt_ns).astype(int)
             out["gap_slots"] = int(np.clip(steps - 1, 0, None).sum())
-    start = (run.summary or {}).get("session_start_bag_ns")
-    times = ([start] if start is not None else []) + [t for t, _ in cmds]
-    end = (run.summary or {}).get("session_end_bag_ns")
+    all_times, start, end = _command_times(run)
+    in_session = {id(c) for c in session_commands(run)}
+    times = ([start] if start is not None else []) + sorted(
+        t for c, t in zip(run.commands, all_times) if id(c) in in_session and t is not None)
     if end is not None and times and end > times[-1]:
         times.append(end)
     if len(times) > 1:
@@ -210,9 +251,21 @@ def node_health(run: Run) -> dict:
 
 
 def session_mask(run: Run, pairs: Dict[int, int]) -> List[bool]:
-    """Per margin: was its chunk's snapshot taken before the bag ended?  (A replay's tail, after the
-    last message, is not the session's doing.)  All True without a replay summary."""
-    end = (run.summary or {}).get("session_end_bag_ns")
+    """Per margin: is it the session's?  A replay's summary says which ControlMargins the session's counters
+    span (``session_margin_seqs``: chunk_seq from..to); a robot recording's counters run from its first to its
+    last /diagnostics report, and so do its margins (by stamp); an older replay summary without the span:
+    the margins whose chunk's snapshot came before the bag ended.  (A replay's tail, after the last
+    message, is not the session's doing.)"""
+    summary = run.summary or {}
+    if "session_margin_seqs" in summary:
+        span = summary["session_margin_seqs"]
+        return [span is not None and span[0] <= m.chunk_seq <= span[1] for _, m in run.margins]
+    if run.summary is None:
+        if len(run.diagnostics) < 2:
+            return [True] * len(run.margins)
+        lo, hi = run.diagnostics[0][1]["stamp_ns"], run.diagnostics[-1][1]["stamp_ns"]
+        return [lo < m.stamp_ns <= hi for _, m in run.margins]
+    end = summary.get("session_end_bag_ns")
     keep = [True] * len(run.margins)
     if end is None:
         return keep
@@ -261,5 +314,6 @@ def discontinuity(run: Run, pairs: Dict[int, int]) -> dict:
 
 
 __all__ = ["SEGMENTS", "LEVEL_NAMES", "analyze", "margin_rules", "margin_numbers", "latency_numbers",
-           "session_roofline", "roofline_placement", "node_counters", "command_delivery", "node_health", "session_mask",
+           "session_roofline", "roofline_placement", "node_counters", "session_chunks", "session_commands",
+           "command_delivery", "node_health", "session_mask",
            "discontinuity"]

@@ -1,8 +1,8 @@
 """rosbags type store with the package's own messages, and name helpers for bags.
 
 rosbags ships the standard ROS 2 Jazzy types; ``phyai_ros/msg/ActionChunk`` and
-``ControlMargin`` are registered from the package's ``.msg`` text, found in the source
-tree (``<repo>/msg``) or in an installed prefix (``share/phyai_ros/msg``).  Bags written
+``ControlMargin`` are registered from the package's ``.msg`` text, found by ``phyai_ros.share_dirs``
+(the wheel's package data, the source tree's ``msg/``, an installed prefix's ``share/phyai_ros/msg``).  Bags written
 here carry the definitions, so any ROS 2 tool (``ros2 bag info``, Foxglove) can read them.
 
 ``open_bag`` reads a rosbag2 folder whose mcap file was cut short (a recording killed, a disk
@@ -20,33 +20,26 @@ import sys
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional
 
-from phyai_ros import needs_ros
+from phyai_ros import needs_extra, needs_ros, share_dirs
 
 PACKAGE = "phyai_ros"
 CUSTOM_MESSAGES = ("ActionChunk", "ControlMargin")
 
 
-def _candidate_msg_dirs() -> Iterable[Path]:
-    yield Path(__file__).resolve().parents[2] / "msg"              # source tree
-    prefixes = [p for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
-    prefixes += [sys.prefix]
-    for prefix in prefixes:
-        yield Path(prefix) / "share" / PACKAGE / "msg"
-
-
 def msg_dir() -> Path:
     """The folder holding the package's ``.msg`` files."""
-    for d in _candidate_msg_dirs():
+    for d in share_dirs("msg"):
         if all((d / f"{name}.msg").is_file() for name in CUSTOM_MESSAGES):
             return d
     raise FileNotFoundError(f"{PACKAGE} message definitions not found in any of: "
-                            + ", ".join(str(d) for d in _candidate_msg_dirs()))
+                            + ", ".join(str(d) for d in share_dirs("msg")))
 
 
 @functools.lru_cache(maxsize=1)
 def typestore():
     """Jazzy type store + phyai_ros messages (cached; treat as read-only)."""
-    from rosbags.typesys import Stores, get_typestore, get_types_from_msg   # here: the name helpers need no rosbags
+    with needs_extra("bags", "reading and writing bags"):   # here: the name helpers need no rosbags
+        from rosbags.typesys import Stores, get_typestore, get_types_from_msg
     store = get_typestore(Stores.ROS2_JAZZY)
     d = msg_dir()
     types = {}
@@ -158,7 +151,8 @@ def _complete_mcap_records(bio, size: int, path) -> tuple:
 def open_bag(path) -> Iterator:
     """An open rosbags AnyReader on a rosbag2 folder (this package's types as the default store) whose
     mcap files may be cut short; ``recovered_files(reader)`` lists what was recovered from those."""
-    from rosbags.highlevel import AnyReader
+    with needs_extra("bags", "reading bags"):
+        from rosbags.highlevel import AnyReader
     reader = AnyReader([Path(path)], default_typestore=typestore())
     recovering = _mcap_reader_class()
     for sub in reader.readers:

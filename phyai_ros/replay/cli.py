@@ -26,9 +26,9 @@ from phyai_ros.diagnostics import NODE_NAME
 from phyai_ros.replay.accounting import CATEGORIES
 from phyai_ros.control.clock import NS_PER_S
 from phyai_ros.replay.bagtypes import parse_remaps
-from phyai_ros.replay.nodeinfo import NodeInfo, load_params_file, reconcile_with_graph
-from phyai_ros.replay.nodeproc import PolicyNodeProcess, default_params_file, node_info_for, parse_param_args
-from phyai_ros.replay.player import MODES, ReplayNode, ReplayOptions, ReplayResult, json_default
+from phyai_ros.replay.nodeinfo import NodeInfo, reconcile_with_graph
+from phyai_ros.replay.nodeproc import PolicyNodeProcess, node_info_for, parse_param_args, replay_mode_parameters
+from phyai_ros.replay.player import MODES, ReplayNode, ReplayOptions, ReplayResult, json_default, require_ros
 from phyai_ros.replay.report import make_report
 from phyai_ros.replay.scan import Event, check_playable, scan_bag
 
@@ -85,10 +85,11 @@ def format_summary(r: ReplayResult) -> str:
     lag = (f", lag p99 {r.lag_ms['p99']:.1f} ms" if r.lag_ms else "")
     lines.append(f"  mode {mode}: {r.played}/{len(s.items)} played in {r.wall_s:.1f} s wall{lag}"
                  + ("" if r.complete else "  ** INCOMPLETE **"))
-    lines.append(f"  node {s.node.name} ({s.node.source}): {len(r.chunks)} chunks, {len(r.margins)} margins, "
+    who = r.node_identity.describe() if r.node_identity else s.node.name
+    lines.append(f"  node {who}, {s.node.source}: recorded {len(r.chunks)} chunks, {len(r.margins)} margins, "
                  f"{len(r.commands)} commands, {len(r.diagnostics)} diagnostics")
     interesting = {k: v for k, v in r.node_counters.items() if v and k not in ("ticks", "inferences_started", "chunks")}
-    lines.append(f"  node counters: ticks {r.node_counters.get('ticks', 0)}, inferences "
+    lines.append(f"  node counters (the session): ticks {r.node_counters.get('ticks', 0)}, inferences "
                  f"{r.node_counters.get('inferences_started', 0)}, chunks {r.node_counters.get('chunks', 0)}"
                  + "".join(f", {k} {v}" for k, v in sorted(interesting.items())))
     lines.append("  accounting (node inputs; played = " + " + ".join(CATEGORIES) + "):")
@@ -106,9 +107,9 @@ def format_summary(r: ReplayResult) -> str:
         if s.topics[t].get("unknown_type") and role == "other":
             what = f"not played: unknown message type {s.topics[t]['msgtype']}"
         lines.append(f"    {t:<{w}}  {n:>6}  {what}")
-    lines.append(f"  snapshots: {acc.snapshots} chunks, {acc.verified} observation stamps verified"
-                 + (f" ({acc.races} after resolving a delivery race: a message published just before the "
-                    "snapshot had not reached the node)" if acc.races else ""))
+    lines.append(f"  snapshots: {acc.snapshots} (one per recorded chunk), {acc.verified} observation stamps verified"
+                 + (f" ({acc.races} after resolving a delivery race: messages published before the "
+                    "snapshot had not reached the node, or it had not taken them yet)" if acc.races else ""))
     chk = ", ".join(f"{k} {v['predicted']}/{v['node'] if v['node'] is not None else '?'}"
                     for k, v in acc.rejection_check.items() if v["predicted"] or v["node"])
     if chk:
@@ -153,8 +154,8 @@ def run_replay(bag, *, out=None, options: Optional[ReplayOptions] = None, remaps
                log=print, session=None) -> ReplayResult:
     """Connect to the policy node, scan the bag against its parameters, replay, return the result.
 
-    ``node_info``: the node's NodeInfo if known (else asked from the live node); ``node_process``:
-    a PolicyNodeProcess to watch (its death ends the replay); ``session``: the bag already scanned
+    ``node_info``: the node's NodeInfo if known (asked from the live node unless it is ``node_process``'s);
+    ``node_process``: a PolicyNodeProcess to watch (its death ends the replay; its reports are the judged ones); ``session``: the bag already scanned
     (``prepare_session``), rescanned only if the live node's inputs differ from the scan's."""
     options = options or ReplayOptions()
     alive = (lambda: node_process.alive) if node_process is not None else None
@@ -164,7 +165,9 @@ def run_replay(bag, *, out=None, options: Optional[ReplayOptions] = None, remaps
             detail = ("\n" + node_process.output(last=30)) if node_process is not None else ""
             raise RuntimeError(f"policy node /{node_name} {why}{detail}")
         info = node_info
-        queried = rn.node_info(timeout=10.0)
+        # A node started here runs the parameters it was given; another one is asked (a launch file may have
+        # set others), which another node of its name on the DDS domain could answer instead.
+        queried = rn.node_info(timeout=10.0) if node_process is None or node_info is None else None
         if queried is not None:
             info = queried
         if info is None:
@@ -186,7 +189,8 @@ def run_replay(bag, *, out=None, options: Optional[ReplayOptions] = None, remaps
         session.events[:0] = [Event("node_topics", w, source="replay") for w in warnings]
         if out is None:
             out = Path(str(Path(bag).resolve()) + "_replay_" + datetime.now().strftime("%Y%m%d_%H%M%S"))
-        return rn.play(session, out, options, alive=alive, log=log)
+        pid = getattr(getattr(node_process, "proc", None), "pid", None)
+        return rn.play(session, out, options, alive=alive, log=log, node_pid=pid)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -194,6 +198,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a.remap = [r for item in a.remap for r in item.replace(",", " ").split()]
     a.out = a.out or None
     proc = None
+    try:
+        require_ros()
+    except ImportError as exc:
+        print(f"replay: {exc}", file=sys.stderr)
+        return 1
     if not (Path(a.bag) / "metadata.yaml").is_file():
         print(f"replay: {a.bag} is not a rosbag2 folder (no metadata.yaml)", file=sys.stderr)
         return 1
@@ -205,13 +214,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         remaps = parse_remaps(a.remap)
         info = session = None
         if a.start_node:
-            if a.mode == "stepped":
-                dt = overrides.get("control.dt")
-                if dt is None:
-                    dt = load_params_file(a.params_file or default_params_file()).get("control.dt", 0.02)
-                overrides["diagnostics.period"] = dt
-            else:
-                overrides.setdefault("diagnostics.period", 0.1)
+            mode = replay_mode_parameters(a.params_file, overrides, a.mode == "stepped")
+            overrides.update(mode if a.mode == "stepped" else {k: v for k, v in mode.items() if k not in overrides})
             info = node_info_for(a.params_file, overrides)
         elif a.params_file:
             info = NodeInfo.from_params_file(a.params_file, name=a.node, overrides=overrides)

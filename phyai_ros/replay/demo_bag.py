@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import cv2
 import numpy as np
 
+from phyai_ros import needs_extra
 from phyai_ros.control.clock import NS_PER_S
 from phyai_ros.replay.bagtypes import typestore
 
@@ -157,6 +157,13 @@ def arm_joints(t: float, s: dict) -> np.ndarray:
                      0.5 * (s["ee"][0] - 0.5), 0.1 * math.sin(1.7 * t), 0.08 * s["grip"]])
 
 
+def _opencv():
+    """OpenCV (the ``bags`` extra), imported when frames are drawn: ``--help`` and the scene need none."""
+    with needs_extra("bags", "drawing the demo session's camera frames"):
+        import cv2
+    return cv2
+
+
 class Renderer:
     """Draws the table scene for the base camera (whole table) and the wrist cameras (zoomed on the
     gripper, fingers in view). Cheap: one affine warp of a texture plus a few primitives."""
@@ -164,6 +171,7 @@ class Renderer:
     TEX = 512
 
     def __init__(self, seed: int):
+        cv2 = _opencv()
         rng = np.random.default_rng(seed)
         low = cv2.resize(rng.normal(0, 1, (12, 12)).astype(np.float32), (self.TEX, self.TEX),
                          interpolation=cv2.INTER_CUBIC)
@@ -183,6 +191,7 @@ class Renderer:
         return scale, np.array([w / 2, h * 0.45]) - centre * scale
 
     def render(self, view: str, h: int, w: int, t: float, s: dict) -> np.ndarray:
+        cv2 = _opencv()
         scale, off = self._affine(view, h, w, s)
         m = np.array([[scale[0] / self.TEX, 0, off[0]], [0, scale[1] / self.TEX, off[1]]], np.float32)
         img = cv2.warpAffine(self.texture, m, (w, h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
@@ -237,9 +246,11 @@ def _in_gap(topic: str, t: float, gaps) -> bool:
 def make_demo_bag(path, config: Optional[DemoBagConfig] = None, **overrides) -> DemoBag:
     """Write the session to ``path`` (a rosbag2 folder that must not exist) and describe it."""
     # rosbags is the optional ``bags`` extra: imported when a bag is written, so this module imports without it
-    from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
-    from rosbags.rosbag2 import StoragePlugin, Writer
+    with needs_extra("bags", "writing the demo session bag"):
+        from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
+        from rosbags.rosbag2 import StoragePlugin, Writer
 
+    cv2 = _opencv()
     cfg = config or DemoBagConfig()
     for k, v in overrides.items():
         setattr(cfg, k, v)

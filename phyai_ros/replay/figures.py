@@ -14,6 +14,7 @@ from typing import Dict
 
 import numpy as np
 
+from phyai_ros import needs_extra
 from phyai_ros.control.clock import NS_PER_S, ns_to_s
 from phyai_ros.control.roofline import y_roof, y_sequential
 from phyai_ros.replay.accounting import CATEGORIES
@@ -66,9 +67,10 @@ class _Plot:
 
 def make_figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
     """Every figure of the report, one function each, written into ``out``; name -> PNG path."""
-    import matplotlib  # optional (module doc)
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    with needs_extra("bags", "the report's figures"):   # optional (module doc)
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     plt.rcParams.update({"font.size": 9, "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
                          "axes.spines.right": False})
@@ -77,6 +79,14 @@ def make_figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
                    _figure_discontinuity, _figure_problems, _figure_accounting):
         figure(p)
     return p.figs
+
+
+def _hist(ax, values: np.ndarray, bins: int, **kw) -> None:
+    """``ax.hist`` that also draws values all (nearly) equal, as a stepped replay's simulated-time margins are:
+    their range is widened to 1 ms around them (numpy cannot split a range within rounding into bins)."""
+    lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+    wide = hi - lo > 1e-6 * max(1.0, abs(lo), abs(hi))
+    ax.hist(values, bins=bins, range=None if wide else (lo - 0.5, hi + 0.5), **kw)
 
 
 def _figure_roofline(p: _Plot) -> None:
@@ -122,17 +132,18 @@ def _figure_margin(p: _Plot) -> None:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [1.1, 1]})
     if hfin.any():
         bins = min(40, max(8, int(hfin.sum() // 2)))
-        a1.hist(M[hfin][M[hfin] >= 0], bins=bins, color="#2e7d32", alpha=0.8, label="M_ctrl >= 0")
-        if (M[hfin] < 0).any():
-            a1.hist(M[hfin][M[hfin] < 0], bins=max(4, bins // 3), color="#c62828", alpha=0.85,
-                    label="M_ctrl < 0 (miss)")
+        hits, misses = M[hfin][M[hfin] >= 0], M[hfin][M[hfin] < 0]
+        if hits.size:
+            _hist(a1, hits, bins, color="#2e7d32", alpha=0.8, label="M_ctrl >= 0")
+        if misses.size:
+            _hist(a1, misses, max(4, bins // 3), color="#c62828", alpha=0.85, label="M_ctrl < 0 (miss)")
         a1.axvline(0, color="k", lw=1)
-        a1.legend(fontsize=8, loc="upper right")
+        a1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     a1.set_xlabel("M_ctrl = B_ctrl - (L_inference + L_noninf)  [ms]")
     a1.set_ylabel("chunks")
     a1.set_title("Margin distribution (one sample per chunk)")
-    a1.text(0.02, 0.97, f"P(M>=0) = {fmt(mg['p_hat'], 3)} over {mg['n']} chunks\nlower bound {fmt(mg['p_lower'], 3)} "
-            f"({mg['bound_label']})\ntarget 1 - eps = {mg['target']:.3f}", transform=a1.transAxes,
+    a1.text(0.02, 0.97, f"P(M>=0) = {fmt(mg['p_hat'], 3)}, n = {mg['n']} margin samples\nlower bound "
+            f"{fmt(mg['p_lower'], 3)} ({mg['bound_label']})\ntarget 1 - eps = {mg['target']:.3f}", transform=a1.transAxes,
             va="top", fontsize=8, bbox=dict(boxstyle="round", fc="white", ec="#bbb"))
     pn = np.array([m.p_nonnegative for m in margins], float)
     pl = np.array([m.p_nonnegative_lower for m in margins], float)
@@ -143,7 +154,8 @@ def _figure_margin(p: _Plot) -> None:
     a2.set_xlabel("bag time [s]")
     a2.set_title("P(M>=0) over time (node's sliding window)")
     p.bag_end(a2)
-    a2.legend(fontsize=7, loc="lower right")
+    # below the axes: inside, it would hide a line at 0 or at 1 (an overload, a clean run)
+    a2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
     p.save(fig, "margin")
 
 
@@ -185,7 +197,7 @@ def _figure_latency_hist(p: _Plot) -> None:
         v = v[keep]
         v = v[np.isfinite(v)]
         if v.size:
-            ax.hist(v, bins=min(30, max(5, v.size // 2)), color=color)
+            _hist(ax, v, min(30, max(5, v.size // 2)), color=color)
             ax.axvline(np.percentile(v, 99), color="k", ls=":", lw=1)
         st = num["latency_ms"][name]
         ax.set_title(f"{name}\np50 {fmt(st['p50'], 1)}  p99 {fmt(st['p99'], 1)} ms", fontsize=8)

@@ -25,7 +25,7 @@ PARAMETER_NAMES = (
     "state.topic", "state.joint_names", "state.max_age", "instruction.topic", "control.dt", "control.horizon",
     "output.command_topic", "output.command_type", "output.chunk_topic", "output.chunk_trajectory_topic",
     "output.margin_topic", "diagnostics.period", "margin.eps", "margin.confidence", "margin.min_samples",
-    "margin.error_probability", "margin.error_consecutive_misses", "model.id",
+    "margin.error_probability", "margin.error_consecutive_misses", "model.id", "control.compute_clock",
 )
 _LOOP = ControlConfig.__dataclass_fields__  # the margin rules' defaults: the loop's, not copies
 
@@ -64,6 +64,7 @@ class NodeInfo:
     error_probability: float = _LOOP["error_p_threshold"].default
     error_consecutive_misses: int = _LOOP["error_consecutive_misses"].default
     model_id: str = ""
+    compute_clock: str = _LOOP["compute_clock"].default
     name: str = NODE_NAME
     use_sim_time: Optional[bool] = None
     source: str = "defaults"
@@ -89,7 +90,7 @@ class NodeInfo:
             eps=v.margin.eps, confidence=v.margin.confidence, min_samples=v.margin.min_samples,
             error_probability=v.margin.error_probability,
             error_consecutive_misses=v.margin.error_consecutive_misses, model_id=v.model.id,
-            name=name, use_sim_time=p.get("use_sim_time"), source=source, params=v.values())
+            compute_clock=v.control.compute_clock, name=name, use_sim_time=p.get("use_sim_time"), source=source, params=v.values())
 
     @classmethod
     def from_params_file(cls, path, *, name: str = NODE_NAME, overrides: Optional[Mapping[str, Any]] = None
@@ -141,7 +142,8 @@ class NodeInfo:
                 "chunk_topic": self.chunk_topic, "margin_topic": self.margin_topic,
                 "chunk_trajectory_topic": self.chunk_trajectory_topic, "eps": self.eps, "confidence": self.confidence,
                 "min_samples": self.min_samples, "error_probability": self.error_probability,
-                "error_consecutive_misses": self.error_consecutive_misses, "model_id": self.model_id}
+                "error_consecutive_misses": self.error_consecutive_misses, "model_id": self.model_id,
+                "compute_clock": self.compute_clock}
 
 
 def load_params_file(path, name: str = NODE_NAME) -> Dict[str, Any]:
@@ -232,5 +234,31 @@ def reconcile_with_graph(info: NodeInfo, ros_node) -> tuple:
     return new, warnings
 
 
+def shared_domain(info: NodeInfo, ros_node, input_topics=()) -> list:
+    """What else on the DDS domain could mix into a replay of ``info``'s node by ``ros_node`` (the replay's):
+    other nodes of the same name, publishers of the node's outputs that are not a node of its name (their
+    messages would be recorded as its own: a topic carries no sender), publishers of ``input_topics`` that are
+    not the replay (the node would take their messages too).  One sentence each; empty when the domain is the
+    replay's own (README: ROS_DOMAIN_ID)."""
+    out = []
+    try:
+        same = [ns for n, ns in ros_node.get_node_names_and_namespaces() if n == info.name]
+        if len(same) > 1:
+            out.append(f"{len(same)} nodes named /{info.name} are on this DDS domain: only the judged one's "
+                       "/diagnostics are used, but their chunks, margins and commands share topics")
+        mine = ros_node.get_name()
+        outputs = [t for t in info.output_types() if t != "/diagnostics"]
+        for topic, allowed, what in ([(t, info.name, "recorded as the node's") for t in outputs]
+                                     + [(t, mine, "taken by the node too") for t in input_topics]):
+            others = sorted({f"{e.node_namespace.rstrip('/')}/{e.node_name}"
+                             for e in ros_node.get_publishers_info_by_topic(topic) if e.node_name != allowed})
+            if others:
+                out.append(f"{topic} is also published by {', '.join(others)}: its messages are {what}")
+    except Exception:  # noqa: BLE001 - the graph cannot be read (shutting down): nothing to say
+        return []
+    return out
+
+
 __all__ = ["NodeInfo", "CameraInput", "NODE_NAME", "load_params_file", "query_node", "reconcile_with_graph",
+           "shared_domain",
            "FUTURE_STAMP_TOLERANCE", "CLOCK_JUMP_TOLERANCE"]

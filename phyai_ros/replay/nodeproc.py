@@ -14,20 +14,33 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import yaml
 
+from phyai_ros import share_dirs
+from phyai_ros.parameters import SPECS
 from phyai_ros.replay.nodeinfo import NODE_NAME, NodeInfo, load_params_file
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]   # folder holding the phyai_ros package
 
 
 def default_params_file(name: str = "pi05_cpu_test.yaml") -> Path:
-    """config/<name> of the source tree, or of an installed share/phyai_ros."""
-    candidates = [PACKAGE_ROOT / "config" / name]
-    for prefix in [p for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p] + [sys.prefix]:
-        candidates.append(Path(prefix) / "share" / "phyai_ros" / "config" / name)
+    """config/<name> of the package (``phyai_ros.share_dirs``: wheel, source tree, installed share/phyai_ros)."""
+    candidates = [d / name for d in share_dirs("config")]
     for c in candidates:
         if c.is_file():
             return c
     raise FileNotFoundError(f"params file {name} not found in: " + ", ".join(map(str, candidates)))
+
+
+def replay_mode_parameters(params_file, overrides: Mapping[str, Any], stepped: bool) -> Dict[str, Any]:
+    """The node parameters a replay mode needs.  Stepped: one /diagnostics report per control tick (the
+    replay waits for each) and the compute segments on the stamp clock, which the replay holds while the node
+    infers (``control.compute_clock: stamp``: latencies and margins in simulated time, the same on every run).
+    Real time: reports at 10 Hz, so the session's counters end within 0.1 s of the last message."""
+    if not stepped:
+        return {"diagnostics.period": 0.1}
+    dt = overrides.get("control.dt")
+    if dt is None:
+        dt = load_params_file(params_file or default_params_file()).get("control.dt", SPECS["control.dt"].default)
+    return {"diagnostics.period": dt, "control.compute_clock": "stamp"}
 
 
 def param_arg(name: str, value: Any) -> str:
@@ -195,13 +208,9 @@ class PolicyNode(PolicyNodeProcess):
             ov["model.checkpoint"] = str(checkpoint)
         if tokenizer is not None:
             ov["model.tokenizer"] = str(tokenizer)
-        if "diagnostics.period" not in ov:
-            # stepped: one report per tick (needed); real time: 10 Hz, so the replay's session
-            # counters end within 0.1 s of the last message
-            ov["diagnostics.period"] = (ov.get("control.dt", load_params_file(params_file).get("control.dt", 0.05))
-                                        if stepped else 0.1)
+        ov.update({k: v for k, v in replay_mode_parameters(params_file, ov, stepped).items() if k not in ov})
         super().__init__(params_file, overrides=ov, remaps=remaps, use_sim_time=True, log_path=log_path)
 
 
 __all__ = ["DrainedProcess", "PolicyNodeProcess", "PolicyNode", "node_info_for", "node_ros_args", "default_params_file",
-           "param_arg", "parse_param_args", "PACKAGE_ROOT"]
+           "replay_mode_parameters", "param_arg", "parse_param_args", "PACKAGE_ROOT"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,12 +38,12 @@ import numpy as np
 
 from phyai_ros.replay.accounting import Accounting, Snapshot, account
 from phyai_ros import diagnostics, needs_ros
-from phyai_ros.diagnostics import NODE_NAME
+from phyai_ros.diagnostics import NODE_NAME, NodeIdentity
 from phyai_ros.control.clock import NS_PER_S
 from phyai_ros.control.loop import COUNTERS
 from phyai_ros.replay.recording import Received, Recording, parse_diagnostics  # noqa: F401  (public here too)
 from phyai_ros.replay.bagtypes import UnknownMessageType, ros_type, typestore
-from phyai_ros.replay.nodeinfo import NodeInfo, query_node
+from phyai_ros.replay.nodeinfo import NodeInfo, query_node, shared_domain
 from phyai_ros.replay.runbag import EVENTS_TOPIC, SUMMARY_TOPIC, match_chunks_and_margins
 from phyai_ros.replay.scan import CLOCK_TOPIC, Event, Session, iter_bag
 
@@ -80,18 +81,28 @@ class ReplayOptions:
 class SessionBounds:
     """Where the recorded session lies in a replay: the replay clock at its first and last played
     message and at the node's first report after the last one, and the input-bag times of those
-    messages (the output bag's timeline).  None where no message was played."""
+    messages (the output bag's timeline).  None where no message was played.
+
+    The session's counters run from the node's last report before the first message to its first
+    report after the last one; ``chunk_seqs`` and ``margin_seqs`` are what those two reports enclose,
+    so every count of the report is one number (design.md §5): the chunks delivered in between (seq in
+    [lo, hi), the ``chunks`` counter's increase) and the ControlMargins published in between (chunk_seq
+    in [lo, hi], the ones the ``deadline_misses`` / ``expired_chunks`` counters counted; None: none)."""
 
     start_ns: Optional[int] = None
     end_ns: Optional[int] = None
     report_ns: Optional[int] = None
     start_bag_ns: Optional[int] = None
     end_bag_ns: Optional[int] = None
+    chunk_seqs: Optional[Tuple[int, int]] = None
+    margin_seqs: Optional[Tuple[int, int]] = None
 
     def to_dict(self) -> dict:
         """The replay summary's keys (what ``report`` reads back)."""
         return {"session_start_ns": self.start_ns, "session_end_ns": self.end_ns, "session_report_ns": self.report_ns,
-                "session_start_bag_ns": self.start_bag_ns, "session_end_bag_ns": self.end_bag_ns}
+                "session_start_bag_ns": self.start_bag_ns, "session_end_bag_ns": self.end_bag_ns,
+                "session_chunk_seqs": list(self.chunk_seqs) if self.chunk_seqs else None,
+                "session_margin_seqs": list(self.margin_seqs) if self.margin_seqs else None}
 
 
 @dataclass
@@ -115,6 +126,8 @@ class ReplayResult:
     snapshots: List[Snapshot] = field(default_factory=list)
     session_bounds: SessionBounds = field(default_factory=SessionBounds)
     tail_counters: Dict[str, int] = field(default_factory=dict)  # last node report; counters after the bag ended
+    node_identity: Optional[NodeIdentity] = None   # the judged node (its reports' name, pid, host)
+    foreign_reports: Dict[str, int] = field(default_factory=dict)  # other nodes' /diagnostics left out
 
     @property
     def chunk_data(self):
@@ -134,6 +147,8 @@ class ReplayResult:
             "topics": s.topics, "chunks": len(self.chunks), "margins": len(self.margins),
             "commands": len(self.commands), "diagnostics": len(self.diagnostics),
             "node_counters": self.node_counters, "tail_counters": self.tail_counters,
+            "node_identity": self.node_identity.to_dict() if self.node_identity else None,
+            "foreign_reports": self.foreign_reports,
             **self.session_bounds.to_dict(), "accounting": self.accounting.to_dict(s.items),
             "events": [e.to_dict() for e in self.events], "out": str(self.out_path) if self.out_path else None,
         }
@@ -169,13 +184,22 @@ class _Output:
                 self._writer.close()
 
 
+def require_ros() -> None:
+    """A replay plays into a ROS node: RosUnavailableError (saying what to install) unless rclpy and this
+    package's generated messages import here.  The CLI asks first, before it reads any bag or file."""
+    with needs_ros(__name__):
+        import rclpy  # noqa: F401
+        import phyai_ros.msg  # noqa: F401
+
+
 class ReplayNode:
     """The replay's rclpy side: its own Context, a node, an executor spinning in a thread.
 
     Use as a context manager.  ``wait_for_node`` / ``node_info`` find the policy node;
     ``play(session, out, options)`` replays and returns a ``ReplayResult``."""
 
-    def __init__(self, name: str = "phyai_replay", node_name: str = NODE_NAME):
+    def __init__(self, name: Optional[str] = None, node_name: str = NODE_NAME):
+        name = name or f"phyai_replay_{os.getpid()}"   # its own name: another replay on the domain is not it
         with needs_ros(__name__):
             import rclpy
             from rclpy.executors import SingleThreadedExecutor
@@ -232,9 +256,11 @@ class ReplayNode:
 
     # -- replay
     def play(self, session: Session, out_path, options: Optional[ReplayOptions] = None,
-             alive: Optional[Callable[[], bool]] = None, log: Callable[[str], None] = lambda s: None
-             ) -> ReplayResult:
-        return _replay(_Playback(self, session, out_path, options or ReplayOptions(), alive), log)
+             alive: Optional[Callable[[], bool]] = None, log: Callable[[str], None] = lambda s: None,
+             node_pid: Optional[int] = None) -> ReplayResult:
+        """``node_pid``: the policy node's process id when this side started it (its reports are the judged
+        ones; else the first under its name)."""
+        return _replay(_Playback(self, session, out_path, options or ReplayOptions(), alive, node_pid), log)
 
 
 class _Playback:
@@ -244,7 +270,7 @@ class _Playback:
     when there is one).  The modes (``_SteppedPlay``, ``_RealtimePlay``) decide when to move the clock."""
 
     def __init__(self, replay_node: ReplayNode, session: Session, out_path, options: ReplayOptions,
-                 alive: Optional[Callable[[], bool]]):
+                 alive: Optional[Callable[[], bool]], node_pid: Optional[int] = None):
         from rosgraph_msgs.msg import Clock
 
         from phyai_ros.node.qos import LATCHED, RELIABLE, reliable_depth
@@ -258,7 +284,7 @@ class _Playback:
         self.epoch = 0             # replay-clock segment (one more at each backward jump)
         self.output = _Output(Path(out_path), options.out_storage) if out_path is not None else None
         self.recording = Recording(self.info, self.output, lambda: (self.clock_ns, self.bag_ns, self.epoch),
-                                   events=session.events)
+                                   events=session.events, node_pid=node_pid)
         # (reports received, replay clock, bag time) at the first and at the last played message
         self.first_pub: Optional[Tuple[int, int, int]] = None
         self.last_pub: Optional[Tuple[int, int, int]] = None
@@ -334,6 +360,11 @@ class _Playback:
         """Has the node reported on /diagnostics with its clock at ``t_ns``?"""
         return t_ns in self.recording.diag_by_stamp
 
+    def shared_domain(self) -> list:
+        """``nodeinfo.shared_domain`` for this replay: what else on the DDS domain could mix in."""
+        inputs = [CLOCK_TOPIC] + sorted(self.input_pubs)
+        return shared_domain(self.info, self.replay_node.node, inputs)
+
     # ------------------------------------------------------------------ startup
     def sync_start(self, t0: int) -> dict:
         """Hold the replay clock at t0 until the node reports at exactly t0 (it follows /clock)."""
@@ -353,8 +384,10 @@ class _Playback:
                 raise RuntimeError("the policy node does not follow /clock (its reports carry another time): "
                                    "start it with -p use_sim_time:=true")
             # a node whose clock was ahead (an earlier replay) resets its timers on the jump back:
-            # move on by one control period so they fire
-            t += self.dt_ns
+            # move on by one control period so they fire (a node that has not reported yet is still starting:
+            # the clock waits for it)
+            if self.recording.latest_diag() is not None:
+                t += self.dt_ns
         raise RuntimeError(f"the policy node did not report on /diagnostics within {o.startup_timeout:.0f} s "
                            "of receiving /clock (is it running with use_sim_time:=true?)")
 
@@ -370,6 +403,7 @@ def _replay(playback: _Playback, log: Callable[[str], None]) -> ReplayResult:
     t0 = ((s.start_sim - int(o.preroll * NS_PER_S)) // playback.dt_ns) * playback.dt_ns
     w_start = time.monotonic()
     baseline = playback.sync_start(t0)
+    domain = playback.shared_domain()   # again at the end: a node may join during the replay
     log(f"replay: node follows /clock; playing {len(s.items)} messages ({o.mode}"
         + (f" x{o.rate:g}" if o.mode == "realtime" else "") + ")")
     played, lags = 0, []
@@ -386,6 +420,9 @@ def _replay(playback: _Playback, log: Callable[[str], None]) -> ReplayResult:
                                            sim_ns=playback.clock_ns, source="replay"))
     wall = time.monotonic() - w_start
     time.sleep(0.2)  # outputs still in flight
+    for warning in dict.fromkeys(domain + playback.shared_domain()):
+        playback.recording.add_event(Event("shared_domain", warning + " (isolate the replay: ROS_DOMAIN_ID, README)",
+                                           source="replay"))
     result = _collect(playback, baseline, played, complete, wall, lags)
     if playback.output is not None:
         _write_result(playback.output, result, playback.bag_ns)
@@ -421,6 +458,10 @@ class _SteppedPlay:
         if abs(info.diagnostics_period - info.dt) > 1e-9:
             raise RuntimeError(f"stepped mode needs one node report per tick: start the node with "
                                f"-p diagnostics.period:={info.dt:g} (it has {info.diagnostics_period:g})")
+        if info.compute_clock != "stamp":
+            raise RuntimeError("stepped mode holds /clock while the node infers, so its latencies are measured in "
+                               "simulated time: start the node with -p control.compute_clock:=stamp (it has "
+                               f"{info.compute_clock})")
         self.counts.baseline_chunks = pb.recording.latest_diag()["counters"].get("chunks", 0)
         cur = t0
         jumps = list(s.time_map.jumps)  # (bag time, clock before, clock after), in bag order
@@ -640,17 +681,27 @@ def _collect(playback: _Playback, baseline: dict, played: int, complete: bool, w
     # The session: from the last report before the first message to the first report after the last
     # one.  Preroll ticks (no data yet) and the tail (inputs age out after the bag ends, so the node
     # reports stale snapshots and misses) are not the recorded session's doing.
-    start = diags[pb.first_pub[0] - 1].msg if pb.first_pub and pb.first_pub[0] > 0 else baseline
-    end = (diags[pb.last_pub[0]].msg if pb.last_pub and len(diags) > pb.last_pub[0] else last)
+    start = diags[pb.first_pub[0] - 1] if pb.first_pub and pb.first_pub[0] > 0 else None
+    end = diags[pb.last_pub[0]] if pb.last_pub and len(diags) > pb.last_pub[0] else (diags[-1] if diags else None)
+    start_msg, end_msg = (start.msg if start else baseline), (end.msg if end else last)
 
     def delta(a: dict, b: dict) -> Dict[str, int]:
         return {k: v - a["counters"].get(k, 0) for k, v in b["counters"].items() if k in COUNTERS}
 
-    counters = delta(start, end)
-    tail = {k: v for k, v in delta(end, last).items() if v > 0 and k not in ("ticks", "ticks_without_chunk")}
+    counters = delta(start_msg, end_msg)
+    tail = {k: v for k, v in delta(end_msg, last).items() if v > 0 and k not in ("ticks", "ticks_without_chunk")}
     first, last_pub = pb.first_pub or (None, None, None), pb.last_pub or (None, None, None)
-    bounds = SessionBounds(start_ns=first[1], end_ns=last_pub[1], report_ns=end["stamp_ns"],
-                           start_bag_ns=first[2], end_bag_ns=last_pub[2])
+    # what the two reports enclose, on the node's clock (epoch, stamp): a margin at a report's own tick was
+    # published before it (the action timer's callback runs before the diagnostics one)
+    lo_key = (start.epoch, start.msg["stamp_ns"]) if start else (0, baseline["stamp_ns"])
+    hi_key = (end.epoch, end.msg["stamp_ns"]) if end else None
+    inside = [r.msg.chunk_seq for r in margins
+              if lo_key < (r.epoch, r.msg.stamp_ns) and (hi_key is None or (r.epoch, r.msg.stamp_ns) <= hi_key)]
+    c0, c1 = start_msg["counters"].get("chunks"), end_msg["counters"].get("chunks")
+    bounds = SessionBounds(start_ns=first[1], end_ns=last_pub[1], report_ns=end_msg["stamp_ns"],
+                           start_bag_ns=first[2], end_bag_ns=last_pub[2],
+                           chunk_seqs=(c0, c1) if c0 is not None and c1 is not None else None,
+                           margin_seqs=(min(inside), max(inside)) if inside else None)
     snapshots = reconstruct_snapshots(chunks, margins, pb.dt_ns)
     race = o.race_window if o.race_window is not None else (0.0 if o.mode == "stepped" else 0.02 * o.rate)
     end_epoch = max((it.epoch for it in s.items[:played]), default=0)
@@ -663,10 +714,13 @@ def _collect(playback: _Playback, baseline: dict, played: int, complete: bool, w
         if counters.get(kind, 0) > 0:
             events.append(Event(f"node_{kind}", f"the node counted {counters[kind]} {kind.replace('_', ' ')}",
                                 source="node"))
+    for who, n in sorted(rec.foreign.items()):
+        events.append(Event("foreign_diagnostics", f"{n} /diagnostics reports of {who} left out: not the judged "
+                            f"node {rec.identity.describe()} (another node on this DDS domain)", source="replay"))
     if tail:
         events.append(Event("after_bag_end", "in the replay's tail after the last message the node counted "
                             + ", ".join(f"{k} {v}" for k, v in sorted(tail.items()))
-                            + " (not counted as the session's)", sim_ns=end["stamp_ns"],
+                            + " (not counted as the session's)", sim_ns=end_msg["stamp_ns"],
                             log_ns=pb.last_pub[2] if pb.last_pub else None, source="node"))
     lag_ms = {}
     if lags:
@@ -682,7 +736,8 @@ def _collect(playback: _Playback, baseline: dict, played: int, complete: bool, w
     return ReplayResult(session=s, options=o, out_path=pb.output.path if pb.output else None, chunks=chunks,
                         margins=margins, commands=commands, diagnostics=diags, events=events, accounting=acc,
                         node_counters=counters, played=played, complete=complete, wall_s=wall, lag_ms=lag_ms,
-                        snapshots=snapshots, session_bounds=bounds, tail_counters=tail)
+                        snapshots=snapshots, session_bounds=bounds, tail_counters=tail,
+                        node_identity=rec.identity, foreign_reports=dict(rec.foreign))
 
 
 def _write_result(output: _Output, result: ReplayResult, bag_ns: int) -> None:
@@ -742,5 +797,5 @@ def reconstruct_snapshots(chunks: List[Received], margins: List[Received], dt_ns
     return out
 
 
-__all__ = ["ReplayNode", "ReplayOptions", "ReplayResult", "Received", "SessionBounds", "reconstruct_snapshots", "parse_diagnostics",
+__all__ = ["require_ros", "ReplayNode", "ReplayOptions", "ReplayResult", "Received", "SessionBounds", "reconstruct_snapshots", "parse_diagnostics",
            "SUMMARY_TOPIC", "EVENTS_TOPIC", "MODES", "ros_type", "json_default"]

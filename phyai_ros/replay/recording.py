@@ -1,7 +1,11 @@
 """What the policy node publishes during a replay, recorded: chunks, margins, commands and its
 /diagnostics reports (parsed), thread-safe, in receipt order, each with the replay clock and bag time
 at receipt; optionally written raw to the output bag.  The replay (``player._Playback`` and its modes)
-drives the clock and waits on this record; it owns no output state itself."""
+drives the clock and waits on this record; it owns no output state itself.
+
+Only the judged node's reports are recorded (``diagnostics.NodeIdentity``: its name, and the process id
+and host it reports: those of the process the replay started, else of the first report under its name);
+reports of other nodes on the DDS domain, of any name, are counted in ``foreign`` and left out."""
 from __future__ import annotations
 
 import threading
@@ -13,6 +17,7 @@ import numpy as np
 
 from phyai_ros import diagnostics
 from phyai_ros.control.clock import stamp_to_ns
+from phyai_ros.diagnostics import NodeIdentity
 from phyai_ros.messages import msg_to_chunk, msg_to_margin
 from phyai_ros.replay.bagtypes import ros_type
 from phyai_ros.replay.scan import Event
@@ -31,16 +36,21 @@ class Received:
     bag_ns: int = 0   # input-bag time at receipt (the output bag's timestamp)
 
 
-def parse_diagnostics(msg) -> Optional[dict]:
-    """The policy node's /diagnostics report as a dict (``phyai_ros.diagnostics.parse``), or None."""
-    return diagnostics.parse(msg, stamp_to_ns(msg.header.stamp))
+def parse_diagnostics(msg, node_name: Optional[str] = None) -> Optional[dict]:
+    """A policy node's /diagnostics report as a dict (``phyai_ros.diagnostics.parse``; ``node_name``: that
+    node's only), or None."""
+    return diagnostics.parse(msg, stamp_to_ns(msg.header.stamp), node_name)
 
 
 class Recording:
-    """``position()`` gives (replay clock, bag time, clock epoch) now, stamped on every receipt."""
+    """``position()`` gives (replay clock, bag time, clock epoch) now, stamped on every receipt; ``node_pid``:
+    the judged node's process id when the replay started it (else the first report under its name sets it)."""
 
-    def __init__(self, info, out, position: Callable[[], Tuple[int, int, int]], events: Sequence[Event] = ()):
+    def __init__(self, info, out, position: Callable[[], Tuple[int, int, int]], events: Sequence[Event] = (),
+                 node_pid: Optional[int] = None):
         self.info, self.out, self.position = info, out, position
+        self.identity = NodeIdentity(info.name, node_pid)
+        self.foreign: Dict[str, int] = {}   # NodeIdentity.describe() -> reports left out
         self.cond = threading.Condition()
         self.events: List[Event] = list(events)
         self.chunks: List[Received] = []
@@ -77,7 +87,7 @@ class Recording:
             if topic == info.margin_topic:
                 return msg_to_margin(msg)
             if topic == "/diagnostics":
-                return parse_diagnostics(msg)
+                return self._judged(parse_diagnostics(msg))
             if topic == info.command_topic:
                 if hasattr(msg, "points"):
                     return (stamp_to_ns(msg.header.stamp), np.asarray(msg.points[0].positions if msg.points else [],
@@ -87,14 +97,16 @@ class Recording:
 
         def callback(raw: bytes) -> None:
             t, tb, epoch = self.position()
-            if self.out is not None:
-                self.out.write(topic, tb, raw)
             try:
                 value = parse(raw)
             except Exception as exc:  # noqa: BLE001 - a malformed output is an event, not a crash
+                if self.out is not None:
+                    self.out.write(topic, tb, raw)
                 self.add_event(Event("bad_output", f"{topic}: {type(exc).__name__}: {exc}", topic=topic,
                                      sim_ns=t, source="replay"))
                 return
+            if self.out is not None and (value is not None or topic != "/diagnostics"):
+                self.out.write(topic, tb, raw)   # another node's /diagnostics is not recorded
             if value is None:
                 return
             with self.cond:
@@ -112,6 +124,19 @@ class Recording:
                 self.cond.notify_all()
 
         return callback
+
+    def _judged(self, report: Optional[dict]) -> Optional[dict]:
+        """``report`` if it is the judged node's, else None (another node's is counted in ``foreign``)."""
+        if report is None:
+            return None
+        with self.cond:
+            if self.identity.pid is None and report.get("node") == self.identity.name:
+                self.identity = self.identity.of(report)   # the first report under the node's name
+            if self.identity.matches(report):
+                return report
+            other = NodeIdentity(report.get("node") or "?", report.get("pid"), report.get("host")).describe()
+            self.foreign[other] = self.foreign.get(other, 0) + 1
+        return None
 
     def add_event(self, e: Event) -> None:
         if e.log_ns is None:

@@ -63,8 +63,8 @@ def markdown(num: dict, v: dict, figs: Dict[str, Path], t0: int, appendix: Appen
     for title, body in appendix:
         lines += ["", f"## {_m(title)}", ""] + [f"- {_m(x)}" for x in body]
     lines += ["", f"Mode: {_m(num['mode'])}" + (f" x{num['rate']:g}" if num.get('rate') else "")
-              + f"; model {_m(num['model_id'])}; dt {_m(num['dt'])} s, H {_m(num['horizon'])}; {num['chunks']} chunks, "
-              f"{num['commands']} commands; output bag `{_m(num['bag'])}`.", ""]
+              + f"; judged node {_m(num.get('node') or 'unknown')}; model {_m(num['model_id'])}; dt {_m(num['dt'])} s, "
+              f"H {_m(num['horizon'])}; {_m(session_counts(num))}; output bag `{_m(num['bag'])}`.", ""]
     for name, title in (("roofline", "Control-time roofline"), ("margin", "Margin distribution and budget"),
                         ("latency_time", "Latency segments over time"), ("latency_hist", "Latency histograms"),
                         ("discontinuity", "Chunk-boundary discontinuity"), ("problems", "Deadline misses"),
@@ -79,18 +79,17 @@ def markdown(num: dict, v: dict, figs: Dict[str, Path], t0: int, appendix: Appen
               f" vs median step within a chunk {fmt(d['median_step'], 4)} (p99 {fmt(d['p99_step'], 4)}).", ""]
     acc = num.get("accounting")
     if acc:
-        lines += ["## Accounting", "", "| topic | played | " + " | ".join(CATEGORIES) + " |",
-                  "|---|---|" + "---|" * len(CATEGORIES)]
+        uses = acc.get("snapshot_uses", {})
+        lines += ["## Accounting", "", "| topic | played | " + " | ".join(CATEGORIES) + " | taken by snapshots |",
+                  "|---|---|" + "---|" * len(CATEGORIES) + "---|"]
         for t, row in sorted(acc["per_topic"].items()):
             lines.append(f"| {_m(t, True)} | {row.get('played', 0)} | " + " | ".join(str(row.get(c, 0)) for c in CATEGORIES)
-                         + " |")
+                         + f" | {_m(uses.get(t, 'n/a'))} |")
         for t, reasons in sorted(acc.get("reasons", {}).items()):
             for reason, n in sorted(reasons.items()):
                 lines.append(f"\n- {_m(t)}: {n} {_m(reason)}")
-        lines += ["", f"Snapshots: {acc.get('snapshots', 0)} chunks, {acc.get('verified', 0)} observation stamps "
-                  f"verified, {acc.get('races', 0)} after resolving a delivery race. "
-                  + ("Accounting check OK." if acc.get("ok") else "Problems: " + _m("; ".join(acc.get("problems", [])))),
-                  ""]
+        lines += ["", f"{_m(snapshots_sentence(acc))} " + ("Accounting check OK." if acc.get("ok") else
+                                                          "Problems: " + _m("; ".join(acc.get("problems", [])))), ""]
     if num["counters"]:
         lines += ["## Node counters (this replay)", "", ", ".join(f"{_m(k)} {v2}" for k, v2 in
                                                                  sorted(num["counters"].items()) if v2), ""]
@@ -122,7 +121,8 @@ def html(num: dict, v: dict, figs: Dict[str, Path], t0: int, appendix: Appendix 
             f"command delay p99 {fmt(num['commands_delivery']['delay_p99_ms'], 1)} ms, max "
             f"{fmt(num['commands_delivery']['delay_max_ms'], 1)} ms"),
            ("inference p99", f"{fmt(num['latency_ms']['inference']['p99'], 1)} ms",
-            f"p50 {fmt(num['latency_ms']['inference']['p50'], 1)} ms")]
+            f"p50 {fmt(num['latency_ms']['inference']['p50'], 1)} ms"
+            + (" (simulated time)" if num["mode"] == "stepped" else ""))]
     tiles = "".join(f'<div class="tile"><div class="k">{k}</div><div class="v">{e(val)}</div><div class="s">{e(sub)}</div></div>'
                     for k, val, sub in big)
     facts = "".join(f"<li>{e(f)}</li>" for f in v["facts"])
@@ -130,18 +130,17 @@ def html(num: dict, v: dict, figs: Dict[str, Path], t0: int, appendix: Appendix 
     acc = num.get("accounting")
     acc_html = ""
     if acc:
-        head = "".join(f"<th>{c}</th>" for c in CATEGORIES)
+        uses = acc.get("snapshot_uses", {})
+        head = "".join(f"<th>{c}</th>" for c in CATEGORIES) + "<th>taken by snapshots</th>"
         body = "".join(f"<tr><td>{e(t)}</td><td>{e(row.get('played', 0))}</td>"
                        + "".join(f"<td>{e(row.get(c, 0))}</td>" for c in CATEGORIES)
-                       + "</tr>" for t, row in sorted(acc.get("per_topic", {}).items()))
+                       + f"<td>{e(uses.get(t, 'n/a'))}</td></tr>" for t, row in sorted(acc.get("per_topic", {}).items()))
         reasons = "".join(f"<li>{e(t)}: {e(n)} {e(reason)}</li>" for t, rs in sorted(acc.get("reasons", {}).items())
                           for reason, n in sorted(rs.items()))
         check = ("Accounting check OK: every input message is in exactly one category." if acc.get("ok")
                  else "Accounting problems: " + e("; ".join(acc.get("problems", []))))
         acc_html = (f"<h2>Input accounting</h2>{img('accounting')}<table><tr><th>topic</th><th>played</th>{head}</tr>"
-                    f"{body}</table><ul>{reasons}</ul><p>Snapshots: {e(acc.get('snapshots', 0))} chunks, "
-                    f"{e(acc.get('verified', 0))} observation stamps verified ({e(acc.get('races', 0))} after resolving "
-                    f"a delivery race). {check}</p>")
+                    f"{body}</table><ul>{reasons}</ul><p>{e(snapshots_sentence(acc))} {check}</p>")
     lat = "".join(f"<tr><td>{e(n)}</td>" + "".join(f"<td>{e(fmt(st[q], 1))}</td>" for q in ("p50", "p95", "p99", "max"))
                   + "</tr>" for n, st in num["latency_ms"].items())
     rows = _events_rows(num["events"], t0)
@@ -167,10 +166,10 @@ ul{{margin:4px 0}} li{{margin:2px 0}} .meta{{color:#666;font-size:12px}}
 <div class="verdict"><h1><span class="badge">{LEVEL_NAMES[v['level']]}</span>{e(v['headline'])}</h1>
 <div class="tiles">{tiles}</div><ul>{facts}</ul>{caveat}</div>
 {extra}
-<div class="row"><div>{img('roofline')}</div><div>{img('problems')}{img('accounting') if acc else ''}</div></div>
+<div class="row"><div>{img('roofline')}</div><div>{img('problems')}</div></div>
 <p class="meta">Input bag {e(num['input_bag'])} &middot; mode {e(num['mode'])}{e(' x' + format(num['rate'], 'g')) if num.get('rate') else ''}
-&middot; model {e(num['model_id'])} &middot; dt {e(num['dt'])} s, H {e(num['horizon'])} &middot; {e(num['chunks'])} chunks,
-{e(num['commands'])} commands &middot; output bag {e(num['bag'])}</p>
+&middot; judged node {e(num.get('node') or 'unknown')} &middot; model {e(num['model_id'])} &middot; dt {e(num['dt'])} s,
+H {e(num['horizon'])} &middot; {e(session_counts(num))} &middot; output bag {e(num['bag'])}</p>
 <h2>Margin</h2>{img('margin')}
 <h2>Latency segments</h2>{img('latency_time')}{img('latency_hist')}
 <table><tr><th>segment (ms)</th><th>p50</th><th>p95</th><th>p99</th><th>max</th></tr>{lat}</table>
@@ -184,9 +183,24 @@ chunk {e(fmt(d['median_step'], 4))} (p99 {e(fmt(d['p99_step'], 4))}).</p>
 """
 
 
+def session_counts(num: dict) -> str:
+    """The session's chunks and commands, with what the node did after the bag ended (the tail) apart."""
+    tail = num.get("chunks_after_bag_end", 0)
+    return (f"{num['chunks']} chunks, {num['commands']} commands in the session"
+            + (f" (+{tail} chunk{'s' if tail != 1 else ''} in the replay's tail)" if tail else ""))
+
+
+def snapshots_sentence(acc: dict) -> str:
+    """What the accounting's snapshot count is, and why a topic's used messages can be fewer."""
+    return (f"Snapshots: {acc['snapshots']} (one per recorded chunk, the replay's tail included), {acc['verified']} "
+            f"observation stamps verified ({acc.get('races', 0)} after resolving a delivery race). A message that "
+            "stayed the newest of its topic over several snapshots is one used message taken by each: 'taken by "
+            "snapshots' counts the snapshots.")
+
+
 def verdict_line(num: dict, v: dict) -> str:
     """The verdict in one line, as the commands print it."""
-    bound = "stepped: timing not measured" if num["mode"] == "stepped" else num["roofline"]["bound"]
+    bound = "stepped, simulated time" if num["mode"] == "stepped" else num["roofline"]["bound"]
     return f"{LEVEL_NAMES[v['level']]}: {bound} (X = {fmt(num['roofline']['X'])}), " \
            f"P(M_ctrl >= 0) = {fmt(num['margin']['p_hat'], 3)} (lower {fmt(num['margin']['p_lower'], 3)}, " \
            f"{num['margin']['bound_label']}, vs target {num['margin']['target']:.3f}, n = {num['margin']['n']}), " \
@@ -195,4 +209,5 @@ def verdict_line(num: dict, v: dict) -> str:
            f"{fmt(num['commands_delivery']['longest_silence_s'], 2)} s"
 
 
-__all__ = ["fmt", "markdown", "html", "verdict_line", "LEVEL_COLORS", "Appendix"]
+__all__ = ["fmt", "markdown", "html", "verdict_line", "session_counts", "snapshots_sentence", "LEVEL_COLORS",
+           "Appendix"]

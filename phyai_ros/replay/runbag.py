@@ -3,9 +3,10 @@
 Works on the replay's output bags (which add ``/replay/summary`` and ``/replay/events``) and on
 any rosbag2 recorded on a robot with ``ros2 bag record`` of the node's topics: topics are found
 by message type (the command topic by the summary, else the busiest single-point
-JointTrajectory / Float64MultiArray topic). Bags are shared between people: the summary is data
-from outside, so each of its fields is type-checked when read (``check_summary``); one of the
-wrong type is left out (listed in ``Run.refused``), never passed on to the report.
+JointTrajectory / Float64MultiArray topic).  /diagnostics reports are one node's: the one the replay
+judged (its summary's ``node_identity``), else the first policy node reporting in the bag. Bags are shared
+between people: the summary is data from outside, so each of its fields is type-checked when read
+(``check_summary``); one of the wrong type is left out (listed in ``Run.refused``), never passed on to the report.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import numpy as np
 from phyai_ros.control.chunk import ActionChunk
 from phyai_ros.control.clock import stamp_to_ns
 from phyai_ros.control.margin import MarginReport
+from phyai_ros.diagnostics import NodeIdentity
 from phyai_ros.messages import MalformedMessageError, msg_to_chunk, msg_to_margin
 from phyai_ros.replay.accounting import CATEGORIES
 from phyai_ros.replay.bagtypes import open_bag
@@ -44,6 +46,8 @@ class Run:
     topics: Dict[str, str] = field(default_factory=dict)
     bad_messages: int = 0
     refused: List[str] = field(default_factory=list)   # summary fields left out for their type
+    node: Optional[NodeIdentity] = None        # whose /diagnostics reports these are
+    foreign_reports: int = 0                   # reports of other policy nodes in the bag, left out
 
     @property
     def t0(self) -> int:
@@ -69,6 +73,9 @@ def load_run(path) -> Run:
                 run.summary = check_summary(value, run.refused)
         if run.summary is not None:
             run.events = list(run.summary.get("events", []))
+            who = run.summary.get("node_identity")
+            if who:
+                run.node = NodeIdentity(who["name"], who.get("pid"), who.get("host"))
         command_topic = _command_topic(reader, run.summary)
         wanted = [c for c in reader.connections
                   if c.msgtype in (CHUNK_TYPE, MARGIN_TYPE, DIAG_TYPE) or c.topic == command_topic]
@@ -80,9 +87,13 @@ def load_run(path) -> Run:
                 elif conn.msgtype == MARGIN_TYPE:
                     run.margins.append((t, msg_to_margin(msg)))
                 elif conn.msgtype == DIAG_TYPE:
-                    d = parse_diagnostics(msg)
+                    d = parse_diagnostics(msg, run.node.name if run.node else None)
                     if d is not None:
-                        run.diagnostics.append((t, d))
+                        run.node = run.node or NodeIdentity(d["node"]).of(d)
+                        if run.node.matches(d):
+                            run.diagnostics.append((t, d))
+                        else:
+                            run.foreign_reports += 1
                 elif hasattr(msg, "points"):
                     if msg.points:
                         run.commands.append((t, stamp_to_ns(msg.header.stamp),

@@ -2,7 +2,9 @@
 the caveat of the replay mode, all from the numbers of ``analysis.analyze``.  ``render`` lays it out.
 
 The order follows docs/design.md §5: overload, deadline misses and watchdog ERRORs lead; the roofline
-position is stated as an average next to them.
+position is stated as an average next to them.  Every count comes from ``analysis`` (one number per
+concept: chunks and counters of the session, margin samples of the same span).  A stepped replay is judged
+in simulated time, where inference takes none: its verdict is about the control logic.
 """
 from __future__ import annotations
 
@@ -31,14 +33,16 @@ def verdict(num: dict) -> dict:
         "balanced": f"balanced (X = {fmt(r['X'])} ~ 1)",
     }.get(r["bound"], "inference-bound (inference is longer than a chunk covers: no chunk cycle to average X "
                       "over)" if overloaded else "not placed on the roofline (fewer than two adopted chunks)")
+    chunks = num["chunks"]
     if stepped:
-        head = (f"Stepped replay (logic check): {num['chunks']} chunks, {misses} deadline misses. "
-                "Timing is not measured in this mode.")
+        head = (f"Stepped replay, judged in simulated time: {chunks} chunks, {misses} deadline misses. Inference "
+                "takes no simulated time here, so this checks the control logic (triggers, budgets, inputs, "
+                "deadline policy), not this machine's speed.")
     elif overloaded:
         head = (f"Overloaded (inference-bound): inference p50 {fmt(lat['inference']['p50'], 0)} ms is longer than "
                 f"the {horizon_ms:.0f} ms a chunk covers; {misses} deadline misses, {expired} chunks expired.")
     elif misses:
-        head = (f"{misses} deadline misses in {mg['n']} chunks ({expired} expired); on average {bound_text}, "
+        head = (f"{misses} deadline misses in {chunks} chunks ({expired} expired); on average {bound_text}, "
                 "but not every chunk arrived in time.")
     elif r["bound"] == "environment-bound":
         head = f"Environment-bound: X = {fmt(r['X'])} > 1. Every chunk arrived in time; the loop waits on the robot."
@@ -49,7 +53,8 @@ def verdict(num: dict) -> dict:
     else:
         head = "Not enough chunk cycles to place this run on the roofline."
     facts = [
-        f"Control margin {LEVEL_NAMES[mg['level']]}: P(M_ctrl >= 0) = {fmt(mg['p_hat'], 3)} over {mg['n']} chunks; "
+        f"Control margin {LEVEL_NAMES[mg['level']]}: P(M_ctrl >= 0) = {fmt(mg['p_hat'], 3)} over n = {mg['n']} margin "
+        "samples (the session's chunks that replaced an executing one or expired); "
         + (f"its lower bound {fmt(mg['p_lower'], 3)} ({mg['bound_label']}) meets the target "
            f"{mg['target']:.3f}." if mg["level"] == 0 else f"{mg['why']}."),
         f"Margin p50 {fmt(mg['p50_ms'], 0)} ms, worst {fmt(mg['min_ms'], 0)} ms; inference p50 "
@@ -81,8 +86,7 @@ def verdict(num: dict) -> dict:
         else:
             cause = (f"inference p50 {fmt(lat['inference']['p50'], 0)} ms and p99 {fmt(lat['inference']['p99'], 0)}"
                      " ms are close: the average itself is too long for the budget")
-        facts.append(f"{mg['n'] - mg['k']} chunk(s) missed their deadline, the worst by {-mg['min_ms']:.0f} ms: "
-                     f"{cause}.")
+        facts.append(f"{misses} chunk(s) missed their deadline, the worst by {-mg['min_ms']:.0f} ms: {cause}.")
     if mg.get("negative_budgets"):
         facts.append(f"B_ctrl < 0 for {mg['negative_budgets']} chunk(s) (down to {fmt(mg['budget_min_ms'] / 1e3, 2)} "
                      "s): their observation was taken after the executing chunk had already run out, so the budget "
@@ -100,14 +104,27 @@ def verdict(num: dict) -> dict:
         end_of_bag = sum(n for rs in acc.get("reasons", {}).values() for r2, n in rs.items() if r2 == "stale: end of bag")
         if acc.get("ok") is False or tot["rejected"] or tot["stale"] - end_of_bag or tot["not_played"]:
             level = max(level, 1)
+    if num.get("margin_sample_misses", misses) != misses:
+        level = max(level, 1)
+        facts.append(f"The node counted {misses} deadline misses, but {num['margin_sample_misses']} of the session's "
+                     "ControlMargin samples are below zero: a margin message was lost or is another node's.")
+    shared = [e["detail"] for e in num["events"] if e.get("kind") == "shared_domain"]
+    if shared:
+        level = max(level, 1)
+        facts.append("Not alone on the DDS domain, so the recording may mix in other nodes: " + "; ".join(shared) + ".")
+    foreign = sum(n for n in (num.get("foreign_reports") or {}).values())
+    if foreign:
+        facts.append(f"Judged node {num['node']}: {foreign} /diagnostics reports of other nodes on the DDS domain "
+                     "were left out.")
     n_events = len([e for e in num["events"] if e.get("source") != "node"])
     if n_events:
         facts.append(f"{n_events} events in the bag or the replay (listed below).")
     caveat = None
     if stepped:
-        caveat = ("Stepped (deterministic) replay: the replay clock stands still while the node infers, so "
-                  "inference takes no replay time. Latency, margin and X describe the control logic, not this "
-                  "machine; replay in real time (--mode realtime) to measure.")
+        caveat = ("Stepped (deterministic) replay: the replay holds /clock while the node infers and the node "
+                  "measures its compute on that clock (control.compute_clock: stamp), so inference takes no "
+                  "simulated time and every latency, margin and X here is simulated time, the same on every run. "
+                  "Replay in real time (--mode realtime) to measure this machine.")
     elif num.get("rate") not in (None, 1, 1.0):
         caveat = (f"Replayed at {num['rate']:g}x real time: the robot's time runs {num['rate']:g}x faster than this "
                   "machine's, so latencies in robot time are scaled by that factor (measured on the monotonic "
