@@ -1,9 +1,9 @@
-"""Offline prediction for pi0.5, pi0 and GR00T N1.7: one command from raw inputs to an action chunk.
+"""Offline prediction for pi0.5, pi0, GR00T N1.7 and Cosmos3: one command from raw inputs to an action chunk.
 
 It checks any case stored in the parity-fixture format (phyai_ros/models/cases.py) against its expected outputs.
-The policy family comes from the checkpoint's config.json type (the registry, phyai_ros.models: pi05, pi0, groot
-and any registered family); the family's adapter reads its own case facts (``case_runner``), so every family takes
-the same flags:
+The policy family comes from the checkpoint folder (the registry, phyai_ros.models: config.json's type pi05, pi0,
+groot; a Cosmos3 pipeline's model_index.json; any registered family); the family's adapter reads its own case
+facts (``case_runner``), so every family takes the same flags:
 
     python -m phyai_ros.predict --checkpoint DIR [--tokenizer tokenizer.model] [--norm-stats norm_stats.json] \
         --inputs inputs.safetensors [--tasks-json inputs.json | --task "..."] [--noise noise.safetensors|KEY] \
@@ -11,7 +11,8 @@ the same flags:
         [--device cpu|cuda] [--dtype float32|bfloat16] --output actions.safetensors \
         [--expected expected.safetensors [--tolerance 1e-4]]
 
---tokenizer / --norm-stats: for families that read such files (pi0, pi0.5; GR00T N1.7 reads its own folders).
+--tokenizer / --norm-stats: for families that read such files (pi0, pi0.5; GR00T N1.7 and Cosmos3 read their own
+folders); --options: a family's run settings (Cosmos3: num_steps=4;guidance=3.0; a case carries its own).
 Optional inputs: noise (x at the flow's start) and rtc.prev_chunk_left_over [B, n, D] (normalized action space,
 as the fixtures; --prev-left-over-space robot for robot units). --case NAME takes that case's facts from
 --tasks-json and compares against the expected keys prefixed "NAME." ("plain" = no prefix).

@@ -182,13 +182,17 @@ def test_fused_forms_decline_what_the_kernels_cannot_take(monkeypatch):
     cuda = torch.device("cuda")
     names = [cand.name for cand in dispatch.SELECTOR.candidates["expert_stack"]]
     assert names[-1] == "unfused" and names[0] == "kernels"
+    # every fused form is profiled-only (slower than today's path on the H200: docs/benchmarks.md, issue 21)
     assert [cand.name for cand in dispatch.SELECTOR.candidates["expert_stack"] if not cand.profiled_only] == \
-        ["kernels", "unfused"]
+        ["unfused"]
     args = (h, layers, kv, ctx, norms, 1e-6)
-    if _common.HAVE_TRITON:   # the default on a GPU for few rows, the reference for many
+    if _common.HAVE_TRITON:   # the reference by default; a profile naming a fused form that takes the rows, that one
         from phyai_ros.layers import selector   # a CPU-only torch here: no CUDA queries
         monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
         monkeypatch.setattr(selector, "device_signature", lambda device: "cuda:test")
-        assert dispatch.SELECTOR.choose("expert_stack", "k", cuda, args).name == "kernels"
+        assert dispatch.SELECTOR.choose("expert_stack", "k", cuda, args).name == "unfused"
+        profiled = dispatch.SELECTOR.derive()
+        profiled.profile["cuda:test"] = {"expert_stack": {"k": "kernels"}}
+        assert profiled.choose("expert_stack", "k", cuda, args).name == "kernels"
         wide = (torch.zeros(B, 40, 64), layers, kv, ctx._replace(cos=torch.zeros(B, 40, 32)), norms, 1e-6)
-        assert dispatch.SELECTOR.choose("expert_stack", "k", cuda, wide).name == "unfused"
+        assert profiled.choose("expert_stack", "k", cuda, wide).name == "unfused"   # more rows than it takes

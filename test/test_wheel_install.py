@@ -118,7 +118,7 @@ def test_predict_runs_from_the_wheel_outside_the_source_tree(target, tmp_path):
     assert float(found.group(1)) < 1e-4
     help_run = run_installed(target, [str(target / "bin" / "phyai-predict"), "--help"], cwd=tmp_path)
     assert help_run.returncode == 0 and "--checkpoint" in help_run.stdout, help_run.stderr
-    assert "pi0.5, pi0 and GR00T N1.7" in " ".join(help_run.stdout.split())   # every family it runs
+    assert "pi0.5, pi0, GR00T N1.7 and Cosmos3" in " ".join(help_run.stdout.split())   # every family it runs
 
 
 def test_only_the_node_needs_ros(target, tmp_path):
@@ -160,16 +160,16 @@ def lock_pins() -> dict:
 def test_wheel_requirements_are_the_locked_versions(target):
     """Every requirement of the package and of its CPU extras is satisfied by the version requirements.lock pins
     (the set CI runs), and torch is exactly the lock's, so `pip install .` cannot trade it for another build. The
-    flashinfer extra is GPU-only and not in the CPU lock."""
+    flashinfer extra is GPU-only and the cosmos3-reference test extra pins a reference: neither is in the CPU lock."""
     from packaging.requirements import Requirement
     (dist,) = [d for d in metadata.distributions(path=[str(target)]) if d.metadata["Name"] == "phyai_ros"]
     pins = lock_pins()
     checked = set()
     for text in dist.requires:
         req = Requirement(text)
-        extra = re.search(r"extra == \"(\w+)\"", str(req.marker)) if req.marker else None
-        if extra and extra.group(1) == "flashinfer":
-            continue
+        extra = re.search(r"extra == \"([\w-]+)\"", str(req.marker)) if req.marker else None
+        if extra and extra.group(1) in ("flashinfer", "cosmos3-reference"):
+            continue   # GPU-only, and a test-only reference (the versions the Cosmos3 fixtures were made with)
         name = re.sub(r"[-_.]+", "-", req.name).lower()
         assert name in pins, f"{req} is not pinned in requirements.lock"
         assert req.specifier.contains(pins[name], prereleases=True), f"{req} excludes the lock's {name}=={pins[name]}"

@@ -82,6 +82,7 @@ class PolicyNode(LifecycleNode):
         self.active = False
         self.configure_error = ""
         self._action_timer = None
+        self._diagnostics_timer = None
         self._entities: list = []   # subscriptions, timers and publishers made at configure, destroyed at cleanup
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -98,6 +99,9 @@ class PolicyNode(LifecycleNode):
 
     def on_activate(self, state) -> TransitionCallbackReturn:
         self._action_timer = self.create_timer(self.p.control.dt, self._guarded("action timer", self._tick))
+        # The executor serves timers due together in the order they were made: the report follows the tick it
+        # reports on (a stepped replay reads from it whether the tick's inference is still in flight).
+        self._restart_diagnostics_timer()
         self.active = True
         self.get_logger().info("active: acting on the robot")
         return super().on_activate(state)
@@ -135,9 +139,16 @@ class PolicyNode(LifecycleNode):
                                        self._report_cut, lambda exc: self.loop.report_bad_input(
                                            "callback_errors", f"instruction: {type(exc).__name__}: {exc}"))
         self._make_subscriptions()
-        self._entities.append(self.create_timer(self.p.diagnostics.period,
-                                                self._guarded("diagnostics", self._publish_diagnostics)))
+        self._restart_diagnostics_timer()
         self.get_logger().info("configured: inputs are buffered; activate to act")
+
+    def _restart_diagnostics_timer(self) -> None:
+        old = self._diagnostics_timer
+        if old is not None and old in self._entities:
+            self._entities.remove(old)
+            self.destroy_timer(old)
+        self._diagnostics_timer = self._made(self.create_timer(self.p.diagnostics.period,
+                                                               self._guarded("diagnostics", self._publish_diagnostics)))
 
     def _stop_acting(self) -> None:
         """The action timer stops; the deadline policy's safe behaviour is the last word to the robot."""
@@ -158,6 +169,7 @@ class PolicyNode(LifecycleNode):
                                                                                     self.destroy_publisher)
             destroy(entity)
         self._entities.clear()
+        self._diagnostics_timer = None
         if self.loop is not None:
             self.loop.close()
         self.loop, self.policy = None, None

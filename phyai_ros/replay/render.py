@@ -192,7 +192,8 @@ def session_counts(num: dict) -> str:
 
 def snapshots_sentence(acc: dict) -> str:
     """What the accounting's snapshot count is, and why a topic's used messages can be fewer."""
-    return (f"Snapshots: {acc['snapshots']} (one per recorded chunk, the replay's tail included), {acc['verified']} "
+    return (f"Snapshots: {acc.get('snapshots', 0)} (one per recorded chunk, the replay's tail included), "
+            f"{acc.get('verified', 0)} "
             f"observation stamps verified ({acc.get('races', 0)} after resolving a delivery race). A message that "
             "stayed the newest of its topic over several snapshots is one used message taken by each: 'taken by "
             "snapshots' counts the snapshots.")
