@@ -28,7 +28,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._common import (HAVE_TRITON, available, check_tensors, next_power_of_2, num_sms, pdl, rows_view, tl, triton,
+from .common import (HAVE_TRITON, available, check_tensors, next_power_of_2, num_sms, pdl, rows_view, tl, triton,
                       wait_for_producer)
 
 __all__ = ["available", "ada_rms_norm", "gated_residual_ada_rms_norm",
@@ -47,7 +47,7 @@ def ada_rms_norm_ref(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
                      tokens_per_item: Optional[int] = None, eps: float = 1e-6) -> torch.Tensor:
     """Eager AdaRMSNorm (fp32 math, output in x.dtype); also the bench baseline."""
     x2 = x.reshape(-1, x.shape[-1])
-    t = _tokens(x2.shape[0], scale.shape[0], tokens_per_item)
+    t = item_tokens(x2.shape[0], scale.shape[0], tokens_per_item)
     xf = _per_item(x2, t).float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     y = y * (1.0 + scale[:, None, :].float()) + shift[:, None, :].float()
@@ -61,7 +61,7 @@ def gated_residual_ada_rms_norm_ref(residual: torch.Tensor, y: torch.Tensor, gat
     """Eager ``residual + y * gate`` in the activation dtype (the unfused path: the
     product is rounded, then the sum), then AdaRMSNorm."""
     r2 = residual.reshape(-1, residual.shape[-1])
-    t = _tokens(r2.shape[0], gate.shape[0], tokens_per_item)
+    t = item_tokens(r2.shape[0], gate.shape[0], tokens_per_item)
     prod = (_per_item(y.reshape(r2.shape), t) * gate[:, None, :]).to(residual.dtype)
     new_residual = (_per_item(r2, t) + prod).to(residual.dtype).reshape(residual.shape)
     return new_residual, ada_rms_norm_ref(new_residual, scale, shift, t, eps)
@@ -98,7 +98,7 @@ if HAVE_TRITON:
         tl.store(OUT + rows[:, None] * so + cols[None, :], y.to(OUT.dtype.element_ty), mask=mask)
 
 
-def _tokens(n_rows: int, n_items: int, tokens_per_item: Optional[int]) -> int:
+def item_tokens(n_rows: int, n_items: int, tokens_per_item: Optional[int]) -> int:
     if tokens_per_item is None:
         if n_items <= 0 or n_rows % n_items:
             raise ValueError(f"{n_rows} rows are not a whole number of tokens per item for B={n_items}")
@@ -108,7 +108,7 @@ def _tokens(n_rows: int, n_items: int, tokens_per_item: Optional[int]) -> int:
     return int(tokens_per_item)
 
 
-def _check_mod(t: torch.Tensor, name: str, n_cols: int) -> None:
+def check_mod(t: torch.Tensor, name: str, n_cols: int) -> None:
     if t.dim() != 2 or t.shape[1] != n_cols:
         raise ValueError(f"{name} must be [B, {n_cols}], got {tuple(t.shape)}")
 
@@ -156,12 +156,12 @@ def ada_rms_norm(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
     """
     check_tensors(("x", x), ("scale", scale), ("shift", shift))
     n_cols = x.shape[-1]
-    _check_mod(scale, "scale", n_cols)
-    _check_mod(shift, "shift", n_cols)
+    check_mod(scale, "scale", n_cols)
+    check_mod(shift, "shift", n_cols)
     if shift.shape[0] != scale.shape[0]:
         raise ValueError("scale and shift must have the same B")
     x2 = rows_view(x, "x")
-    t = _tokens(x2.shape[0], scale.shape[0], tokens_per_item)
+    t = item_tokens(x2.shape[0], scale.shape[0], tokens_per_item)
     out = _new_or_check(out, x, "out")
     o2 = rows_view(out, "out")
     _launch(x2, x2, scale, scale, shift, o2, o2, t, eps, gated=False)
@@ -189,12 +189,12 @@ def gated_residual_ada_rms_norm(residual: torch.Tensor, y: torch.Tensor, gate: t
         raise ValueError(f"y must match residual ({tuple(residual.shape)} {residual.dtype}), "
                          f"got {tuple(y.shape)} {y.dtype}")
     for name, t in (("gate", gate), ("scale", scale), ("shift", shift)):
-        _check_mod(t, name, n_cols)
+        check_mod(t, name, n_cols)
         if t.shape[0] != gate.shape[0]:
             raise ValueError("gate, scale and shift must have the same B")
     r2 = rows_view(residual, "residual")
     y2 = rows_view(y, "y")
-    t = _tokens(r2.shape[0], gate.shape[0], tokens_per_item)
+    t = item_tokens(r2.shape[0], gate.shape[0], tokens_per_item)
     out = _new_or_check(out, residual, "out")
     residual_out = _new_or_check(residual_out, residual, "residual_out")
     _launch(r2, y2, gate, scale, shift, rows_view(out, "out"), rows_view(residual_out, "residual_out"),

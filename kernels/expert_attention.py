@@ -23,8 +23,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._common import HAVE_TRITON, num_sms, prefetch_l2, tl, triton
-from .expert_gemm import _MAX_SPLITS, MAX_SPLITS, _cdiv
+from .common import HAVE_TRITON, num_sms, prefetch_l2, tl, triton
+from .expert_gemm import MAX_SPLITS_CONST, MAX_SPLITS, cdiv
 from .split_kv_attention import split_kv_attention_ref
 
 __all__ = ["AttentionPlan", "attention_plan", "expert_attention_ref"]
@@ -61,13 +61,13 @@ def attention_plan(batch: int, n_kv_heads: int, group: int, tokens: int, keys: i
     """Key chunks so that the tiles give every multiprocessor about ``tiles_per_sm`` of them (chunks of at least
     two key blocks); ``splits`` fixes the count (1: every tile sees all keys and writes directly)."""
     n_rows = group * tokens
-    n_mt = _cdiv(n_rows, block_m)
+    n_mt = cdiv(n_rows, block_m)
     if splits is None:
         splits = max(1, min(tiles_per_sm * num_sms(device) // max(1, n_mt * batch * n_kv_heads),
                             keys // (2 * block_n)))
     splits = min(splits, MAX_SPLITS)
-    chunk = _cdiv(_cdiv(keys, splits), block_n) * block_n
-    splits = _cdiv(keys, chunk)
+    chunk = cdiv(cdiv(keys, splits), block_n) * block_n
+    splits = cdiv(keys, chunk)
     n_tiles = batch * n_kv_heads * n_mt * splits
     ws = n_tiles * block_m * (d + 2) if splits > 1 else 0
     warps = num_warps or (4 if block_m * d <= 16 * 256 else 8)
@@ -185,7 +185,7 @@ if HAVE_TRITON:
                 m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
                 l_run = tl.zeros([BLOCK_M], tl.float32)
                 a_run = tl.zeros([BLOCK_M, D], tl.float32)
-                for q_s in tl.static_range(_MAX_SPLITS):   # unrolled: the loads of every split in flight at once
+                for q_s in tl.static_range(MAX_SPLITS_CONST):   # unrolled: the loads of every split in flight at once
                     part = first + q_s * slot
                     here = q_s < n_splits
                     m_s = tl.load(part + r, mask=here, other=float("-inf"), cache_modifier=".cg")

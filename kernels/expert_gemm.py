@@ -30,7 +30,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._common import HAVE_TRITON, next_power_of_2, num_sms, prefetch_l2, tl, triton
+from .common import HAVE_TRITON, next_power_of_2, num_sms, prefetch_l2, tl, triton
 
 __all__ = ["RESID", "ROPE", "GEGLU", "MAX_SPLITS", "GemmPlan", "gemm_plan", "row_norm_ref", "norm_qkv_rope_ref",
            "norm_geglu_ref", "gated_residual_ref"]
@@ -39,7 +39,7 @@ __all__ = ["RESID", "ROPE", "GEGLU", "MAX_SPLITS", "GemmPlan", "gemm_plan", "row
 RESID, ROPE, GEGLU = (tl.constexpr(i) for i in range(3)) if HAVE_TRITON else (0, 1, 2)
 # At most this many K splits: the last tile's sum over them is unrolled, so its loads are all in flight at once.
 MAX_SPLITS = 8
-_MAX_SPLITS = tl.constexpr(MAX_SPLITS) if HAVE_TRITON else MAX_SPLITS
+MAX_SPLITS_CONST = tl.constexpr(MAX_SPLITS) if HAVE_TRITON else MAX_SPLITS
 
 
 # --------------------------------------------------------------------------- references (fp32 torch)
@@ -95,7 +95,7 @@ def gated_residual_ref(x, weight, h, gate: Optional[torch.Tensor], tokens: int):
 
 
 # --------------------------------------------------------------------------- launch plan
-def _cdiv(a: int, b: int) -> int:
+def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -121,12 +121,12 @@ def gemm_plan(m: int, n_blocks: int, k: int, device: torch.device, *, paired: bo
     """Split K until the tiles give every multiprocessor about ``tiles_per_sm`` of them (each split >= 2 K
     blocks); ``splits`` fixes it. Grid choices follow the device's SM count (Thor 20, H200 132)."""
     bm = block_m or min(64, max(16, next_power_of_2(m)))
-    n_mt = _cdiv(m, bm)
+    n_mt = cdiv(m, bm)
     if splits is None:
         splits = max(1, min(tiles_per_sm * num_sms(device) // max(1, n_blocks * n_mt), k // (2 * block_k)))
     splits = min(splits, MAX_SPLITS)
-    k_per = _cdiv(_cdiv(k, splits), block_k) * block_k
-    splits = _cdiv(k, k_per)
+    k_per = cdiv(cdiv(k, splits), block_k) * block_k
+    splits = cdiv(k, k_per)
     n_tiles = n_blocks * n_mt * splits
     ws = n_tiles * 2 * bm * block_n if splits > 1 else 0    # a slot holds both halves' partials
     stages = max(1, min(num_stages, k_per // block_k))      # no deeper than the K loop is long
@@ -287,7 +287,7 @@ if HAVE_TRITON:
                 tl.debug_barrier()
                 tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 tot_hi = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for q in tl.static_range(_MAX_SPLITS):   # unrolled: every split's load issued up front
+                for q in tl.static_range(MAX_SPLITS_CONST):   # unrolled: every split's load issued up front
                     tot += tl.load(first + q * slot + blk, mask=q < splits, other=0.0, cache_modifier=".cg")
                     if MODE != 0:
                         tot_hi += tl.load(first + q * slot + BLOCK_M * BLOCK_N + blk, mask=q < splits, other=0.0,

@@ -40,12 +40,12 @@ from typing import Optional, Sequence
 
 import torch
 
-from ._common import (HAVE_TRITON, available, check_tensors, interpret_mode, next_power_of_2, num_sms, pdl, require_triton,
+from .common import (HAVE_TRITON, available, check_tensors, interpret_mode, next_power_of_2, num_sms, pdl, require_triton,
                       tl, triton, wait_for_producer)
 from .expert_attention import LOG2E, attention_plan, expert_attention_ref
-from .expert_gemm import (GEGLU, RESID, ROPE, _cdiv, gated_residual_ref, gemm_plan, norm_geglu_ref, norm_qkv_rope_ref,
+from .expert_gemm import (GEGLU, RESID, ROPE, cdiv, gated_residual_ref, gemm_plan, norm_geglu_ref, norm_qkv_rope_ref,
                           row_norm_ref)
-from .split_kv_attention import _mask_strides
+from .split_kv_attention import mask_strides
 
 __all__ = ["available", "StackLaunch", "ROWS", "QKV", "ATTN", "OPROJ", "GATE_UP", "DOWN", "FINAL", "LAYER", "LAUNCHES",
            "DEFAULT_TILING", "expert_stack", "expert_stack_ref", "stack_plans", "kernels_per_step"]
@@ -441,7 +441,7 @@ class StackLaunch:
         if mask is not None:
             if mask.device != dev:
                 raise ValueError("mask must be on h's device")
-            mask_mode, per_key, smb, smq, smk = _mask_strides(mask, b, t, p + t)
+            mask_mode, per_key, smb, smq, smk = mask_strides(mask, b, t, p + t)
         else:
             mask_mode, per_key, smb, smq, smk = 0, True, 0, 0, 0
             mask = h
@@ -462,7 +462,7 @@ class StackLaunch:
         self.counters = torch.zeros(max(pq.n_pb * pq.n_mt, po.n_pb * po.n_mt, pg.n_pb * pg.n_mt,
                                         pd.n_pb * pd.n_mt, b * hkv * pa.n_mt) + 2, dtype=torch.int32, device=dev)
         rm = self.tiling["rows_block_m"]
-        r_mt = _cdiv(m, rm)
+        r_mt = cdiv(m, rm)
         self.rows_tiles = r_mt * pd.n_pb
         self.on_cuda = dev.type == "cuda" and not interpret_mode()
         self.launch_kw = pdl(dev)

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import (HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, rows_view, tl, triton,
+from .common import (HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, rows_view, tl, triton,
                       wait_for_producer)
 
 __all__ = ["available", "geglu", "geglu_ref"]

@@ -25,7 +25,7 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
-from ._common import (HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, rows_view, tl, triton,
+from .common import (HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, rows_view, tl, triton,
                       wait_for_producer)
 
 __all__ = ["available", "layer_norm", "add_layer_norm", "layer_norm_ref", "add_layer_norm_ref"]

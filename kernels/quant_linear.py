@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from ._common import (HAVE_TRITON, available, interpret_mode, num_sms, pdl, require_triton, tl, triton,
+from .common import (HAVE_TRITON, available, interpret_mode, num_sms, pdl, require_triton, tl, triton,
                       wait_for_producer)
 
 __all__ = ["available", "FP8_MAX", "pack_int4", "unpack_int4", "dequantize", "quantize_activations_ref",
@@ -301,7 +301,7 @@ def quant_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, group: i
                  bias: Optional[torch.Tensor] = None, act: Optional[str] = None, **tiling) -> torch.Tensor:
     """act(x @ w^T + bias) for a quantized weight -> [..., N] in x.dtype (act None or "gelu_tanh"); one kernel
     where the launch has one K split, else the split sum applies the epilogue."""
-    from .skinny_linear import ACTS, _sum_splits_kernel
+    from .skinny_linear import ACTS, sum_splits_kernel
     if act not in ACTS:
         raise ValueError(f"act must be one of {ACTS}, got {act!r}")
     y, part = _launch(x, q, scale, group, act_quant, act_scale, direct=True, bias=bias, act=act, **tiling)
@@ -310,7 +310,7 @@ def quant_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, group: i
         s, m, _ = part.shape
         y = torch.empty(m, n, dtype=x.dtype, device=x.device)
         block = 1024
-        _sum_splits_kernel[(triton.cdiv(m * n, block),)](part, y, part if bias is None else bias, m, n, s,
+        sum_splits_kernel[(triton.cdiv(m * n, block),)](part, y, part if bias is None else bias, m, n, s,
                                                          part.stride(0), n, n, BLOCK=block, **pdl(x.device),
                                                          HAS_BIAS=bias is not None, ACT=ACTS.index(act))
     return y.view(*x.shape[:-1], n)

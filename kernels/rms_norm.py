@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._common import (HAVE_TRITON, available, check_tensors, next_power_of_2, num_sms, pdl, rows_view, tl, triton,
+from .common import (HAVE_TRITON, available, check_tensors, next_power_of_2, num_sms, pdl, rows_view, tl, triton,
                       wait_for_producer)
 
 __all__ = ["available", "rms_norm", "add_rms_norm", "rms_norm_ref", "add_rms_norm_ref"]

@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._common import HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, tl, triton, wait_for_producer
+from .common import HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, tl, triton, wait_for_producer
 from .rms_norm import rms_norm_ref
 
 __all__ = ["available", "qkv_rope", "qkv_rope_ref"]

@@ -28,8 +28,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._common import HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, tl, triton, wait_for_producer
-from .ada_rms_norm import _check_mod, _tokens, gated_residual_ada_rms_norm_ref
+from .common import HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, tl, triton, wait_for_producer
+from .ada_rms_norm import check_mod, item_tokens, gated_residual_ada_rms_norm_ref
 from .geglu import geglu_ref
 from .layer_norm import add_layer_norm_ref
 from .rms_norm import add_rms_norm_ref
@@ -228,11 +228,11 @@ def norm_from_partials(part: torch.Tensor, x: torch.Tensor, residual: torch.Tens
     r2 = _residual_rows(residual, m, n, x.dtype)
     if mod:
         for name, t in zip(("gate", "scale", "shift"), mod):
-            _check_mod(t, name, n)
+            check_mod(t, name, n)
         if not mod[0].shape[0] == mod[1].shape[0] == mod[2].shape[0]:
             raise ValueError("gate, scale and shift must have the same B")
         gate, scale, shift = mod
-        tokens = _tokens(m, gate.shape[0], tokens_per_item)
+        tokens = item_tokens(m, gate.shape[0], tokens_per_item)
     else:
         if norm_w.shape != (n,):
             raise ValueError(f"norm weight must be [{n}], got {tuple(norm_w.shape)}")

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from ._common import HAVE_TRITON, available, check_tensors, num_sms, pdl, prefetch_l2, tl, triton, wait_for_producer
+from .common import HAVE_TRITON, available, check_tensors, num_sms, pdl, prefetch_l2, tl, triton, wait_for_producer
 
 __all__ = ["available", "skinny_linear", "linear_ref", "MAX_ROWS", "skinny_rows", "split_plan", "skinny_partials",
            "gemm_launch"]
@@ -81,7 +81,7 @@ if HAVE_TRITON:
         tl.store(dst, acc.to(P.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
     @triton.jit
-    def _sum_splits_kernel(P, Y, B, M, N, SPLITS, spk, spm, sym, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    def sum_splits_kernel(P, Y, B, M, N, SPLITS, spk, spm, sym, BLOCK: tl.constexpr, PDL: tl.constexpr,
                            HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0):
         wait_for_producer(PDL)
         pid = tl.program_id(0)
@@ -177,6 +177,6 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
         part = skinny_partials(x2, weight, block_n=block_n, block_k=block_k, num_warps=num_warps,
                                num_stages=num_stages, splits=s, prefetch=prefetch)
         block = 1024
-        _sum_splits_kernel[(triton.cdiv(m * n, block),)](part, y, b, m, n, s, part.stride(0), n, n, BLOCK=block,
+        sum_splits_kernel[(triton.cdiv(m * n, block),)](part, y, b, m, n, s, part.stride(0), n, n, BLOCK=block,
                                                          **pdl(x.device), **epi)
     return y.view(*x.shape[:-1], n)

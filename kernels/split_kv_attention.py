@@ -43,7 +43,7 @@ from typing import Optional, Tuple
 import torch
 
 from .rope import qkv_rope_ref, split_heads
-from ._common import (HAVE_TRITON, available, check_tensors, next_power_of_2, num_sms, pdl, tl, triton,
+from .common import (HAVE_TRITON, available, check_tensors, next_power_of_2, num_sms, pdl, tl, triton,
                       wait_for_producer)
 
 __all__ = ["available", "split_kv_attention", "split_kv_attention_ref", "rope_split_kv_attention",
@@ -72,7 +72,7 @@ def _mask_3d(mask: Optional[torch.Tensor], B: int, Lq: int, Lk: int) -> Optional
     return m.expand(B, m.shape[1], Lk)
 
 
-def _mask_strides(mask: torch.Tensor, B: int, Lq: int, Lk: int):
+def mask_strides(mask: torch.Tensor, B: int, Lq: int, Lk: int):
     """(mode, per_key, stride_b, stride_q, stride_k) of a mask broadcast to [B, Lq, Lk],
     read from its shape/strides without building views (cheap on the host)."""
     if mask.dtype == torch.bool:
@@ -325,7 +325,7 @@ def split_kv_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.
     scale = D ** -0.5 if scale is None else float(scale)
 
     if mask is not None:
-        mask_mode, per_key, smb, smq, smk = _mask_strides(mask, B, Lq, Lk)
+        mask_mode, per_key, smb, smq, smk = mask_strides(mask, B, Lq, Lk)
         if mask.device != q.device:
             raise ValueError("mask must be on q's device")
     else:

@@ -78,7 +78,7 @@ def _map_checkout_kernels() -> None:
     here = Path(__file__).resolve().parent
     kernels = here.parent / "kernels"
     name = f"{__name__}.kernels"
-    if name in sys.modules or (here / "kernels").is_dir() or not (kernels / "_common.py").is_file():
+    if name in sys.modules or (here / "kernels").is_dir() or not (kernels / "common.py").is_file():
         return
     spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
     spec.submodule_search_locations = [str(kernels)]

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
             rows = valid_query_rows(op, a)
             fns = {c.name: c.fn for c in sel.candidates[op]
                    if (c.supports is None or c.supports(*a)) and c.available() and c.name != "torch"}
-            fns["sdpa"] = lambda *x: dispatch._sdpa(*cat(*x))
+            fns["sdpa"] = lambda *x: dispatch.sdpa(*cat(*x))
             fns["torch (reference op)"] = sel.candidates[op][-1].fn
             fi = fb.attention_with_prefix if kind == "expert" else fb.attention
             fns["flashinfer, no mask"] = lambda *x: fi(*x[:-1], None)

@@ -270,12 +270,12 @@ def main() -> None:
     if runner.use_graphs:
         stages = {"vision": bucket.vision.replay, "prefix": bucket.prefix.replay, "loop": bucket.loop.replay}
     else:  # the same stage functions, eagerly
-        embs = runner._vision(bucket.images, bucket.image_masks, bucket.tokens, bucket.token_masks)
-        prefix_state = runner._prefix(*embs, bucket.state)
+        embs = runner.vision_stage(bucket.images, bucket.image_masks, bucket.tokens, bucket.token_masks)
+        prefix_state = runner.prefix_stage(*embs, bucket.state)
         loop_args = (prefix_state, bucket.noise, bucket.rtc_y, bucket.rtc_weights, bucket.rtc_guidance)
-        stages = {"vision": lambda: runner._vision(bucket.images, bucket.image_masks, bucket.tokens,
+        stages = {"vision": lambda: runner.vision_stage(bucket.images, bucket.image_masks, bucket.tokens,
                                                    bucket.token_masks),
-                  "prefix": lambda: runner._prefix(*embs, bucket.state), "loop": lambda: runner._loop(*loop_args)}
+                  "prefix": lambda: runner.prefix_stage(*embs, bucket.state), "loop": lambda: runner.loop_stage(*loop_args)}
     costs = flow_stage_costs(cfg.replace(token_budget=res["prefix_len_run"] - slots * cfg.siglip.num_patches),
                              1, slots, state_token=MODELS[MODEL][4])
     peak, bw = res["ceilings"]["gemm_tflops"] * 1e12, res["ceilings"]["copy_tbps"] * 1e12

@@ -9,14 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from phyai_ros.kernels import _common
+from phyai_ros.kernels import common
 from phyai_ros.layers import dispatch
 from phyai_ros.layers.selector import Candidate, OperatorSelector
 from phyai_ros.modeling.config import SiglipConfig
 from phyai_ros.modeling.siglip import SiglipEncoder
 
 # test/conftest.py switches Triton's interpreter on where there is no GPU.
-needs_interpreter = pytest.mark.skipif(not (_common.HAVE_TRITON and _common.interpret_mode()),
+needs_interpreter = pytest.mark.skipif(not (common.HAVE_TRITON and common.interpret_mode()),
                                        reason="Triton interpreter check for CPU-only machines")
 
 

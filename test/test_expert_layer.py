@@ -14,14 +14,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from phyai_ros.kernels import _common  # noqa: E402
+from phyai_ros.kernels import common  # noqa: E402
 from phyai_ros.kernels import expert_attention as ea  # noqa: E402
 from phyai_ros.kernels import expert_gemm as eg  # noqa: E402
 from phyai_ros.kernels import expert_layer as el  # noqa: E402
 from phyai_ros.layers import ops  # noqa: E402
 
-DEVICE = "cpu" if _common.interpret_mode() else "cuda"
-pytestmark = [pytest.mark.skipif(not _common.available(), reason="triton not usable here"),
+DEVICE = "cpu" if common.interpret_mode() else "cuda"
+pytestmark = [pytest.mark.skipif(not common.available(), reason="triton not usable here"),
               # the additive mask's -2.4e38 times log2(e) overflows to -inf on purpose (a masked key)
               pytest.mark.filterwarnings("ignore:overflow encountered"),
               pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")]
@@ -174,12 +174,12 @@ def test_bf16_within_its_rounding_of_fp32(monkeypatch):
     """bf16 operands: each phase rounds its output once (as the references on bf16 tensors do), so the stack
     stays within a few bf16 roundings of fp32 (the interpreter truncates where the GPU rounds to nearest,
     and multiplies bf16 dot operands as raw bits unless upcast first, as a GPU MMA effectively does)."""
-    if _common.interpret_mode():
+    if common.interpret_mode():
         from triton.runtime import interpreter
         dot = interpreter.InterpreterBuilder.create_dot
 
         def upcast_dot(self, a, b, *rest):
-            a, b = (self.cast_impl(t, _common.tl.float32) if t.dtype == _common.tl.bfloat16 else t for t in (a, b))
+            a, b = (self.cast_impl(t, common.tl.float32) if t.dtype == common.tl.bfloat16 else t for t in (a, b))
             return dot(self, a, b, *rest)
 
         monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", upcast_dot)

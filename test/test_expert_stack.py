@@ -14,7 +14,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from phyai_ros.kernels import _common  # noqa: E402
+from phyai_ros.kernels import common  # noqa: E402
 from phyai_ros.layers import dispatch, ops  # noqa: E402
 from phyai_ros.layers.expert_stack import ExpertNorms, fits  # noqa: E402
 from phyai_ros.layers.selector import OperatorSelector  # noqa: E402
@@ -25,7 +25,7 @@ from phyai_ros.models.pi0.modeling import Pi0Model  # noqa: E402
 from phyai_ros.models.pi05 import Pi05Config  # noqa: E402
 from phyai_ros.models.pi05.checkpoint import make_random_model, random_state_dict  # noqa: E402
 
-needs_interpreter = pytest.mark.skipif(not (_common.HAVE_TRITON and _common.interpret_mode()),
+needs_interpreter = pytest.mark.skipif(not (common.HAVE_TRITON and common.interpret_mode()),
                                        reason="Triton interpreter check for CPU-only machines")
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered"),
               pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")]
@@ -186,7 +186,7 @@ def test_fused_forms_decline_what_the_kernels_cannot_take(monkeypatch):
     assert [cand.name for cand in dispatch.SELECTOR.candidates["expert_stack"] if not cand.profiled_only] == \
         ["unfused"]
     args = (h, layers, kv, ctx, norms, 1e-6)
-    if _common.HAVE_TRITON:   # the reference by default; a profile naming a fused form that takes the rows, that one
+    if common.HAVE_TRITON:   # the reference by default; a profile naming a fused form that takes the rows, that one
         from phyai_ros.layers import selector   # a CPU-only torch here: no CUDA queries
         monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
         monkeypatch.setattr(selector, "device_signature", lambda device: "cuda:test")

@@ -16,7 +16,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from phyai_ros.kernels import _common  # noqa: E402
+from phyai_ros.kernels import common  # noqa: E402
 from phyai_ros.kernels import ada_rms_norm as ada  # noqa: E402
 from phyai_ros.kernels import geglu as gg  # noqa: E402
 from phyai_ros.kernels import layer_norm as ln  # noqa: E402
@@ -25,8 +25,8 @@ from phyai_ros.kernels import skinny_epilogue as se  # noqa: E402
 from phyai_ros.kernels import split_kv_attention as ska  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEVICE = "cpu" if _common.interpret_mode() else "cuda"
-needs_triton = pytest.mark.skipif(not _common.available(), reason="triton not usable here")
+DEVICE = "cpu" if common.interpret_mode() else "cuda"
+needs_triton = pytest.mark.skipif(not common.available(), reason="triton not usable here")
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 vs fp32 torch reference
 # the interpreter turns 0-d index tensors into ints through a numpy path that warns
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
@@ -132,7 +132,7 @@ def test_rms_norm_bf16_rounding_matches_eager():
     y, new_r = rn.add_rms_norm(x, r, w)
     y_ref, r_ref = rn.add_rms_norm_ref(x, r, w)
     assert new_r.dtype == torch.bfloat16
-    if _common.interpret_mode():
+    if common.interpret_mode():
         torch.testing.assert_close(new_r.float(), r_ref.float(), rtol=2 ** -7, atol=0)
     else:
         assert torch.equal(new_r, r_ref)
@@ -467,14 +467,14 @@ def _modulation(batch, width, seed):
 def bf16_dot(monkeypatch):
     """Triton 3.6's interpreter multiplies bf16 dot operands as their raw uint16 bits; upcast them first (a
     bf16 MMA on the GPU forms exact products and accumulates in fp32, as this does)."""
-    if not _common.interpret_mode():
+    if not common.interpret_mode():
         return
     from triton.runtime import interpreter
 
     dot = interpreter.InterpreterBuilder.create_dot
 
     def upcast_dot(self, a, b, *rest):
-        a, b = (self.cast_impl(t, _common.tl.float32) if t.dtype == _common.tl.bfloat16 else t for t in (a, b))
+        a, b = (self.cast_impl(t, common.tl.float32) if t.dtype == common.tl.bfloat16 else t for t in (a, b))
         return dot(self, a, b, *rest)
 
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", upcast_dot)
@@ -559,9 +559,9 @@ def test_skinny_epilogues_reject_bad_inputs():
 def test_programmatic_dependent_launch_only_where_it_exists(monkeypatch):
     """PDL keywords come as a pair (flag + launch_pdl) and only for CUDA devices of sm_90+; never on the CPU
     or under the interpreter, and PHYAI_PDL=0 turns them off."""
-    assert _common.pdl(torch.device("cpu")) == {"PDL": False}
+    assert common.pdl(torch.device("cpu")) == {"PDL": False}
     monkeypatch.setenv("PHYAI_PDL", "0")
-    assert _common.pdl(torch.device("cuda", 0)) == {"PDL": False}
+    assert common.pdl(torch.device("cuda", 0)) == {"PDL": False}
 
 
 # --------------------------------------------------------------------------- GR00T N1.7 (DiT 41 rows x 1536, Qwen3-VL)

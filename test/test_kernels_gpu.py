@@ -321,7 +321,7 @@ def test_dependent_chain_under_pdl_in_a_cuda_graph():
     has them. Replayed on fresh inputs every time, the graph must equal the torch chain: a kernel that read its
     input before its producer finished would see the previous replay's values."""
     from phyai_ros.kernels import skinny_linear as sl
-    from phyai_ros.kernels._common import pdl_enabled
+    from phyai_ros.kernels.common import pdl_enabled
 
     assert pdl_enabled(torch.device("cuda")) == (torch.cuda.get_device_capability() >= (9, 0))
     dt = torch.bfloat16

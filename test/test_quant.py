@@ -15,7 +15,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from phyai_ros.kernels import _common  # noqa: E402
+from phyai_ros.kernels import common  # noqa: E402
 from phyai_ros.kernels import quant_linear as ql  # noqa: E402
 from phyai_ros.kernels import skinny_epilogue as se  # noqa: E402
 from phyai_ros.layers import dispatch, ops  # noqa: E402
@@ -23,7 +23,7 @@ from phyai_ros.layers.quant_dispatch import torch_qlinear  # noqa: E402
 from phyai_ros.layers.quantized import QuantizedWeight, QuantScheme, apply_calibration, calibrating  # noqa: E402
 from phyai_ros.layers.selector import SELECTOR  # noqa: E402
 
-needs_kernels = pytest.mark.skipif(not (_common.available() and _common.interpret_mode()),
+needs_kernels = pytest.mark.skipif(not (common.available() and common.interpret_mode()),
                                    reason="Triton interpreter not available")
 SCHEMES = {"int8": QuantScheme.make("w8a16"), "fp8": QuantScheme.make("w8a16", "fp8"),
            "w8a8": QuantScheme.make("w8a8"), "w8a8_static": QuantScheme.make("w8a8", activations="static"),

@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from phyai_ros.kernels import _common as _triton_common
+from phyai_ros.kernels import common as _triton_common
 from phyai_ros.layers import expert_stack as _expert_stack
 from phyai_ros.layers import flashinfer_backend, ops
 from phyai_ros.layers.quantized import QuantizedWeight, qshape_key
@@ -87,7 +87,7 @@ def _torch_attention_with_prefix(q, k_prefix, v_prefix, k_suffix, v_suffix, mask
     return ops.attention(q, torch.cat([k_prefix, k_suffix], dim=2), torch.cat([v_prefix, v_suffix], dim=2), mask)
 
 
-def _sdpa(q, k, v, mask):
+def sdpa(q, k, v, mask):
     """torch SDPA (flash / memory-efficient / cuDNN backends chosen by torch); GQA by expanding K/V views."""
     b, hq, _, d = q.shape
     if k.shape[1] != hq:
@@ -219,7 +219,7 @@ SKINNY_TILINGS = {
     "triton_n16_s1": {"block_n": 16, "splits": 1, "num_stages": 4},
     "triton_n32_s1": {"block_n": 32, "splits": 1, "num_stages": 4},
     # with programmatic dependent launch (sm_90+): the weight slice is prefetched into L2 while the kernel
-    # that produces x still runs (kernels/_common.py); the same as the variant without "_pf" elsewhere
+    # that produces x still runs (kernels/common.py); the same as the variant without "_pf" elsewhere
     "triton_n32_pf": {"block_n": 32, "num_stages": 4, "prefetch": True},
     "triton_n32_k256_pf": {"block_n": 32, "block_k": 256, "prefetch": True},
     "triton_n16_s1_pf": {"block_n": 16, "splits": 1, "num_stages": 4, "prefetch": True},
@@ -231,7 +231,7 @@ def _auto_tiling(fn, *args, **kw):
     """Launch shape from (N, SMs), for GR00T's DiT GEMMs (41 rows) where no profile has an entry yet: on the
     H200 pi0.5's profile picked block_n 32 at every analogous shape, one K split where the N blocks alone fill
     the GPU (N >= 32 x SMs), else 256-wide K blocks split over the SMs. Not measured on GR00T itself."""
-    from phyai_ros.kernels._common import num_sms
+    from phyai_ros.kernels.common import num_sms
     x, weight = args[0], args[1]
     if fn is _triton_skinny_add_layer_norm:
         x, weight = args[1], args[2]
@@ -383,7 +383,7 @@ _REGISTRY = {
     # as the reference (layers/expert_stack.py).
     "expert_stack": _expert_stack.candidates(_triton_ok),
     # Long-query attention (SigLIP, the prefix): SDPA first; the split-KV kernel is a profiled option.
-    "attention": [Candidate("sdpa", _sdpa, _CUDA),
+    "attention": [Candidate("sdpa", sdpa, _CUDA),
                   *(Candidate(name, functools.partial(_triton_attention, **tiling), _CUDA, available=_triton_ok)
                     for name, tiling in PREFIX_ATTENTION_TILINGS.items()),
                   Candidate("torch", ops.attention)],

@@ -21,7 +21,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from phyai_ros.kernels import _common as _triton_common
+from phyai_ros.kernels import common as _triton_common
 from phyai_ros.layers import dispatch, ops
 from phyai_ros.layers.quantized import QuantizedWeight, observe
 from phyai_ros.layers.selector import SELECTOR, Candidate

@@ -79,13 +79,13 @@ class FlowRunner:
         self._observation_ids = itertools.count(1)
 
     # ---------------------------------------------------------------- stages as capture-safe functions
-    def _vision(self, images, image_masks, tokens, token_masks):
+    def vision_stage(self, images, image_masks, tokens, token_masks):
         return self.model.embed_prefix(images, image_masks, tokens, token_masks)
 
-    def _prefix(self, embs, pad, state):
+    def prefix_stage(self, embs, pad, state):
         return self.model.prefix_state(embs, pad, state)
 
-    def _loop(self, prefix_state, noise, y, weights, guidance):
+    def loop_stage(self, prefix_state, noise, y, weights, guidance):
         x = noise
         for k in range(self.num_steps):
             t = self.t_table[k]
@@ -195,15 +195,15 @@ class FlowRunner:
             b.state.copy_(state, non_blocking=True)
         if self.use_graphs:
             if b.vision is None:
-                b.vision = self.registry.capture(("vision",) + self._key(b), self._vision,
+                b.vision = self.registry.capture(("vision",) + self._key(b), self.vision_stage,
                                                  (b.images, b.image_masks, b.tokens, b.token_masks))
-                b.prefix = self.registry.capture(("prefix",) + self._key(b), self._prefix,
+                b.prefix = self.registry.capture(("prefix",) + self._key(b), self.prefix_stage,
                                                  (*b.vision.outputs, b.state))
             b.vision.replay()
             b.prefix.replay()
         else:
-            embs, pad = self._vision(b.images, b.image_masks, b.tokens, b.token_masks)
-            b.prefix = CapturedCall(graph=None, inputs=(), outputs=self._prefix(embs, pad, b.state))
+            embs, pad = self.vision_stage(b.images, b.image_masks, b.tokens, b.token_masks)
+            b.prefix = CapturedCall(graph=None, inputs=(), outputs=self.prefix_stage(embs, pad, b.state))
         b.prefix_for = next(self._observation_ids)
         return b
 
@@ -230,9 +230,9 @@ class FlowRunner:
             bucket.rtc_guidance.copy_(guide.guidance, non_blocking=True)
         args = (bucket.prefix.outputs, bucket.noise, bucket.rtc_y, bucket.rtc_weights, bucket.rtc_guidance)
         if not self.use_graphs:
-            return self._loop(*args)
+            return self.loop_stage(*args)
         if bucket.loop is None:
-            bucket.loop = self.registry.capture(("loop",) + self._key(bucket), self._loop, args)
+            bucket.loop = self.registry.capture(("loop",) + self._key(bucket), self.loop_stage, args)
         return bucket.loop.replay()
 
     @staticmethod
