@@ -195,7 +195,8 @@ def check(fn, args, fresh_args, refs) -> dict:
 
 # ----------------------------------------------------------------------------- part 2: timing
 def graph_ms(fn, args, reps: int = 3, replays: int = 10) -> float:
-    """Median ms of one call from a CUDA graph of ``reps`` calls (the host clock in the smoke run)."""
+    """Median ms of one call from a CUDA graph of ``reps`` calls on warm operands, the layer's steady state in
+    the denoising loop (layers.profiling.graph_time_us times cold copies instead); the host clock in the smoke run."""
     if DEVICE != "cuda":
         fn(*args)
         t = time.perf_counter()

@@ -12,20 +12,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional, Tuple
 
-from phyai_ros.models.files import CheckpointError
+from phyai_ros.models.files import CheckpointError, Fields
 
 
-def _get(cfg: dict, key: str, kind, default=None, source: Optional[Path] = None):
-    """cfg[key] as `kind` (bool / int / float / list), default when absent; a wrong type names the file."""
-    value = cfg.get(key, default)
-    ok = {bool: lambda v: isinstance(v, bool),
-          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-          str: lambda v: isinstance(v, str),
-          list: lambda v: isinstance(v, list)}[kind]
-    if value is None or not ok(value):
-        raise CheckpointError(f"{source or 'config'}: {key!r} must be a {kind.__name__}, got {value!r}")
-    return float(value) if kind is float else value
+def _reader(cfg: dict, source: Optional[Path]):
+    """g(key, kind[, default]): one typed field of a diffusers config.json (models.files.Fields names the file)."""
+    f = Fields(cfg, source or "config")
+    return lambda key, kind, *default: f.get(key, kind, default=default[0]) if default else f.get(key, kind)
 
 
 @dataclass(frozen=True)
@@ -91,7 +84,7 @@ class TransformerConfig:
     @classmethod
     def from_json(cls, cfg: dict, source: Optional[Path] = None) -> "TransformerConfig":
         """diffusers' transformer/config.json -> config; checks the policy needs (action_gen, an action_dim)."""
-        g = lambda key, kind, default=None: _get(cfg, key, kind, default, source)  # noqa: E731
+        g = _reader(cfg, source)
         if cfg.get("_class_name", "Cosmos3OmniTransformer") != "Cosmos3OmniTransformer":
             raise CheckpointError(f"{source}: transformer class {cfg.get('_class_name')!r}, Cosmos3OmniTransformer "
                                   "expected")
@@ -180,7 +173,7 @@ class VaeConfig:
 
     @classmethod
     def from_json(cls, cfg: dict, source: Optional[Path] = None) -> "VaeConfig":
-        g = lambda key, kind, default=None: _get(cfg, key, kind, default, source)  # noqa: E731
+        g = _reader(cfg, source)
         if cfg.get("_class_name", "AutoencoderKLWan") != "AutoencoderKLWan":
             raise CheckpointError(f"{source}: VAE class {cfg.get('_class_name')!r}, AutoencoderKLWan expected")
         if not g("is_residual", bool, False):
