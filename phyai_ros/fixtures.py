@@ -1,25 +1,20 @@
-"""Small model files for tests, demos and benchmarks: where the shared parity fixtures are (their tokenizer, the
-GR00T N1.7 set) and small random-weight checkpoints of any registered family (each family makes its own:
-``make_small_checkpoint`` of its adapter class). ROS-free and rosbags-free (the GPU machines have neither) and
+"""Small model files for tests, demos and benchmarks: where the shared parity fixtures are (their tokenizer) and
+small random-weight checkpoints of any registered family (each family makes its own: ``make_small_checkpoint`` of
+its adapter class; the families' own fixture sets are located by the tests, test/fixture_sets.py). ROS-free and rosbags-free (the GPU machines have neither) and
 free of the replay tools, so the demo, the test helpers (``phyai_ros.testing`` re-exports these) and the
 scripts can all use it without importing each other.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Optional
 
-from safetensors.torch import load_file
-
 from phyai_ros.models import family
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]   # folder holding the phyai_ros package
-GROOT_IMAGE_PREFIX = "raw.observation.images."
 
-__all__ = ["fixtures_dir", "tokenizer_path", "require_tokenizer", "small_model_config", "make_small_checkpoint",
-           "groot_fixture_dir", "load_groot_fixture", "require_groot_fixture", "cosmos3_fixture_dir"]
+__all__ = ["fixtures_dir", "tokenizer_path", "require_tokenizer", "small_model_config", "make_small_checkpoint"]
 
 
 def fixtures_dir() -> Path:
@@ -54,34 +49,3 @@ def make_small_checkpoint(directory, *, policy: str = "pi05", **sizes) -> Path:
     state_dim, action_dim, cameras, seed, ...); returns the folder to load. Families that copy files from the
     shared fixtures (GR00T N1.7's processor and backbone configs) get their folder."""
     return family(policy).make_small_checkpoint(directory, fixtures=fixtures_dir(), **sizes)
-
-
-# ----------------------------------------------------------------------------- the GR00T N1.7 fixture set
-def groot_fixture_dir() -> Path:
-    """The GR00T N1.7 parity fixture folder (``$PHYAI_PARITY_FIXTURES/groot_n17``; may not exist)."""
-    return fixtures_dir() / "groot_n17"
-
-
-def load_groot_fixture(folder: Optional[Path] = None) -> dict:
-    """The GR00T fixture set as the tests use it: inputs ``inp``, expected outputs ``exp``, ``meta``
-    (inputs.json) and ``images`` (camera -> uint8 [B, H, W, 3])."""
-    folder = Path(folder) if folder is not None else groot_fixture_dir()
-    inp = load_file(str(folder / "inputs.safetensors"))
-    return {"inp": inp, "exp": load_file(str(folder / "expected.safetensors")),
-            "meta": json.loads((folder / "inputs.json").read_text()),
-            "images": {k[len(GROOT_IMAGE_PREFIX):]: v for k, v in inp.items() if k.startswith(GROOT_IMAGE_PREFIX)}}
-
-
-def require_groot_fixture() -> Path:
-    """The GR00T fixture folder, or ``pytest.skip`` with the reason."""
-    folder = groot_fixture_dir()
-    if not (folder / "expected.safetensors").is_file():
-        import pytest   # only tests call this
-        pytest.skip(f"GR00T N1.7 parity fixtures not found at {folder} (set PHYAI_PARITY_FIXTURES)")
-    return folder
-
-
-# ----------------------------------------------------------------------------- Cosmos3
-def cosmos3_fixture_dir() -> Path:
-    """The Cosmos3 parity fixture folder, beside lerobot_parity (``<fixtures_dir>/../cosmos3``; may not exist)."""
-    return fixtures_dir().parent / "cosmos3"

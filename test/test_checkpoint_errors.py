@@ -168,7 +168,7 @@ def test_shards_inside_the_folder_load(small, tmp_path):
 
 def groot_copy(tmp_path, edit_json=None):
     """A copy of the GR00T N1.7 fixture checkpoint with ``edit_json(name, data)`` applied to its JSON files."""
-    from phyai_ros.fixtures import require_groot_fixture
+    from fixture_sets import require_groot_fixture
     src = require_groot_fixture() / "checkpoint"
     dst = tmp_path / "checkpoint"
     shutil.copytree(src, dst)
@@ -180,7 +180,7 @@ def groot_copy(tmp_path, edit_json=None):
 
 
 def load_groot(dst, **folders):
-    from phyai_ros.fixtures import require_groot_fixture
+    from fixture_sets import require_groot_fixture
     from phyai_ros.models.groot_n17 import load_groot_checkpoint
     fixture = require_groot_fixture()
     folders = {"base_model": str(fixture / "base_model"), "backbone": str(fixture / "backbone"), **folders}
@@ -259,7 +259,7 @@ def test_a_state_shape_of_the_wrong_type_is_named(small, tmp_path):
     ("backbone", "text_config.rope_parameters.mrope_section", [2, 2]),
 ], ids=["select_layer", "horizon", "dit_layers", "vision_width", "mrope"])
 def test_groot_config_values_are_checked_at_load_naming_the_file_and_key(tmp_path, folder, key, value):
-    from phyai_ros.fixtures import require_groot_fixture
+    from fixture_sets import require_groot_fixture
     copy = tmp_path / folder
     shutil.copytree(require_groot_fixture() / folder, copy)
     data = json.loads((copy / "config.json").read_text())

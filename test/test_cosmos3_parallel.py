@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 
-from phyai_ros.fixtures import cosmos3_fixture_dir
+from fixture_sets import cosmos3_fixture_dir
 
 BOUND = 1e-5         # relative to the output's magnitude: max-abs <= BOUND * max(1, max |one process|)
 FIX = cosmos3_fixture_dir() / "pipeline"

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from phyai_ros.fixtures import cosmos3_fixture_dir
+from fixture_sets import cosmos3_fixture_dir
 
 FIX = cosmos3_fixture_dir()
 TOL = 1e-4

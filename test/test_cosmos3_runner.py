@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from phyai_ros.fixtures import cosmos3_fixture_dir
+from fixture_sets import cosmos3_fixture_dir
 
 FIX = cosmos3_fixture_dir()
 CASE = "a2_pusht_g3_neg"          # CFG with a negative prompt: cond and uncond rows of different lengths

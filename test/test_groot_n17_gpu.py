@@ -8,7 +8,7 @@ CUDA computes), bf16 within a bound derived from bf16 itself (below), CUDA-graph
 import pytest
 import torch
 
-from phyai_ros.fixtures import groot_fixture_dir, load_groot_fixture   # ROS- and rosbags-free (GPU machines)
+from fixture_sets import groot_fixture_dir, load_groot_fixture   # ROS- and rosbags-free (GPU machines)
 
 GROOT = groot_fixture_dir()
 TOL = 1e-4

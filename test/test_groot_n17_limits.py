@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from phyai_ros.fixtures import groot_fixture_dir, load_groot_fixture
+from fixture_sets import groot_fixture_dir, load_groot_fixture
 
 GROOT = groot_fixture_dir()
 pytestmark = pytest.mark.skipif(not (GROOT / "checkpoint").is_dir(), reason=f"no GR00T N1.7 fixture at {GROOT}")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from phyai_ros.fixtures import groot_fixture_dir, load_groot_fixture
+from fixture_sets import groot_fixture_dir, load_groot_fixture
 
 GROOT = groot_fixture_dir()
 TOL = 1e-4

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from node_harness import REPO, FakeRobot, NodeProcess, load_params
-from phyai_ros.fixtures import make_small_checkpoint, require_groot_fixture
+from phyai_ros.fixtures import make_small_checkpoint
+from fixture_sets import require_groot_fixture
 from phyai_ros.messages import msg_to_chunk
 from phyai_ros.parameters import SPECS
 
@@ -145,7 +146,7 @@ def test_pi_types_refuse_an_embodiment(tmp_path):
 
 
 def test_relative_checkpoint_refuses_native_rtc():
-    from phyai_ros.fixtures import groot_fixture_dir
+    from fixture_sets import groot_fixture_dir
     from phyai_ros.policies import build_policy
     rel = require_groot_fixture() / "checkpoint_relative"
     p = groot_params(rel, **{"model.warmup_runs": 0, "state.joint_names": [f"j{i}" for i in range(13)],

@@ -24,7 +24,7 @@ import yaml
 from node_harness import (NODE_NAME, REPO, THOR_CONFIG, FakeRobot, NodeProcess, load_params, make_small_checkpoint,
                           param_arg, remapped, require_tokenizer)
 from phyai_ros import fixtures
-from phyai_ros.fixtures import require_groot_fixture
+from fixture_sets import require_groot_fixture
 from phyai_ros.parameters import SPECS
 
 LAUNCH_FILE = REPO / "launch" / "pi05_thor.launch.py"

@@ -286,7 +286,7 @@ GROOT_BOUNDS = {("w8a16",): 0.01, ("w8a8", "--parts", "vision,prefix,expert"): 0
 
 @pytest.mark.parametrize("scheme", list(GROOT_BOUNDS))
 def test_groot_quantized_checkpoint_loads_fuses_and_stays_close(tmp_path, scheme):
-    from phyai_ros.fixtures import groot_fixture_dir
+    from fixture_sets import groot_fixture_dir
     from phyai_ros.models.files import read_safetensors_file
     from phyai_ros.models.groot_n17.adapter import GrootAdapter
     g = groot_fixture_dir()
@@ -310,7 +310,7 @@ def test_groot_quantized_checkpoint_loads_fuses_and_stays_close(tmp_path, scheme
 
 
 def test_groot_refuses_static_scales(tmp_path):
-    from phyai_ros.fixtures import groot_fixture_dir
+    from fixture_sets import groot_fixture_dir
     g = groot_fixture_dir()
     if g is None or not (g / "checkpoint").is_dir():
         pytest.skip("no GR00T N1.7 fixture")

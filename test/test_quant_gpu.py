@@ -155,7 +155,7 @@ def test_groot_quantized_runner_graphs_match_eager(tmp_path, scheme):
     """A quantized GR00T N1.7 fixture checkpoint in bf16 on the GPU: its DiT's few-row GEMMs with bias and
     GELU / LayerNorm epilogues on the quantized kernels, the observation runner's CUDA graphs equal to its eager
     run, and the actions near the float model's."""
-    from phyai_ros.fixtures import groot_fixture_dir, load_groot_fixture
+    from fixture_sets import groot_fixture_dir, load_groot_fixture
     from phyai_ros.models.groot_n17 import GrootAdapter
     from phyai_ros.quant.__main__ import main as quantize
     from phyai_ros.runtime.groot_runner import GrootRunner

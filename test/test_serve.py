@@ -253,7 +253,7 @@ def test_groot_served_over_http_gets_predicts_chunk(endpoint, tmp_path):
     same observation and noise, and a request it cannot take fails alone as a 400."""
     from safetensors.torch import save_file
 
-    from phyai_ros.fixtures import load_groot_fixture, require_groot_fixture
+    from fixture_sets import load_groot_fixture, require_groot_fixture
     from phyai_ros.predict import main as predict
     folder = require_groot_fixture()
     fx = load_groot_fixture(folder)
