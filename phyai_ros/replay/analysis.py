@@ -64,6 +64,7 @@ def analyze(run: Run) -> dict:
     counters.setdefault("deadline_misses", margin["n"] - margin["k"])
     counters.setdefault("expired_chunks", int(sum(m.expired for m in margins)))
     misses, expired = counters["deadline_misses"], counters["expired_chunks"]
+    delivery = command_delivery(run)
     identity = s.get("node_identity") or {}
     return {
         "bag": str(run.path), "input_bag": s.get("bag"), "mode": s.get("mode", "recorded"), "rate": s.get("rate"),
@@ -72,7 +73,7 @@ def analyze(run: Run) -> dict:
                              identity.get("host")).describe() if identity or node else None,
         "chunks": int(counters["chunks"]), "chunks_recorded": len(run.chunks),
         "chunks_after_bag_end": int((s.get("tail_counters") or {}).get("chunks", 0)),
-        "margins": len(margins), "commands": len(session_commands(run)),
+        "margins": len(margins), "commands": delivery["n"],
         "margins_after_bag_end": int(len(all_margins) - len(margins)),
         "margin_sample_misses": margin["n"] - margin["k"],
         "model_id": run.chunks[-1][1].model_id if run.chunks else node.get("model_id", ""),
@@ -81,7 +82,7 @@ def analyze(run: Run) -> dict:
         "margin": margin,
         "latency_ms": latency_numbers(margins),
         "roofline": session_roofline(run, pairs, in_session, margins),
-        "deadline_misses": int(misses), "expired_chunks": int(expired), "commands_delivery": command_delivery(run),
+        "deadline_misses": int(misses), "expired_chunks": int(expired), "commands_delivery": delivery,
         "health": node_health(run), "counters": counters, "discontinuity": discontinuity(run, pairs),
         "accounting": s.get("accounting"), "events": run.events, "bad_output_messages": run.bad_messages,
         "foreign_reports": s.get("foreign_reports") or ({"other policy nodes": run.foreign_reports}
@@ -192,45 +193,39 @@ def session_chunks(run: Run) -> int:
     return sum(span[0] <= c.seq < span[1] for _, c in run.chunks)
 
 
-def _command_times(run: Run) -> tuple:
-    """(time of each command, session start, session end) on the timeline commands are judged on: when they
-    were received (the output bag's time) in real time; in a stepped replay the slot they are for, in
-    simulated time (when the replay received them depends on this machine)."""
+def _session_commands(run: Run) -> tuple:
+    """([(command, t)] of the commands the node published in the session (bag start to bag end), session start,
+    session end), t on the timeline commands are judged on: when they were received (the output bag's time) in
+    real time; in a stepped replay the slot they are for, in simulated time (when the replay received them
+    depends on this machine)."""
     s = run.summary or {}
     if s.get("mode") == "stepped":
-        return ([slot for _, slot, _ in run.commands], s.get("session_start_ns"), s.get("session_end_ns"))
-    return ([t for t, _, _ in run.commands], s.get("session_start_bag_ns"), s.get("session_end_bag_ns"))
-
-
-def session_commands(run: Run) -> list:
-    """The commands the node published in the session (bag start to bag end, ``_command_times``)."""
-    times, start, end = _command_times(run)
-    return [c for c, t in zip(run.commands, times) if t is None or ((start is None or t >= start)
-                                                                   and (end is None or t <= end))]
+        times, start, end = [slot for _, slot, _ in run.commands], s.get("session_start_ns"), s.get("session_end_ns")
+    else:
+        times, start, end = [t for t, _, _ in run.commands], s.get("session_start_bag_ns"), s.get("session_end_bag_ns")
+    inside = [(c, t) for c, t in zip(run.commands, times) if t is None or ((start is None or t >= start)
+                                                                          and (end is None or t <= end))]
+    return inside, start, end
 
 
 def command_delivery(run: Run) -> dict:
-    """Command delivery: the delay (tick time - slot time) p50/p99/max as the node measured
-    it (/diagnostics), and from the recorded commands (stamp = the slot it is for, bag time =
+    """Command delivery: the session's commands (``n``), the delay (tick time - slot time) p50/p99/max as the
+    node measured it (/diagnostics), and from the recorded commands (stamp = the slot it is for, bag time =
     when it was received) the slots with no command between consecutive ones (missed slots
-    and deadline-policy 'stop' slots alike) and the longest silence in the session (``_command_times``)."""
-    cmds = [(t, slot) for t, slot, _ in session_commands(run) if slot is not None]
-    out = {"n": len(session_commands(run)), "delay_p50_ms": math.nan, "delay_p99_ms": math.nan, "delay_max_ms": math.nan,
+    and deadline-policy 'stop' slots alike) and the longest silence in the session (``_session_commands``)."""
+    session, start, end = _session_commands(run)
+    out = {"n": len(session), "delay_p50_ms": math.nan, "delay_p99_ms": math.nan, "delay_max_ms": math.nan,
            "gap_slots": 0, "longest_silence_s": math.nan}
     dt_ns = run.chunks[-1][1].dt_ns if run.chunks else None
     values = next((d["margin_values"] for _, d in reversed(run.diagnostics) if "command_delay_p50_s" in
                    d.get("margin_values", {})), None)
     if values:
         out.update({f"delay_{q}_ms": float(values[f"command_delay_{q}_s"]) * 1e3 for q in ("p50", "p99", "max")})
-    if cmds:
-        slots = np.array(sorted(slot for _, slot in cmds), np.int64)
-        if dt_ns and len(slots) > 1:
-            steps = np.round(np.diff(slots) / dt_ns).astype(int)
-            out["gap_slots"] = int(np.clip(steps - 1, 0, None).sum())
-    all_times, start, end = _command_times(run)
-    in_session = {id(c) for c in session_commands(run)}
-    times = ([start] if start is not None else []) + sorted(
-        t for c, t in zip(run.commands, all_times) if id(c) in in_session and t is not None)
+    slots = np.array(sorted(slot for (_, slot, _), _ in session if slot is not None), np.int64)
+    if dt_ns and len(slots) > 1:
+        steps = np.round(np.diff(slots) / dt_ns).astype(int)
+        out["gap_slots"] = int(np.clip(steps - 1, 0, None).sum())
+    times = ([start] if start is not None else []) + sorted(t for _, t in session if t is not None)
     if end is not None and times and end > times[-1]:
         times.append(end)
     if len(times) > 1:
@@ -314,6 +309,6 @@ def discontinuity(run: Run, pairs: Dict[int, int]) -> dict:
 
 
 __all__ = ["SEGMENTS", "LEVEL_NAMES", "analyze", "margin_rules", "margin_numbers", "latency_numbers",
-           "session_roofline", "roofline_placement", "node_counters", "session_chunks", "session_commands",
+           "session_roofline", "roofline_placement", "node_counters", "session_chunks",
            "command_delivery", "node_health", "session_mask",
            "discontinuity"]
