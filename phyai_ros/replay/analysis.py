@@ -65,12 +65,12 @@ def analyze(run: Run) -> dict:
     counters.setdefault("expired_chunks", int(sum(m.expired for m in margins)))
     misses, expired = counters["deadline_misses"], counters["expired_chunks"]
     delivery = command_delivery(run)
-    identity = s.get("node_identity") or {}
     return {
         "bag": str(run.path), "input_bag": s.get("bag"), "mode": s.get("mode", "recorded"), "rate": s.get("rate"),
         "complete": s.get("complete"), "duration_s": float(mt[-1] - mt[0]) if mt.size > 1 else 0.0,
-        "node": NodeIdentity(identity.get("name", node.get("name", "?")), identity.get("pid"),
-                             identity.get("host")).describe() if identity or node else None,
+        # whose reports are judged (runbag: the summary's node, else the first policy node reporting in the bag)
+        "node": run.node.describe() if run.node is not None else (
+            NodeIdentity(node.get("name", "?")).describe() if node else None),
         "chunks": int(counters["chunks"]), "chunks_recorded": len(run.chunks),
         "chunks_after_bag_end": int((s.get("tail_counters") or {}).get("chunks", 0)),
         "margins": len(margins), "commands": delivery["n"],
