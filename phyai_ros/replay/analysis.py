@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -47,13 +47,20 @@ def _pct(a: np.ndarray, q) -> float:
     return float(np.percentile(a, q)) if a.size else math.nan
 
 
-def analyze(run: Run) -> dict:
-    """All numbers the report shows (plain Python types)."""
+def margin_session(run: Run) -> Tuple[Dict[int, int], List[bool]]:
+    """(chunk index -> its margin's index, per margin: is it the session's): how the numbers and the figures
+    both split the margins (``session_mask``)."""
+    pairs = match_chunks_and_margins(run.chunks, run.margins)
+    return pairs, session_mask(run, pairs)
+
+
+def analyze(run: Run, session: Optional[Tuple[Dict[int, int], List[bool]]] = None) -> dict:
+    """All numbers the report shows (plain Python types); ``session``: ``margin_session(run)``, when the caller
+    has it already (the report hands it to the figures too)."""
     s = run.summary or {}
     node = s.get("node", {})
     t0 = run.t0
-    pairs = match_chunks_and_margins(run.chunks, run.margins)
-    in_session = session_mask(run, pairs)
+    pairs, in_session = session if session is not None else margin_session(run)
     all_margins = [m for _, m in run.margins]
     margins = [m for m, keep in zip(all_margins, in_session) if keep]
     mt = np.array([(t - t0) / NS_PER_S for t, _ in run.margins])
@@ -310,5 +317,5 @@ def discontinuity(run: Run, pairs: Dict[int, int]) -> dict:
 
 __all__ = ["SEGMENTS", "LEVEL_NAMES", "analyze", "margin_rules", "margin_numbers", "latency_numbers",
            "session_roofline", "roofline_placement", "node_counters", "session_chunks",
-           "command_delivery", "node_health", "session_mask",
+           "command_delivery", "node_health", "margin_session", "session_mask",
            "discontinuity"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Sequence
 
 import numpy as np
 
@@ -18,9 +18,9 @@ from phyai_ros import needs_extra
 from phyai_ros.control.clock import NS_PER_S, ns_to_s
 from phyai_ros.control.roofline import y_roof, y_sequential
 from phyai_ros.replay.accounting import CATEGORIES
-from phyai_ros.replay.analysis import SEGMENTS, session_mask
+from phyai_ros.replay.analysis import SEGMENTS
 from phyai_ros.replay.render import fmt
-from phyai_ros.replay.runbag import Run, match_chunks_and_margins
+from phyai_ros.replay.runbag import Run
 
 SEG_COLORS = ("#8fb3d9", "#b5d99c", "#f2d17c", "#e8845c", "#b48ec9")   # per segment of analysis.SEGMENTS
 # Node counters shown as problems, named as in docs/design.md ("Vocabulary").
@@ -36,6 +36,7 @@ class _Plot:
 
     run: Run
     num: dict
+    in_session: Sequence[bool]
     out: Path
     plt: object
     figs: Dict[str, Path]
@@ -47,7 +48,7 @@ class _Plot:
         self.mt = np.array([(t - self.t0) / NS_PER_S for t, _ in run.margins])
         self.s_end = (run.summary or {}).get("session_end_bag_ns")
         # per margin: in the session (distributions show the session's chunks only); M_ctrl in ms
-        self.keep = np.array(session_mask(run, match_chunks_and_margins(run.chunks, run.margins)), bool)
+        self.keep = np.array(self.in_session, bool)
         self.M = np.array([m.margin for m in self.margins], float) * 1e3
         self.fin = np.isfinite(self.M)
 
@@ -65,8 +66,9 @@ class _Plot:
         self.figs[name] = path
 
 
-def make_figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
-    """Every figure of the report, one function each, written into ``out``; name -> PNG path."""
+def make_figures(run: Run, num: dict, in_session: Sequence[bool], out: Path) -> Dict[str, Path]:
+    """Every figure of the report, one function each, written into ``out``; name -> PNG path. ``in_session``:
+    per margin, whether it is the session's (``analysis.margin_session``, as the numbers split them)."""
     with needs_extra("bags", "the report's figures"):   # optional (module doc)
         import matplotlib
         matplotlib.use("Agg")
@@ -74,7 +76,7 @@ def make_figures(run: Run, num: dict, out: Path) -> Dict[str, Path]:
 
     plt.rcParams.update({"font.size": 9, "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
                          "axes.spines.right": False})
-    p = _Plot(run, num, out, plt, {})
+    p = _Plot(run, num, in_session, out, plt, {})
     for figure in (_figure_roofline, _figure_margin, _figure_latency_time, _figure_latency_hist,
                    _figure_discontinuity, _figure_problems, _figure_accounting):
         figure(p)

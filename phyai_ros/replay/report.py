@@ -29,7 +29,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 
 from phyai_ros.replay import render
-from phyai_ros.replay.analysis import analyze
+from phyai_ros.replay.analysis import analyze, margin_session
 from phyai_ros.replay.figures import make_figures
 from phyai_ros.replay.runbag import NotAnOutputBag, load_run, require_node_outputs
 from phyai_ros.replay.verdict import verdict
@@ -53,8 +53,9 @@ def make_report(bag, out_dir=None, formats: Sequence[str] = ("html", "md"),
     run = require_node_outputs(load_run(bag))
     out = Path(out_dir) if out_dir else Path(bag) / "report"
     out.mkdir(parents=True, exist_ok=True)
-    num = analyze(run)
-    figs = make_figures(run, num, out)
+    session = margin_session(run)
+    num = analyze(run, session)
+    figs = make_figures(run, num, session[1], out)
     v = verdict(num)
     num["verdict"] = v
     md_path = html_path = None
