@@ -28,8 +28,9 @@ from phyai_ros.control.clock import NS_PER_S
 from phyai_ros.replay.bagtypes import parse_remaps
 from phyai_ros.replay.nodeinfo import NodeInfo, reconcile_with_graph
 from phyai_ros.replay.nodeproc import PolicyNodeProcess, node_info_for, parse_param_args, replay_mode_parameters
-from phyai_ros.replay.player import MODES, ReplayNode, ReplayOptions, ReplayResult, json_default, require_ros
+from phyai_ros.replay.player import MODES, ReplayNode, ReplayOptions, ReplayResult, require_ros
 from phyai_ros.replay.report import make_report
+from phyai_ros.replay.runbag import json_default
 from phyai_ros.replay.scan import Event, check_playable, scan_bag
 
 

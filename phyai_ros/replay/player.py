@@ -44,7 +44,7 @@ from phyai_ros.control.loop import COUNTERS
 from phyai_ros.replay.recording import Received, Recording, parse_diagnostics  # noqa: F401  (public here too)
 from phyai_ros.replay.bagtypes import UnknownMessageType, ros_type, typestore
 from phyai_ros.replay.nodeinfo import NodeInfo, query_node, shared_domain
-from phyai_ros.replay.runbag import EVENTS_TOPIC, SUMMARY_TOPIC, match_chunks_and_margins
+from phyai_ros.replay.runbag import EVENTS_TOPIC, SUMMARY_TOPIC, json_default, match_chunks_and_margins
 from phyai_ros.replay.scan import CLOCK_TOPIC, Event, Session, iter_bag
 
 # rclpy, the ROS message types and the node's QoS profiles (which need rclpy), and rosbags' writer (the ``bags``
@@ -765,20 +765,6 @@ def _recorded_latched(session: Session, topic: str) -> bool:
     return session.topics.get(topic, {}).get("latched", False)
 
 
-def json_default(o):
-    """``json.dumps`` default for a replay summary: numpy scalars as numbers, paths as text, non-finite floats
-    as null."""
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, Path):
-        return str(o)
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    return str(o)
-
-
 def reconstruct_snapshots(chunks: List[Received], margins: List[Received], dt_ns: int) -> List[Snapshot]:
     """One snapshot per published chunk.  Its ControlMargin (``chunk_seq``; published on the tick that
     adopts or expires it) makes the snapshot time exact: observation stamp + L_observe + L_transfer.
@@ -798,4 +784,4 @@ def reconstruct_snapshots(chunks: List[Received], margins: List[Received], dt_ns
 
 
 __all__ = ["require_ros", "ReplayNode", "ReplayOptions", "ReplayResult", "Received", "SessionBounds", "reconstruct_snapshots", "parse_diagnostics",
-           "SUMMARY_TOPIC", "EVENTS_TOPIC", "MODES", "ros_type", "json_default"]
+           "SUMMARY_TOPIC", "EVENTS_TOPIC", "MODES", "ros_type"]

@@ -26,12 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-import numpy as np
-
 from phyai_ros.replay import render
 from phyai_ros.replay.analysis import analyze, margin_session
 from phyai_ros.replay.figures import make_figures
-from phyai_ros.replay.runbag import NotAnOutputBag, load_run, require_node_outputs
+from phyai_ros.replay.runbag import NotAnOutputBag, json_default, load_run, require_node_outputs
 from phyai_ros.replay.verdict import verdict
 
 
@@ -65,17 +63,9 @@ def make_report(bag, out_dir=None, formats: Sequence[str] = ("html", "md"),
     if "html" in formats:
         html_path = out / "report.html"
         html_path.write_text(render.html(num, v, figs, run.t0, appendix))
-    (out / "report.json").write_text(json.dumps(num, indent=2, default=_json_safe, allow_nan=True))
+    (out / "report.json").write_text(json.dumps(num, indent=2, default=json_default, allow_nan=True))
     return ReportResult(out_dir=out, index=html_path or md_path, markdown=md_path, figures=figs, numbers=num,
                         verdict_line=render.verdict_line(num, v))
-
-
-def _json_safe(o):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    return str(o)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

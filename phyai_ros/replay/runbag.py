@@ -214,6 +214,16 @@ def _command_topic(reader, summary: Optional[dict]) -> Optional[str]:
     return best
 
 
+def json_default(o):
+    """``json.dumps``'s ``default`` for what the replay writes (its summary, the report's numbers): numpy scalars as
+    numbers, anything else (a path) as text. Floats never reach it: json writes them itself, NaN as ``NaN``."""
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    return str(o)
+
+
 def match_chunks_and_margins(chunks: List[Tuple[int, ActionChunk]],
                              margins: List[Tuple[int, MarginReport]]) -> Dict[int, int]:
     """chunk list index -> margin list index: a ControlMargin names its chunk (``chunk_seq``)."""
@@ -221,5 +231,5 @@ def match_chunks_and_margins(chunks: List[Tuple[int, ActionChunk]],
     return {by_seq[m.chunk_seq]: j for j, (_, m) in enumerate(margins) if m.chunk_seq in by_seq}
 
 
-__all__ = ["Run", "load_run", "check_summary", "match_chunks_and_margins", "require_node_outputs", "NotAnOutputBag",
+__all__ = ["Run", "load_run", "check_summary", "json_default", "match_chunks_and_margins", "require_node_outputs", "NotAnOutputBag",
            "SUMMARY_TOPIC", "EVENTS_TOPIC"]
