@@ -4,7 +4,7 @@ the params file it was started with, or from the declared defaults, in that orde
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -68,7 +68,6 @@ class NodeInfo:
     name: str = NODE_NAME
     use_sim_time: Optional[bool] = None
     source: str = "defaults"
-    params: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # -- construction
     @classmethod
@@ -90,7 +89,7 @@ class NodeInfo:
             eps=v.margin.eps, confidence=v.margin.confidence, min_samples=v.margin.min_samples,
             error_probability=v.margin.error_probability,
             error_consecutive_misses=v.margin.error_consecutive_misses, model_id=v.model.id,
-            compute_clock=v.control.compute_clock, name=name, use_sim_time=p.get("use_sim_time"), source=source, params=v.values())
+            compute_clock=v.control.compute_clock, name=name, use_sim_time=p.get("use_sim_time"), source=source)
 
     @classmethod
     def from_params_file(cls, path, *, name: str = NODE_NAME, overrides: Optional[Mapping[str, Any]] = None
