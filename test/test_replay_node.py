@@ -104,6 +104,19 @@ def bags(tmp_path_factory):
     return clean, clean_sql, faulty
 
 
+def test_a_stepped_replay_s_node_settings_replace_the_users(tmp_path):
+    """A stepped replay's node reports every tick and measures its compute on the stamp clock (the player refuses
+    it otherwise): PolicyNode puts both over the user's overrides, as the replay CLI does; a real-time replay's
+    report period is a default the user may change."""
+    user = {"control.dt": 0.1, "control.compute_clock": "monotonic", "diagnostics.period": 0.5}
+    with PolicyNode(checkpoint=tmp_path / "absent", overrides=user) as node:   # never loads: only its settings
+        stepped = node.info
+    with PolicyNode(checkpoint=tmp_path / "absent", overrides=user, stepped=False) as node:
+        realtime = node.info
+    assert (stepped.compute_clock, stepped.diagnostics_period, stepped.dt) == ("stamp", 0.1, 0.1)
+    assert (realtime.compute_clock, realtime.diagnostics_period) == ("monotonic", 0.5)
+
+
 def test_realtime_round_trip_accounts_for_every_message(model, bags, tmp_path):
     ckpt, tokenizer = model
     bag = bags[0]

@@ -27,7 +27,7 @@ from phyai_ros.replay.accounting import CATEGORIES
 from phyai_ros.control.clock import NS_PER_S
 from phyai_ros.replay.bagtypes import parse_remaps
 from phyai_ros.replay.nodeinfo import NodeInfo, reconcile_with_graph
-from phyai_ros.replay.nodeproc import PolicyNodeProcess, node_info_for, parse_param_args, replay_mode_parameters
+from phyai_ros.replay.nodeproc import PolicyNodeProcess, node_info_for, parse_param_args, with_replay_mode
 from phyai_ros.replay.player import MODES, ReplayNode, ReplayOptions, ReplayResult, require_ros
 from phyai_ros.replay.report import make_report
 from phyai_ros.replay.runbag import json_default
@@ -215,8 +215,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         remaps = parse_remaps(a.remap)
         info = session = None
         if a.start_node:
-            mode = replay_mode_parameters(a.params_file, overrides, a.mode == "stepped")
-            overrides.update(mode if a.mode == "stepped" else {k: v for k, v in mode.items() if k not in overrides})
+            overrides = with_replay_mode(a.params_file, overrides, a.mode == "stepped")
             info = node_info_for(a.params_file, overrides)
         elif a.params_file:
             info = NodeInfo.from_params_file(a.params_file, name=a.node, overrides=overrides)

@@ -43,6 +43,16 @@ def replay_mode_parameters(params_file, overrides: Mapping[str, Any], stepped: b
     return {"diagnostics.period": dt, "control.compute_clock": "stamp"}
 
 
+def with_replay_mode(params_file, overrides: Mapping[str, Any], stepped: bool) -> Dict[str, Any]:
+    """``overrides`` with the parameters the replay mode needs (``replay_mode_parameters``), by one rule for every
+    node the replay starts: a stepped replay's replace the user's (the player refuses a node without them), a
+    real-time one's are defaults the user may change."""
+    mode = replay_mode_parameters(params_file, overrides, stepped)
+    out = dict(overrides)
+    out.update(mode if stepped else {k: v for k, v in mode.items() if k not in out})
+    return out
+
+
 def param_arg(name: str, value: Any) -> str:
     """``name:=value`` typed the way rcl's YAML parser reads it."""
     def fmt(v) -> str:
@@ -195,9 +205,9 @@ class PolicyNode(PolicyNodeProcess):
 
     ``params_file``: default ``config/pi05_cpu_test.yaml``; ``checkpoint`` / ``tokenizer``: set
     ``model.checkpoint`` / ``model.tokenizer``; ``overrides``: more ``-p`` parameters; ``stepped``
-    (default True): one /diagnostics report per control tick, which stepped replay needs (the
-    node then needs ``control.dt`` >= 0.05, the smallest ``diagnostics.period`` it accepts); with
-    ``stepped=False`` (real-time replay) it reports at 10 Hz."""
+    (default True): one /diagnostics report per control tick and the compute measured on the stamp clock, which
+    stepped replay needs (these replace the overrides' values; ``with_replay_mode``); with ``stepped=False``
+    (real-time replay) it reports at 10 Hz unless the overrides say otherwise."""
 
     def __init__(self, params_file=None, *, checkpoint=None, tokenizer=None,
                  overrides: Optional[Mapping[str, Any]] = None, remaps: Optional[Mapping[str, str]] = None,
@@ -208,9 +218,9 @@ class PolicyNode(PolicyNodeProcess):
             ov["model.checkpoint"] = str(checkpoint)
         if tokenizer is not None:
             ov["model.tokenizer"] = str(tokenizer)
-        ov.update({k: v for k, v in replay_mode_parameters(params_file, ov, stepped).items() if k not in ov})
-        super().__init__(params_file, overrides=ov, remaps=remaps, use_sim_time=True, log_path=log_path)
+        super().__init__(params_file, overrides=with_replay_mode(params_file, ov, stepped), remaps=remaps,
+                         use_sim_time=True, log_path=log_path)
 
 
 __all__ = ["DrainedProcess", "PolicyNodeProcess", "PolicyNode", "node_info_for", "node_ros_args", "default_params_file",
-           "replay_mode_parameters", "param_arg", "parse_param_args", "PACKAGE_ROOT"]
+           "replay_mode_parameters", "with_replay_mode", "param_arg", "parse_param_args", "PACKAGE_ROOT"]
