@@ -299,11 +299,7 @@ class ControlLoop:
             last = self.timer.last
             held = None if self.config.deadline_policy == "stop" or last is None or last.action is None \
                 else np.array(last.action, dtype=np.float32)
-            self.timer.reset()
-            self._pending = None
-            self._epoch += 1
-            self._started_ns = self._last_adopted_ns = self._last_plan_ns = None
-            self.clock_rate.reset()
+            self._drop_timeline(None)
             return held
 
     def close(self, timeout: float = 1.0) -> None:
@@ -346,16 +342,22 @@ class ControlLoop:
         last = self._last_now
         if last is not None and now < last - s_to_ns(self.config.clock_jump_tolerance):
             self.buffer.reset()
-            self.timer.reset()
-            self._pending = None
-            self._epoch += 1  # an inference in flight is discarded on delivery
-            self._started_ns, self._last_adopted_ns, self._last_plan_ns = now, None, None
-            self.clock_rate.reset()
+            self._drop_timeline(now)
             self._count("clock_jumps", cbs, "clock_jump", f"stamp clock jumped back {(last - now) / 1e9:.3f} s; "
                         "observations and chunk timeline reset")
             self._last_now = now
         elif last is None or now > last:
             self._last_now = now
+
+    def _drop_timeline(self, started_ns: Optional[int]) -> None:
+        """Drop the chunk timeline (the caller holds the lock): the timer's chunks, a pending one and, by the new
+        epoch, one in flight (discarded on delivery); control counts as started at ``started_ns`` (None: at the
+        next tick)."""
+        self.timer.reset()
+        self._pending = None
+        self._epoch += 1
+        self._started_ns, self._last_adopted_ns, self._last_plan_ns = started_ns, None, None
+        self.clock_rate.reset()
 
     def _maybe_trigger(self, now: int, cbs: list) -> None:
         if self._in_flight or self._pending is not None:
