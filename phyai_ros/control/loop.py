@@ -173,6 +173,10 @@ class ControlLoop:
         self.policy = policy
         self.clock = clock if clock is not None else MonotonicClock()
         self.on_chunk, self.on_margin, self.on_event = on_chunk, on_margin, on_event
+        # The compute clock (``ControlConfig.compute_clock``), resolved once: ``compute_now()`` is now on it, int ns;
+        # on the stamp clock the compute segments need no rate conversion.
+        self._compute_on_stamp = cfg.compute_clock == "stamp"
+        self.compute_now: Callable[[], int] = self.clock.now if self._compute_on_stamp else self.clock.monotonic
         self.dt_ns = cfg.dt_ns
         self._lock = threading.RLock()
         self._counters: Dict[str, int] = {k: 0 for k in COUNTERS}
@@ -220,10 +224,6 @@ class ControlLoop:
     def delay_estimate(self) -> int:
         with self._lock:
             return self.delay.estimate()
-
-    def compute_now(self) -> int:
-        """Now on the compute clock (``ControlConfig.compute_clock``), int ns."""
-        return self.clock.now() if self.config.compute_clock == "stamp" else self.clock.monotonic()
 
     def on_image(self, slot: str, image, stamp_ns: int) -> bool:
         return self._intake(lambda now: self.buffer.put_image(slot, image, int(stamp_ns), now))
@@ -431,7 +431,7 @@ class ControlLoop:
                     stamp_ns=snap.stamp_ns, recv_ns=snap.anchor_recv_ns, snapshot_ns=snap.taken_ns,
                     ready_ns=self.clock.now(), cover_end_ns=job.cover_end_ns,
                     mono_ns=(job.snapshot_mono_ns, job.start_mono_ns, job.end_mono_ns, self.compute_now()),
-                    rate=self.clock_rate.rate() if cfg.compute_clock == "monotonic" else 1.0, server=job.server,
+                    rate=1.0 if self._compute_on_stamp else self.clock_rate.rate(), server=job.server,
                     remaining_at_trigger=job.remaining,
                     cold=job.cold)
                 chunk = ActionChunk(
