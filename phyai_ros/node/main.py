@@ -278,9 +278,9 @@ class PolicyNode(LifecycleNode):
     # -- outputs --------------------------------------------------------------------------------
     def _tick(self) -> None:
         emission = self.loop.tick()
-        if emission is None or emission.kind == "duplicate" or emission.action is None:
-            # Nothing to act on, a tick whose slot was already served (timer jitter: the command for that slot
-            # is out already and the loop counted the duplicate), or the deadline policy 'stop'.
+        if emission is None or emission.kind == "duplicate":
+            # Nothing to act on (no chunk yet, or the deadline policy 'stop'), or a tick whose slot was already
+            # served (timer jitter: the command for that slot is out already and the loop counted the duplicate).
             return
         self._publish_command(emission.action, emission.slot_ns)
 
