@@ -53,9 +53,9 @@ _PNG = b"\x89PNG\r\n\x1a\n"
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
-def compressed_size(data: bytes) -> Optional[Tuple[str, int, int]]:
-    """(format, width, height) from a PNG's IHDR or a JPEG's start-of-frame segment, read without decoding; None
-    when the data is neither (or its header is cut short)."""
+def compressed_size(data) -> Optional[Tuple[str, int, int]]:
+    """(format, width, height) from a PNG's IHDR or a JPEG's start-of-frame segment (``data``: bytes or a byte
+    memoryview), read without decoding; None when the data is neither (or its header is cut short)."""
     if data[:8] == _PNG and data[12:16] == b"IHDR" and len(data) >= 24:
         width, height = struct.unpack(">II", data[16:24])
         return "png", width, height
@@ -128,7 +128,7 @@ class ImageConverter:
     def from_compressed(self, msg) -> np.ndarray:
         if len(msg.data) == 0:
             raise ImageDecodeError("empty compressed image")
-        data = bytes(msg.data)
+        data = memoryview(msg.data)   # the header is all that is read here: no copy of the frame
         size = compressed_size(data)
         if size is None:
             raise ImageDecodeError(f"compressed image (format '{msg.format}', {len(data)} bytes starting "
