@@ -201,11 +201,14 @@ def _sections() -> Dict[str, list]:
     return out
 
 
+_SECTIONS = _sections()   # section ('' for top-level names) -> [(field, dotted name)], in table order
+
+
 def _make_classes():
     """The Parameters dataclass and one frozen dataclass per section, generated from SPECS."""
     fields = []
     sections = {}
-    for section, members in _sections().items():
+    for section, members in _SECTIONS.items():
         if not section:
             fields += [(field, Any) for field, _ in members]
             continue
@@ -223,12 +226,12 @@ class Parameters(_Values):
     ``p.max_observation_age``). Built with ``Parameters.of(values)`` from dotted names."""
 
     @classmethod
-    def of(cls, values: Mapping[str, Any] = (), *, allow_unknown: bool = False) -> "Parameters":
+    def of(cls, values: Mapping[str, Any] = ()) -> "Parameters":
         """From dotted names (missing ones take their defaults), each value type- and range-checked; unknown
         names are refused with the closest declared one as a hint."""
         values = dict(values)
         unknown = sorted(set(values) - set(SPECS))
-        if unknown and not allow_unknown:
+        if unknown:
             raise unknown_names_error(unknown)
         flat = {}
         for name, spec in SPECS.items():
@@ -238,7 +241,7 @@ class Parameters(_Values):
             flat[name] = value
         _check_together(flat)
         kwargs: Dict[str, Any] = {}
-        for section, members in _sections().items():
+        for section, members in _SECTIONS.items():
             if not section:
                 kwargs.update({field: flat[name] for field, name in members})
             else:
@@ -248,16 +251,12 @@ class Parameters(_Values):
     def values(self) -> Dict[str, Any]:
         """The dotted-name view (lists as lists), e.g. for ROS parameter files and logs."""
         out = {}
-        for section, members in _sections().items():
+        for section, members in _SECTIONS.items():
             holder = getattr(self, section) if section else self
             for field, name in members:
                 v = getattr(holder, field)
                 out[name] = list(v) if isinstance(v, tuple) else v
         return out
-
-    def get(self, name: str) -> Any:
-        section, _, field = name.rpartition(".")
-        return getattr(getattr(self, section) if section else self, field)
 
     def replace(self, **dotted: Any) -> "Parameters":
         """A copy with some dotted names changed (``p.replace(**{"control.horizon": 50})``), checked again."""
