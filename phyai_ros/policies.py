@@ -38,7 +38,7 @@ class ControlPolicy:
     """policy(snapshot, rtc) -> float32 [H, D] in robot units, for ``ControlLoop``."""
 
     def __init__(self, adapter, selector: Optional[OperatorSelector] = None, noise_seed: int = 0,
-                 model_type: str = "", op_profile: Optional[ProfileChoice] = None, min_cameras: int = 0,
+                 op_profile: Optional[ProfileChoice] = None, min_cameras: int = 0,
                  robot_cameras: Optional[Sequence[str]] = None):
         self.adapter = adapter
         # The fewest cameras an observation that reaches inference can have (the required ones): the start-up
@@ -48,8 +48,12 @@ class ControlPolicy:
         self.robot_cameras = list(robot_cameras) if robot_cameras else None
         self.selector = selector if selector is not None else SELECTOR.derive()
         self.op_profile = op_profile   # which profile file the selector uses for the policy's device (the log's)
-        self.model_type = model_type
         self.generator = torch.Generator().manual_seed(int(noise_seed))
+
+    @property
+    def model_type(self) -> str:
+        """The family (``model.type``) of the checkpoint, its adapter's."""
+        return self.adapter.family
 
     @property
     def camera_slots(self) -> list[str]:
@@ -181,7 +185,7 @@ def build_policy(p: Union[Parameters, Mapping], robot_id: str = ""):
     selector, choice = selector_for(p.model.device, p.model.op_profile or None)
     adapter = load_adapter(p)
     masks = adapter.masks_cameras
-    policy = ControlPolicy(adapter, selector, p.model.noise_seed, adapter.family, op_profile=choice,
+    policy = ControlPolicy(adapter, selector, p.model.noise_seed, op_profile=choice,
                            min_cameras=max(1, sum(map(bool, p.cameras.required))) if masks else 0,
                            robot_cameras=p.cameras.slots if masks else None)
     autotune = p.model.op_autotune and not selector.forced   # PHYAI_OPS=torch: nothing to choose
