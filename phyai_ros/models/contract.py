@@ -260,7 +260,8 @@ class PolicyAdapter(abc.ABC):
 
     @classmethod
     def quantize(cls, request: QuantizeRequest) -> QuantizeResult:
-        """The quantizer's hook: quantize ``request.checkpoint`` into a folder ``load`` loads."""
+        """The quantizer's hook: quantize ``request.checkpoint`` (a float folder: the quantizer refuses a quantized
+        one for every family) into a folder ``load`` loads."""
         raise ValueError(f"quantization is not available for {cls.family} checkpoints")
 
     @classmethod

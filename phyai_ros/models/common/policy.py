@@ -23,7 +23,6 @@ from phyai_ros.models.cases import InputError, require_finite_tensor, require_ra
 from phyai_ros.models.contract import (NO_FILES, NO_OPTIONS, CaseInfer, ModelFiles, PolicyAdapter, PredictCase,
                                        QuantizeRequest,
                                        QuantizeResult)
-from phyai_ros.models.quantized_checkpoint import read_manifest
 from phyai_ros.runtime.runner import BATCH_BUCKETS, FlowRunner
 from .image import check_uint8_hwc, preprocess_uint8_images
 from .lerobot_checkpoint import strip_image_prefix
@@ -457,8 +456,6 @@ class FlowAdapter(PolicyAdapter):
         """The model's linear weights of ``request.parts`` quantized in place, static activation scales calibrated
         on ``request.calibration``'s observations (W8A8 static), the folder written in the model's own layout."""
         scheme = request.scheme
-        if read_manifest(request.checkpoint) is not None:
-            raise ValueError(f"{request.checkpoint} is already quantized")
         static = scheme.activations == "static"
         if static:
             if request.calibration is None:
