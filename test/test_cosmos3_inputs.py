@@ -1,6 +1,7 @@
 """Cosmos3: what is read from outside is checked (checkpoint folder files, the request, settings, noise), the
 full-size configuration and its parameter count, the tokenizer's byte-level split, and the benchmark's CPU path.
 No fixtures needed: a tiny random checkpoint is written here."""
+import dataclasses
 import json
 import math
 import shutil
@@ -166,6 +167,28 @@ def test_settings_the_checkpoint_refuses(ckpt, kw, match):
     from phyai_ros.models.cosmos3 import Cosmos3Adapter
     with pytest.raises(ValueError, match=match):
         Cosmos3Adapter.from_files(ckpt, settings=settings(**kw)).prepare({"image": IMAGE}, "go")
+
+
+def test_a_bad_view_point_is_refused_wherever_settings_come_from(pol):
+    """Options, a replaced setting and a fixture case (the case runner's use_settings) all refuse a view point
+    the caption has no framing sentence for, rather than dropping it from the caption."""
+    from phyai_ros.models.cases import InputError
+    from phyai_ros.models.contract import PredictCase
+    from phyai_ros.models.cosmos3 import Cosmos3Adapter
+    with pytest.raises(ValueError, match="view point 'drone_view'"):
+        Cosmos3Adapter.check_options({"view_point": "drone_view"})
+    with pytest.raises(ValueError, match="view point 'drone_view'"):
+        dataclasses.replace(pol.settings, view_point="drone_view")
+    before = pol.settings
+    entry = {"name": "c", "num_inference_steps": 2, "guidance_scale": 2.0, "chunk_size": 4, "fps": 24.0,
+             "resolution_tier": 256, "view_point": "drone_view", "domain_name": "bridge_orig_lerobot",
+             "negative_prompt": None}
+    inputs = {"c.image_uint8": torch.from_numpy(IMAGE), "c.vision_noise": torch.zeros(1),
+              "c.action_noise": torch.zeros(4, 12)}
+    case = PredictCase(inputs, {}, torch.zeros(1, 0), ["go"], meta={"cases": [entry]}, case="c")
+    with pytest.raises(InputError, match="view point 'drone_view'"):
+        pol.case_runner(case, None)
+    assert pol.settings is before
 
 
 def test_bad_noise_and_rtc(pol):
