@@ -129,6 +129,24 @@ def test_sharded_weights_load_like_one_file(ckpt, tmp_path, pol):
         Cosmos3Adapter.from_files(folder, settings=settings())
 
 
+def test_files_linked_out_of_the_folder_are_refused(ckpt, tmp_path):
+    """A shard or a component folder that is a symlink leaving the pipeline folder is refused (models.files.inside)
+    like a '../' name, so a checkpoint cannot read files elsewhere."""
+    from phyai_ros.models.cosmos3 import load_cosmos3_checkpoint
+    folder = copy(ckpt, tmp_path)
+    t = folder / "transformer"
+    outside = tmp_path / "outside.safetensors"
+    (t / "diffusion_pytorch_model.safetensors").rename(outside)
+    (t / "a.safetensors").symlink_to(outside)
+    (t / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "a.safetensors"}}))
+    with pytest.raises(CheckpointError, match="shard file names.*not inside"):
+        load_cosmos3_checkpoint(folder)
+    shutil.move(str(folder / "vae"), str(tmp_path / "vae_elsewhere"))
+    (folder / "vae").symlink_to(tmp_path / "vae_elsewhere")
+    with pytest.raises(CheckpointError, match="component folder 'vae' is not inside"):
+        load_cosmos3_checkpoint(folder)
+
+
 # ------------------------------------------------------------------ request, settings, noise
 @pytest.mark.parametrize("images,task,match", [
     ({"image": IMAGE.astype(np.float32)}, "go", "uint8"),
