@@ -41,8 +41,8 @@ from phyai_ros.runtime.cosmos3_runner import Cosmos3Runner
 
 from .canvas import canvas_frame, check_image
 from .cases import case_entry, case_inputs, case_settings
-from .checkpoint import (Cosmos3Checkpoint, load_cosmos3_checkpoint, load_transformer_weights, load_vae_weights,
-                         write_random_checkpoint)
+from .checkpoint import (PIPELINE_CLASS, Cosmos3Checkpoint, load_cosmos3_checkpoint, load_transformer_weights,
+                         load_vae_weights, write_random_checkpoint)
 from .config import Cosmos3Settings, TransformerConfig, VaeConfig, latent_frames_of_chunk
 from .layout import GenLayout
 from .parallel import SINGLE, Parallel
@@ -53,7 +53,6 @@ Tensor = torch.Tensor
 Noise = Tuple[Tensor, Tensor]          # (vision [B, C, T, h, w], action [B, chunk, action_dim]), float32
 
 
-PIPELINE_CLASS = "Cosmos3OmniPipeline"   # model_index.json's _class_name of a saved pipeline folder
 # model.options keys -> the Cosmos3Settings field they set (the domain is model.embodiment's)
 OPTIONS = {"num_steps": int, "guidance": float, "chunk_size": int, "fps": float, "resolution_tier": int,
            "view_point": str, "negative_prompt": str, "max_prompt_tokens": int}

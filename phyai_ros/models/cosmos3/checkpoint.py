@@ -27,7 +27,7 @@ from . import vae as vae_mod
 from .config import TransformerConfig, VaeConfig
 from .unipc import UniPCConfig
 
-PIPELINE_CLASS = "Cosmos3OmniPipeline"
+PIPELINE_CLASS = "Cosmos3OmniPipeline"   # model_index.json's _class_name of a saved pipeline folder
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 SOUND_PREFIXES = ("audio_",)
 

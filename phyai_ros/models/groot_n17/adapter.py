@@ -45,7 +45,7 @@ from phyai_ros.runtime.groot_runner import GrootRunner
 from . import action_head, qwen3vl
 from .checkpoint import GrootCheckpoint, groot_key_shapes, load_groot_checkpoint
 from .config import groot_config
-from .keys import PACK_STEP, PREFIX, UNNORM_STEP
+from .keys import PACK_STEP, POLICY_TYPE, PREFIX, UNNORM_STEP
 from .modeling import GrootModel
 from .postprocess import make_decoder
 from .processor import (IMAGE_PREFIX, TASK_TOKENS, GrootInputs, GrootProcessor, resolve_resize_mode,
@@ -69,7 +69,7 @@ class GrootRtc:
 
 class GrootAdapter(PolicyAdapter):
     family = "groot_n17"
-    checkpoint_types = ("groot",)
+    checkpoint_types = (POLICY_TYPE,)
     rtc_modes = ("native", "off")
     needs_files = ()
     masks_cameras = False
