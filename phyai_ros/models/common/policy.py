@@ -383,11 +383,8 @@ class FlowAdapter(PolicyAdapter):
 
     # ---------------------------------------------------------------- serving (a batch of robots)
     def serve_prepare(self, images, state, task: str, seed: int, rtc: Optional["RtcRequest"]) -> ServeRow:
-        for name, img in images.items():
-            if np.ndim(img) != 3:
-                raise ValueError(f"camera '{name}': expected one HxWx3 image, got shape {list(np.shape(img))}")
-        if np.ndim(state) != 1:
-            raise ValueError(f"state must be a vector of length {self.state_dim}, got shape {list(np.shape(state))}")
+        """One row: the engine has held the request to the intake checks (one [H, W, 3] frame per camera, a state
+        vector: serve/engine.py check_intake)."""
         inputs = self.prepare(images, state, [task])
         noise = self.make_noise(1, generator=torch.Generator().manual_seed(int(seed)))
         return ServeRow(inputs, noise, self.request_tensors(rtc) if rtc is not None else None)
