@@ -339,15 +339,7 @@ class FlowAdapter(PolicyAdapter):
     def request_tensors(self, rtc: "RtcRequest") -> solver.RtcTensors:
         """The loop's request (Y in robot units) -> the solver's tensors: Y normalized, its first d actions
         frozen, free beyond len(Y)."""
-        if rtc.mode not in self.rtc_modes or rtc.mode == "off":
-            raise ValueError(f"RTC mode {rtc.mode!r} is not supported by {type(self).__name__} "
-                             f"(it supports {', '.join(m for m in self.rtc_modes if m != 'off')})")
-        prev = np.asarray(rtc.prefix, dtype=np.float32)
-        if prev.ndim != 2 or prev.shape[1] != self.action_dim:
-            raise ValueError(f"RTC prefix must be [n, {self.action_dim}], got {list(prev.shape)}")
-        if not np.isfinite(prev).all():
-            raise ValueError("RTC prefix contains NaN or inf")
-        prev_n = self.normalize_actions(torch.from_numpy(prev.copy()).to(self.device))
+        prev_n = self.normalize_actions(torch.from_numpy(self.checked_rtc_prefix(rtc)).to(self.device))
         return self.rtc_tensors(prev_n, rtc.d, rtc.n, rtc.schedule, mode=rtc.mode)
 
     def unnormalize_actions(self, actions_model: Tensor) -> Tensor:

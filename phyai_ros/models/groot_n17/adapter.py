@@ -281,16 +281,7 @@ class GrootAdapter(PolicyAdapter):
         """The loop's request (robot units) -> GrootRtc(Y normalized, delay d, execution horizon n), checked."""
         if rtc is None:
             return None
-        if rtc.mode not in self.rtc_modes or rtc.mode == "off":
-            supported = ", ".join(m for m in self.rtc_modes if m != "off") or "none (RTC off only)"
-            raise ValueError(f"RTC mode {rtc.mode!r} is not supported by this GR00T N1.7 checkpoint "
-                             f"(it supports {supported})")
-        prev = np.array(rtc.prefix, dtype=np.float32)      # a writable copy (the request's is read-only)
-        if prev.ndim != 2 or prev.shape[1] != self.action_dim:
-            raise ValueError(f"RTC prefix must be [n, {self.action_dim}], got {list(prev.shape)}")
-        if not np.isfinite(prev).all():
-            raise ValueError("RTC prefix contains NaN or inf")
-        return GrootRtc(self.normalize_actions(torch.from_numpy(prev)), int(rtc.d), rtc.n)
+        return GrootRtc(self.normalize_actions(torch.from_numpy(self.checked_rtc_prefix(rtc))), int(rtc.d), rtc.n)
 
     def predict(self, images: Mapping[str, object], state: np.ndarray, task: str, noise=None,
                 rtc: Optional["RtcRequest"] = None) -> np.ndarray:
