@@ -14,7 +14,7 @@ from phyai_ros.models import family
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]   # folder holding the phyai_ros package
 
-__all__ = ["fixtures_dir", "tokenizer_path", "require_tokenizer", "small_model_config", "make_small_checkpoint"]
+__all__ = ["fixtures_dir", "tokenizer_path", "require_tokenizer", "make_small_checkpoint"]
 
 
 def fixtures_dir() -> Path:
@@ -37,11 +37,6 @@ def require_tokenizer() -> Path:
         pytest.skip(f"no tokenizer at {fixtures_dir() / 'tokenizer' / 'tokenizer.model'} "
                     "(set PHYAI_PARITY_FIXTURES to the lerobot_parity fixture folder)")
     return p
-
-
-def small_model_config(horizon: int = 50, image_size: int = 224, token_budget: int = 64, policy: str = "pi05"):
-    """A small pi-family config (the parity fixture's sizes; ``policy``: pi05 or pi0)."""
-    return family(policy).small_config(horizon, image_size, token_budget)
 
 
 def make_small_checkpoint(directory, *, policy: str = "pi05", **sizes) -> Path:

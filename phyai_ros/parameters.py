@@ -33,6 +33,9 @@ class Spec:
         return type(self.default)
 
 
+MAX_HORIZON = 1000   # the longest chunk (actions) a policy may have: control.horizon's range, the serve wire's limit
+
+
 class ParameterError(ValueError):
     """Parameters that contradict each other, name a bad choice or have the wrong type."""
 
@@ -114,7 +117,7 @@ SPECS: dict[str, Spec] = {
     # Control
     "control.dt": Spec(0.02, "action period (s); the action timer runs at 1/dt", range=(0.001, 1.0)),
     "control.horizon": Spec(0, "actions per chunk (H); 0: the checkpoint's chunk size, which a given value must "
-                               "match", range=(0, 1000)),
+                               "match", range=(0, MAX_HORIZON)),
     "control.action_names": Spec(["joint_0", "joint_1", "joint_2", "joint_3", "joint_4", "joint_5", "gripper"],
                                  "names of the D action values, in the policy's action order"),
     "control.deadline_policy": Spec(_loop("deadline_policy"), "what the timer does when the chunk runs out",

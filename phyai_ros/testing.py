@@ -27,8 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
-from phyai_ros.fixtures import (fixtures_dir, make_small_checkpoint, require_tokenizer, small_model_config,
-                                tokenizer_path)
+from phyai_ros.fixtures import fixtures_dir, make_small_checkpoint, require_tokenizer, tokenizer_path
 
 if TYPE_CHECKING:
     from phyai_ros.replay.nodeproc import PolicyNode, PolicyNodeProcess
@@ -46,7 +45,7 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["PolicyNode", "replay", "make_small_checkpoint", "small_model_config", "tokenizer_path", "fixtures_dir",
+__all__ = ["PolicyNode", "replay", "make_small_checkpoint", "tokenizer_path", "fixtures_dir",
            "require_tokenizer", "ReplayResult", "ReplayOptions", "policy_node"]
 
 

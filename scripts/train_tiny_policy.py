@@ -50,7 +50,7 @@ from phyai_ros.models.pi05.training import (flow_matching_loss, lerobot_state_di
                                             train_parameters)
 from phyai_ros.replay.demo_bag import (DEFAULT_CAMERAS, DEFAULT_INSTRUCTION, Renderer, arm_joints,  # noqa: E402
                                        scene_state)
-from phyai_ros.testing import small_model_config, tokenizer_path  # noqa: E402
+from phyai_ros.testing import tokenizer_path  # noqa: E402
 
 SLOTS = {"base": "base_0_rgb", "left_wrist": "left_wrist_0_rgb", "right_wrist": "right_wrist_0_rgb"}
 ACTION_JOINTS = [0, 1, 2, 3, 4, 5, 7]      # joint_0..joint_5 + gripper of the 8 state joints
@@ -214,7 +214,7 @@ def save(policy: Pi05Adapter, out: Path) -> None:
 def write_start(kind: str, args, stats: dict) -> Path:
     """The seeded random-weight start (the fixture init, std 0.1) with the fitted statistics, in place."""
     out = args.out / NAMES[kind]
-    make_random_checkpoint(out, small_model_config(args.horizon), seed=args.seed, dtype=torch.float32, std=0.1,
+    make_random_checkpoint(out, Pi05Adapter.small_config(args.horizon), seed=args.seed, dtype=torch.float32, std=0.1,
                            camera_names=tuple(SLOTS.values()), state_dim=8, action_dim=len(ACTION_JOINTS))
     (out / "norm_stats.json").write_text(json.dumps(stats, indent=2))
     return out

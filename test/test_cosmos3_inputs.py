@@ -1,6 +1,7 @@
 """Cosmos3: what is read from outside is checked (checkpoint folder files, the request, settings, noise), the
 full-size configuration and its parameter count, the tokenizer's byte-level split, and the benchmark's CPU path.
 No fixtures needed: a tiny random checkpoint is written here."""
+import dataclasses
 import json
 import math
 import shutil
@@ -128,6 +129,24 @@ def test_sharded_weights_load_like_one_file(ckpt, tmp_path, pol):
         Cosmos3Adapter.from_files(folder, settings=settings())
 
 
+def test_files_linked_out_of_the_folder_are_refused(ckpt, tmp_path):
+    """A shard or a component folder that is a symlink leaving the pipeline folder is refused (models.files.inside)
+    like a '../' name, so a checkpoint cannot read files elsewhere."""
+    from phyai_ros.models.cosmos3 import load_cosmos3_checkpoint
+    folder = copy(ckpt, tmp_path)
+    t = folder / "transformer"
+    outside = tmp_path / "outside.safetensors"
+    (t / "diffusion_pytorch_model.safetensors").rename(outside)
+    (t / "a.safetensors").symlink_to(outside)
+    (t / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "a.safetensors"}}))
+    with pytest.raises(CheckpointError, match="shard file names.*not inside"):
+        load_cosmos3_checkpoint(folder)
+    shutil.move(str(folder / "vae"), str(tmp_path / "vae_elsewhere"))
+    (folder / "vae").symlink_to(tmp_path / "vae_elsewhere")
+    with pytest.raises(CheckpointError, match="component folder 'vae' is not inside"):
+        load_cosmos3_checkpoint(folder)
+
+
 # ------------------------------------------------------------------ request, settings, noise
 @pytest.mark.parametrize("images,task,match", [
     ({"image": IMAGE.astype(np.float32)}, "go", "uint8"),
@@ -166,6 +185,28 @@ def test_settings_the_checkpoint_refuses(ckpt, kw, match):
     from phyai_ros.models.cosmos3 import Cosmos3Adapter
     with pytest.raises(ValueError, match=match):
         Cosmos3Adapter.from_files(ckpt, settings=settings(**kw)).prepare({"image": IMAGE}, "go")
+
+
+def test_a_bad_view_point_is_refused_wherever_settings_come_from(pol):
+    """Options, a replaced setting and a fixture case (the case runner's use_settings) all refuse a view point
+    the caption has no framing sentence for, rather than dropping it from the caption."""
+    from phyai_ros.models.cases import InputError
+    from phyai_ros.models.contract import PredictCase
+    from phyai_ros.models.cosmos3 import Cosmos3Adapter
+    with pytest.raises(ValueError, match="view point 'drone_view'"):
+        Cosmos3Adapter.check_options({"view_point": "drone_view"})
+    with pytest.raises(ValueError, match="view point 'drone_view'"):
+        dataclasses.replace(pol.settings, view_point="drone_view")
+    before = pol.settings
+    entry = {"name": "c", "num_inference_steps": 2, "guidance_scale": 2.0, "chunk_size": 4, "fps": 24.0,
+             "resolution_tier": 256, "view_point": "drone_view", "domain_name": "bridge_orig_lerobot",
+             "negative_prompt": None}
+    inputs = {"c.image_uint8": torch.from_numpy(IMAGE), "c.vision_noise": torch.zeros(1),
+              "c.action_noise": torch.zeros(4, 12)}
+    case = PredictCase(inputs, {}, torch.zeros(1, 0), ["go"], meta={"cases": [entry]}, case="c")
+    with pytest.raises(InputError, match="view point 'drone_view'"):
+        pol.case_runner(case, None)
+    assert pol.settings is before
 
 
 def test_bad_noise_and_rtc(pol):

@@ -5,6 +5,8 @@ equal fresh runs), a new observation invalidates it, prompt padding to a token b
 requests (cond + uncond rows of different prompt lengths, masked) leave every item's chunk as it is alone.
 GPU (`gpu` marker): CUDA-graph replay equals the eager loop; fp32 (TF32 off) within 1e-4 of the fixtures.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -104,7 +106,7 @@ def test_batch_items_equal_their_single_runs(pol, fx):
 def test_without_guidance_one_pass_runs(fx):
     from phyai_ros.models.cosmos3 import Cosmos3Adapter
     from phyai_ros.models.cosmos3.cases import case_settings
-    s = case_settings(fx["case"]).replace(guidance=1.0)
+    s = dataclasses.replace(case_settings(fx["case"]), guidance=1.0)
     pol = Cosmos3Adapter.from_files(FIX / "pipeline", settings=s)
     image, nz = noise(fx)
     x = pol.prepare({"image": image}, fx["case"]["instruction"])

@@ -243,6 +243,22 @@ def test_quantized_folder_refuses_a_mismatch(tmp_path):
     assert _quantize_cli(src, tmp_path / "s", "--scheme", "w8a8", "--activations", "static") == 2  # no calibration
 
 
+@pytest.mark.parametrize("family_name", ["pi05", "groot_n17"])
+def test_an_already_quantized_folder_is_refused(tmp_path, capsys, family_name):
+    """The quantizer refuses a quantized folder for every family with one line (exit 2), before any family's
+    hook would try to quantize weights that are no longer float."""
+    from fixture_sets import groot_fixture_dir
+    src = (groot_fixture_dir() if family_name == "groot_n17" else FIX / family_name) / "checkpoint"
+    if not src.is_dir():
+        pytest.skip(f"no {family_name} fixture at {src}")
+    assert _quantize_cli(src, tmp_path / "q", "--scheme", "w8a16") == 0
+    capsys.readouterr()
+    assert _quantize_cli(tmp_path / "q", tmp_path / "q2", "--scheme", "w8a16") == 2
+    err = capsys.readouterr().err
+    assert "is already quantized" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "q2").exists()
+
+
 @needs_fixtures
 def test_static_w8a8_is_calibrated_on_observations(tmp_path):
     fx = FIX / "pi05"

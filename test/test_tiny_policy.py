@@ -12,7 +12,7 @@ import torch
 
 from phyai_ros.models.pi05 import Pi05Adapter, make_random_checkpoint
 from phyai_ros.models.common.policy import norm_stats_file
-from phyai_ros.testing import require_tokenizer, small_model_config
+from phyai_ros.testing import require_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -43,7 +43,7 @@ def test_committed_checkpoint_loads_through_the_node_loader(ckpt, tmp_path):
 
 def load_random(tok: Path, like: Path, folder: Path) -> Pi05Adapter:
     """The random-weight start of a trained checkpoint (same seed and init), with its fitted statistics."""
-    make_random_checkpoint(folder, small_model_config(50), seed=0, dtype=torch.float32, std=0.1,
+    make_random_checkpoint(folder, Pi05Adapter.small_config(50), seed=0, dtype=torch.float32, std=0.1,
                            camera_names=tuple(tiny.SLOTS.values()), state_dim=8, action_dim=7)
     return load(folder, tok, like / "norm_stats.json")
 

@@ -59,10 +59,18 @@ def family(name: str) -> type:
     return _load(name, table[name])
 
 
+def import_target(target: str) -> object:
+    """What a ``"module:Name"`` string names (a registry entry, the serve engine's class): the module imported,
+    its attribute read; ValueError for a string of another form."""
+    module, sep, name = target.partition(":")
+    if not (sep and module and name) or ":" in name:
+        raise ValueError(f"{target!r} is not module:Class")
+    return getattr(importlib.import_module(module), name)
+
+
 @lru_cache(maxsize=None)
 def _load(name: str, target: str) -> type:
-    module, attr = target.split(":")
-    cls = getattr(importlib.import_module(module), attr)
+    cls = import_target(target)
     check_family(cls)
     if cls.family != name:
         raise ValueError(f"{target} is registered as {name!r} but says it is family {cls.family!r}")
@@ -89,4 +97,4 @@ def family_for_checkpoint(checkpoint) -> type:
 
 
 __all__ = ["FAMILIES", "PLUGIN_ENV", "ENTRY_POINT_GROUP", "PolicyAdapter", "registered", "family_names", "family",
-           "checkpoint_type", "family_for_checkpoint"]
+           "checkpoint_type", "family_for_checkpoint", "import_target"]

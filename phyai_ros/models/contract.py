@@ -224,6 +224,21 @@ class PolicyAdapter(abc.ABC):
         """One observation -> float32 [chunk_size, action_dim] in robot units (``noise``: see the module
         docstring)."""
 
+    def checked_rtc_prefix(self, rtc: "RtcRequest") -> np.ndarray:
+        """The loop's RTC request held to this adapter (a mode of its ``rtc_modes`` other than "off", a finite
+        prefix Y of [n, action_dim]): Y as a writable float32 copy in robot units (the request's is read-only),
+        for the family to turn into its own RTC form."""
+        if rtc.mode not in self.rtc_modes or rtc.mode == "off":
+            supported = ", ".join(m for m in self.rtc_modes if m != "off") or "none (RTC off only)"
+            raise ValueError(f"RTC mode {rtc.mode!r} is not supported by {type(self).__name__} "
+                             f"(it supports {supported})")
+        prev = np.array(rtc.prefix, dtype=np.float32)
+        if prev.ndim != 2 or prev.shape[1] != self.action_dim:
+            raise ValueError(f"RTC prefix must be [n, {self.action_dim}], got {list(prev.shape)}")
+        if not np.isfinite(prev).all():
+            raise ValueError("RTC prefix contains NaN or inf")
+        return prev
+
     @abc.abstractmethod
     def fit_task(self, task: str, state=None) -> Tuple[str, bool]:
         """(the text the model reads for ``task``, whether the task had to be cut to fit the prompt)."""
@@ -260,7 +275,8 @@ class PolicyAdapter(abc.ABC):
 
     @classmethod
     def quantize(cls, request: QuantizeRequest) -> QuantizeResult:
-        """The quantizer's hook: quantize ``request.checkpoint`` into a folder ``load`` loads."""
+        """The quantizer's hook: quantize ``request.checkpoint`` (a float folder: the quantizer refuses a quantized
+        one for every family) into a folder ``load`` loads."""
         raise ValueError(f"quantization is not available for {cls.family} checkpoints")
 
     @classmethod

@@ -24,7 +24,7 @@ from phyai_ros.layers.quantized import SCHEMES, QuantScheme
 from phyai_ros.models import family_for_checkpoint
 from phyai_ros.models.cases import InputError, read_case
 from phyai_ros.models.contract import DTYPES, ModelFiles, QuantizeRequest
-from phyai_ros.models.quantized_checkpoint import DEFAULT_PARTS, check_parts
+from phyai_ros.models.quantized_checkpoint import DEFAULT_PARTS, check_parts, read_manifest
 
 
 def _parse(argv):
@@ -51,6 +51,8 @@ def main(argv=None) -> int:
     args = _parse(argv)
     try:
         cls = family_for_checkpoint(args.checkpoint)
+        if read_manifest(args.checkpoint) is not None:   # every family: its weights are no longer float
+            raise ValueError(f"{args.checkpoint} is already quantized (quantize its float source instead)")
         scheme = QuantScheme.make(args.scheme, args.weight_format, args.group, args.activations)
         parts = check_parts(args.parts.split(",")) if args.parts else DEFAULT_PARTS[scheme.name]
         calibration = read_case(args.calibration_inputs, args.tasks_json, args.task) \

@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+from .client import TOKEN_ENV
 from .engine import MAX_BODY_BYTES, ServeConfig
 
 
@@ -52,8 +53,7 @@ def config_from_args(a: argparse.Namespace) -> ServeConfig:
 
 
 def read_token(a: argparse.Namespace) -> str:
-    """The token from --token-file (its first line), else PHYAI_SERVE_TOKEN, else empty."""
-    from .app import TOKEN_ENV
+    """The token from --token-file (the whole file, stripped), else PHYAI_SERVE_TOKEN, else empty."""
     if a.token_file:
         token = Path(a.token_file).read_text().strip()
         if not token:

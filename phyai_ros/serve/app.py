@@ -34,12 +34,12 @@ from ray import serve
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
+from .client import TOKEN_ENV
 from .engine import ServeConfig, engine_for
 from .wire import BadRequest, Failure, Request, decode_request, encode_reply
 
 APP_NAME = "phyai_policy"
 BINARY = "application/octet-stream"
-TOKEN_ENV = "PHYAI_SERVE_TOKEN"   # the server's token (or --token-file), and the node's when policy.token is empty
 
 
 def _error(status: int, message: str, robot_id: str = "") -> Response:

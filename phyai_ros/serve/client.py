@@ -35,6 +35,7 @@ class ServeError(RuntimeError):
 
 
 MAX_REPLY_BYTES = 16 * 2**20   # a reply is one chunk and a JSON header: far less
+TOKEN_ENV = "PHYAI_SERVE_TOKEN"   # the server's token (or --token-file), and the node's when policy.token is empty
 
 
 class _DeadlineSocket(socket.socket):
@@ -95,7 +96,7 @@ class HttpPolicyClient:
             raise ValueError(f"policy.endpoint {endpoint!r}: expected http://HOST:PORT[/route]")
         self.endpoint, self.timeout = endpoint, float(timeout)
         self.host, self.port, self.route = url.hostname, url.port or 80, url.path.rstrip("/")
-        token = token or os.environ.get("PHYAI_SERVE_TOKEN", "").strip()
+        token = token or os.environ.get(TOKEN_ENV, "").strip()
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._conn: Optional[_DeadlineConnection] = None
 

@@ -11,7 +11,6 @@ run their requests one by one through ``predict``. A deployment may run a subcla
 """
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 from phyai_ros.control.observation import (MAX_IMAGE_PIXELS, MAX_INSTRUCTION_CHARS, BadImageError, validate_image,
                                            validate_instruction, validate_state)
 from phyai_ros.layers.profiles import selector_for
-from phyai_ros.models import family, family_for_checkpoint
+from phyai_ros.models import family, family_for_checkpoint, import_target
 from phyai_ros.models.contract import DTYPES, ModelFiles, parse_options
 
 from .wire import Failure, Reply, Request
@@ -71,8 +70,7 @@ def engine_for(cfg: ServeConfig) -> "BatchEngine":
     """The engine a replica runs: ``cfg.engine``'s class, else BatchEngine."""
     if not cfg.engine:
         return BatchEngine(cfg)
-    module, _, name = cfg.engine.partition(":")
-    cls = getattr(importlib.import_module(module), name)
+    cls = import_target(cfg.engine)
     if not (isinstance(cls, type) and issubclass(cls, BatchEngine)):
         raise TypeError(f"ServeConfig.engine {cfg.engine!r} is not a BatchEngine subclass")
     return cls(cfg)

@@ -21,13 +21,13 @@ from safetensors.numpy import save as st_save
 
 from phyai_ros.control.observation import MAX_IMAGE_PIXELS, ObservationError, check_image_dims
 from phyai_ros.control.rtc import RtcRequest
+from phyai_ros.parameters import MAX_HORIZON
 
 _LEN = struct.Struct("<I")
 _ST_LEN = struct.Struct("<Q")   # a safetensors buffer starts with its JSON header's length
 _RTC_FIELDS = ("mode", "schedule", "d", "horizon", "t0_ns", "dt_ns")
 MAX_CAMERAS = 16          # image tensors in one request
 MAX_VECTOR = 4096         # state length, action / RTC prefix width
-MAX_ROWS = 1000           # chunk / RTC prefix length (control.horizon's range)
 
 
 class BadRequest(ValueError):
@@ -74,35 +74,33 @@ def _pack(header: dict, tensors: dict) -> bytes:
     return _LEN.pack(len(head)) + head + (st_save(tensors) if tensors else b"")
 
 
+def _prefixed_json(data: bytes, prefix: struct.Struct, part: str, what: str) -> tuple[dict, int]:
+    """The JSON object ``what`` that follows ``data``'s length ``prefix`` (the message's header, the tensor
+    part's header) and the offset where it ends; BadRequest when it is cut short, undecodable or not an object."""
+    if len(data) < prefix.size:
+        raise BadRequest(f"{part} of {len(data)} bytes is shorter than its length prefix")
+    (n,) = prefix.unpack_from(data)
+    end = prefix.size + n
+    if end > len(data):
+        raise BadRequest(f"{what} length {n} runs past the {part}'s {len(data)} bytes")
+    try:
+        head = json.loads(data[prefix.size:end])
+    except Exception as exc:  # noqa: BLE001 - any decoding failure is the sender's
+        raise BadRequest(f"undecodable {what}: {type(exc).__name__}: {exc}") from None
+    if not isinstance(head, dict):
+        raise BadRequest(f"{what} is not a JSON object")
+    return head, end
+
+
 def _split(data: bytes) -> tuple[dict, bytes]:
     """(JSON header, safetensors part) of a message."""
-    if len(data) < _LEN.size:
-        raise BadRequest(f"message of {len(data)} bytes is shorter than its length prefix")
-    (n,) = _LEN.unpack_from(data)
-    if _LEN.size + n > len(data):
-        raise BadRequest(f"header length {n} runs past the message's {len(data)} bytes")
-    try:
-        header = json.loads(data[_LEN.size:_LEN.size + n])
-    except Exception as exc:  # noqa: BLE001 - any decoding failure is the sender's
-        raise BadRequest(f"undecodable message: {type(exc).__name__}: {exc}") from None
-    if not isinstance(header, dict):
-        raise BadRequest("header is not a JSON object")
-    return header, data[_LEN.size + n:]
+    header, end = _prefixed_json(data, _LEN, "message", "header")
+    return header, data[end:]
 
 
 def tensor_specs(body: bytes) -> dict:
     """name -> (dtype, shape) from a safetensors buffer's header, read without making any array."""
-    if len(body) < _ST_LEN.size:
-        raise BadRequest(f"tensor part of {len(body)} bytes is shorter than its header length")
-    (n,) = _ST_LEN.unpack_from(body)
-    if _ST_LEN.size + n > len(body):
-        raise BadRequest(f"tensor header length {n} runs past the tensor part's {len(body)} bytes")
-    try:
-        head = json.loads(body[_ST_LEN.size:_ST_LEN.size + n])
-    except ValueError as exc:
-        raise BadRequest(f"undecodable tensor header: {exc}") from None
-    if not isinstance(head, dict):
-        raise BadRequest("tensor header is not a JSON object")
+    head, _ = _prefixed_json(body, _ST_LEN, "tensor part", "tensor header")
     specs = {}
     for name, info in head.items():
         if name == "__metadata__":
@@ -155,8 +153,8 @@ def _check_request_tensors(robot: str, max_image_pixels: int) -> Callable[[dict]
             raise BadRequest(f"{robot}: state of {specs['state'][1][0]} values, more than {MAX_VECTOR}")
         if "rtc.prefix" in specs:
             n, d = _require(specs["rtc.prefix"], "rtc.prefix", "F32", 2, robot)
-            if n > MAX_ROWS or d > MAX_VECTOR:
-                raise BadRequest(f"{robot}: rtc.prefix {[n, d]} beyond [{MAX_ROWS}, {MAX_VECTOR}]")
+            if n > MAX_HORIZON or d > MAX_VECTOR:
+                raise BadRequest(f"{robot}: rtc.prefix {[n, d]} beyond [{MAX_HORIZON}, {MAX_VECTOR}]")
     return check
 
 
@@ -164,8 +162,8 @@ def _check_reply_tensors(specs: dict) -> None:
     if set(specs) != {"actions"}:
         raise BadRequest(f"reply must hold the tensor 'actions' alone, got {sorted(specs)[:8]}")
     h, d = _require(specs["actions"], "actions", "F32", 2)
-    if h > MAX_ROWS or d > MAX_VECTOR:
-        raise BadRequest(f"reply actions {[h, d]} beyond [{MAX_ROWS}, {MAX_VECTOR}]")
+    if h > MAX_HORIZON or d > MAX_VECTOR:
+        raise BadRequest(f"reply actions {[h, d]} beyond [{MAX_HORIZON}, {MAX_VECTOR}]")
 
 
 def encode_request(r: Request) -> bytes:

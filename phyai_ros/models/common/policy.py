@@ -23,7 +23,6 @@ from phyai_ros.models.cases import InputError, require_finite_tensor, require_ra
 from phyai_ros.models.contract import (NO_FILES, NO_OPTIONS, CaseInfer, ModelFiles, PolicyAdapter, PredictCase,
                                        QuantizeRequest,
                                        QuantizeResult)
-from phyai_ros.models.quantized_checkpoint import read_manifest
 from phyai_ros.runtime.runner import BATCH_BUCKETS, FlowRunner
 from .image import check_uint8_hwc, preprocess_uint8_images
 from .lerobot_checkpoint import strip_image_prefix
@@ -340,15 +339,7 @@ class FlowAdapter(PolicyAdapter):
     def request_tensors(self, rtc: "RtcRequest") -> solver.RtcTensors:
         """The loop's request (Y in robot units) -> the solver's tensors: Y normalized, its first d actions
         frozen, free beyond len(Y)."""
-        if rtc.mode not in self.rtc_modes or rtc.mode == "off":
-            raise ValueError(f"RTC mode {rtc.mode!r} is not supported by {type(self).__name__} "
-                             f"(it supports {', '.join(m for m in self.rtc_modes if m != 'off')})")
-        prev = np.asarray(rtc.prefix, dtype=np.float32)
-        if prev.ndim != 2 or prev.shape[1] != self.action_dim:
-            raise ValueError(f"RTC prefix must be [n, {self.action_dim}], got {list(prev.shape)}")
-        if not np.isfinite(prev).all():
-            raise ValueError("RTC prefix contains NaN or inf")
-        prev_n = self.normalize_actions(torch.from_numpy(prev.copy()).to(self.device))
+        prev_n = self.normalize_actions(torch.from_numpy(self.checked_rtc_prefix(rtc)).to(self.device))
         return self.rtc_tensors(prev_n, rtc.d, rtc.n, rtc.schedule, mode=rtc.mode)
 
     def unnormalize_actions(self, actions_model: Tensor) -> Tensor:
@@ -384,11 +375,8 @@ class FlowAdapter(PolicyAdapter):
 
     # ---------------------------------------------------------------- serving (a batch of robots)
     def serve_prepare(self, images, state, task: str, seed: int, rtc: Optional["RtcRequest"]) -> ServeRow:
-        for name, img in images.items():
-            if np.ndim(img) != 3:
-                raise ValueError(f"camera '{name}': expected one HxWx3 image, got shape {list(np.shape(img))}")
-        if np.ndim(state) != 1:
-            raise ValueError(f"state must be a vector of length {self.state_dim}, got shape {list(np.shape(state))}")
+        """One row: the engine has held the request to the intake checks (one [H, W, 3] frame per camera, a state
+        vector: serve/engine.py check_intake)."""
         inputs = self.prepare(images, state, [task])
         noise = self.make_noise(1, generator=torch.Generator().manual_seed(int(seed)))
         return ServeRow(inputs, noise, self.request_tensors(rtc) if rtc is not None else None)
@@ -457,8 +445,6 @@ class FlowAdapter(PolicyAdapter):
         """The model's linear weights of ``request.parts`` quantized in place, static activation scales calibrated
         on ``request.calibration``'s observations (W8A8 static), the folder written in the model's own layout."""
         scheme = request.scheme
-        if read_manifest(request.checkpoint) is not None:
-            raise ValueError(f"{request.checkpoint} is already quantized")
         static = scheme.activations == "static"
         if static:
             if request.calibration is None:

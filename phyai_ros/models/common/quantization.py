@@ -22,7 +22,7 @@ from torch import nn
 
 from phyai_ros.layers.quantized import QuantizedWeight, QuantScheme, apply_calibration, calibrating
 from phyai_ros.layers.selector import SELECTOR, OperatorSelector
-from phyai_ros.models.files import CheckpointError, read_safetensors_file
+from phyai_ros.models.files import CheckpointError, read_safetensors_file, require_finite
 from phyai_ros.models.quantized_checkpoint import (PARTS, check_parts, copy_source_files, save_weights, summary,
                                                    write_manifest)
 
@@ -93,13 +93,6 @@ def write_quantized_checkpoint(src_dir, out_dir, model: nn.Module, policy_type: 
     return out
 
 
-def _check_finite(sd, source) -> None:
-    for k, t in sd.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t.float()).all()):
-            raise CheckpointError(f"checkpoint {source}: tensor {k} holds non-finite values (NaN/Inf): this "
-                                  "checkpoint produces non-finite actions")
-
-
 @torch.no_grad()
 def load_quantized_model(ckpt_dir, model: nn.Module, manifest: dict) -> nn.Module:
     """Fill ``model`` (built from the folder's model_dims.json in the asked dtype / device) from a quantized
@@ -107,7 +100,7 @@ def load_quantized_model(ckpt_dir, model: nn.Module, manifest: dict) -> nn.Modul
     quantize_model(model, manifest["scheme_obj"], names=manifest["layers"], fill=False)
     path = Path(ckpt_dir) / "model.safetensors"
     sd = read_safetensors_file(path)
-    _check_finite(sd, ckpt_dir)
+    require_finite(sd, sd, ckpt_dir)
     try:
         model.load_state_dict(sd, strict=True)
     except RuntimeError as exc:

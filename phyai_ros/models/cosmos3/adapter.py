@@ -41,19 +41,18 @@ from phyai_ros.runtime.cosmos3_runner import Cosmos3Runner
 
 from .canvas import canvas_frame, check_image
 from .cases import case_entry, case_inputs, case_settings
-from .checkpoint import (Cosmos3Checkpoint, load_cosmos3_checkpoint, load_transformer_weights, load_vae_weights,
-                         write_random_checkpoint)
+from .checkpoint import (PIPELINE_CLASS, Cosmos3Checkpoint, load_cosmos3_checkpoint, load_transformer_weights,
+                         load_vae_weights, write_random_checkpoint)
 from .config import Cosmos3Settings, TransformerConfig, VaeConfig, latent_frames_of_chunk
 from .layout import GenLayout
 from .parallel import SINGLE, Parallel
-from .prompt import VIEWPOINTS, ChatTokenizer, domain, prompt_ids
+from .prompt import ChatTokenizer, domain, prompt_ids
 from .stages import Cosmos3Inputs, Cosmos3Stages
 
 Tensor = torch.Tensor
 Noise = Tuple[Tensor, Tensor]          # (vision [B, C, T, h, w], action [B, chunk, action_dim]), float32
 
 
-PIPELINE_CLASS = "Cosmos3OmniPipeline"   # model_index.json's _class_name of a saved pipeline folder
 # model.options keys -> the Cosmos3Settings field they set (the domain is model.embodiment's)
 OPTIONS = {"num_steps": int, "guidance": float, "chunk_size": int, "fps": float, "resolution_tier": int,
            "view_point": str, "negative_prompt": str, "max_prompt_tokens": int}
@@ -71,7 +70,7 @@ def settings_from_options(options: Mapping[str, str]) -> Cosmos3Settings:
             values[key] = OPTIONS[key](text)
         except ValueError:
             raise ValueError(f"model option {key}={text!r}: expected {OPTIONS[key].__name__}") from None
-    return Cosmos3Settings().replace(**values)
+    return replace(Cosmos3Settings(), **values)
 
 
 class Cosmos3Adapter(PolicyAdapter):
@@ -88,13 +87,9 @@ class Cosmos3Adapter(PolicyAdapter):
     def __init__(self, ckpt: Cosmos3Checkpoint, settings: Optional[Cosmos3Settings] = None, device="cpu",
                  dtype: torch.dtype = torch.float32, parallel: Parallel = SINGLE,
                  camera_names: Sequence[str] = ("image",), token_bucket: int = 0):
-        settings = settings or Cosmos3Settings()
-        if settings.view_point is not None and settings.view_point not in VIEWPOINTS:
-            raise ValueError(f"view point {settings.view_point!r}: one of {', '.join(VIEWPOINTS)} (or None)")
-        self.ckpt, self.settings, self.parallel = ckpt, settings, parallel
+        self.ckpt, self.parallel = ckpt, parallel
         self.device, self.dtype = torch.device(device), dtype
         self.config, self.vae_config = ckpt.transformer, ckpt.vae
-        self.domain = domain(settings.domain, self.config.action_dim, self.config.num_domains)
         self.tokenizer = ChatTokenizer(ckpt.tokenizer_dir)
         if self.tokenizer.vocab_size > self.config.vocab_size:
             raise ValueError(f"{ckpt.tokenizer_dir}: the tokenizer has {self.tokenizer.vocab_size} ids, the "
@@ -102,14 +97,11 @@ class Cosmos3Adapter(PolicyAdapter):
         self.camera_names = list(camera_names)
         if not self.camera_names or len(set(self.camera_names)) != len(self.camera_names):
             raise ValueError(f"camera_names must be distinct and non-empty, got {camera_names!r}")
-        self.latent_frames = latent_frames_of_chunk(settings.chunk_size, self.vae_config)
         self.transformer_weights = load_transformer_weights(ckpt, dtype, self.device, parallel.tp_rank,
                                                             parallel.tp_size)
         self.vae_weights = load_vae_weights(ckpt, dtype, self.device)
         self.ckpt = replace(ckpt, transformer_weights={}, vae_weights={})   # the loaded copies are all it needs
-        self.stages = Cosmos3Stages(self.transformer_weights, self.vae_weights, self.config, self.vae_config,
-                                    ckpt.scheduler, settings, self.device, dtype, parallel, token_bucket)
-        self.runner = Cosmos3Runner(self.stages, use_graphs=False)
+        self._apply_settings(settings or Cosmos3Settings(), use_graphs=False, token_bucket=token_bucket)
 
     @classmethod
     def matches(cls, checkpoint) -> bool:
@@ -165,14 +157,17 @@ class Cosmos3Adapter(PolicyAdapter):
 
     def use_settings(self, settings: Cosmos3Settings) -> None:
         """Run with other settings (steps, guidance, chunk, domain, ...): the same weights, new stages and runner."""
-        use_graphs = self.runner.use_graphs
-        self.settings = settings
-        self.domain = domain(settings.domain, self.config.action_dim, self.config.num_domains)
-        self.latent_frames = latent_frames_of_chunk(settings.chunk_size, self.vae_config)
-        self.stages = Cosmos3Stages(self.transformer_weights, self.vae_weights, self.config, self.vae_config,
-                                    self.ckpt.scheduler, settings, self.device, self.dtype, self.parallel,
-                                    self.stages.token_bucket)
-        self.runner = Cosmos3Runner(self.stages, use_graphs=use_graphs)
+        self._apply_settings(settings, self.runner.use_graphs, self.stages.token_bucket)
+
+    def _apply_settings(self, settings: Cosmos3Settings, use_graphs: bool, token_bucket: int) -> None:
+        """What the settings decide (the domain, the chunk's latent frames, the stages, a fresh runner), for the
+        constructor and ``use_settings`` alike; nothing is changed unless all of it fits the checkpoint."""
+        dom = domain(settings.domain, self.config.action_dim, self.config.num_domains)
+        latent_frames = latent_frames_of_chunk(settings.chunk_size, self.vae_config)
+        stages = Cosmos3Stages(self.transformer_weights, self.vae_weights, self.config, self.vae_config,
+                               self.ckpt.scheduler, settings, self.device, self.dtype, self.parallel, token_bucket)
+        self.settings, self.domain, self.latent_frames, self.stages = settings, dom, latent_frames, stages
+        self.runner = Cosmos3Runner(stages, use_graphs=use_graphs)
 
     def use_runner(self, use_graphs: bool = True, token_bucket: int = 0) -> Cosmos3Runner:
         """Sample through a fresh runner (CUDA graphs on a CUDA device when use_graphs)."""

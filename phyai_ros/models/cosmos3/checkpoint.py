@@ -20,14 +20,14 @@ from typing import Dict, Iterable, Mapping, Optional
 
 import torch
 
-from phyai_ros.models.files import CheckpointError, read_json, require_finite, validate_keys
+from phyai_ros.models.files import CheckpointError, inside, read_json, require_finite, validate_keys
 
 from . import transformer as tfm
 from . import vae as vae_mod
 from .config import TransformerConfig, VaeConfig
 from .unipc import UniPCConfig
 
-PIPELINE_CLASS = "Cosmos3OmniPipeline"
+PIPELINE_CLASS = "Cosmos3OmniPipeline"   # model_index.json's _class_name of a saved pipeline folder
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 SOUND_PREFIXES = ("audio_",)
 
@@ -42,10 +42,10 @@ class LazyTensors(Mapping):
             files = [single]
         elif index.is_file():
             weight_map = read_json(index).get("weight_map")
-            if not isinstance(weight_map, dict) or not all(isinstance(v, str) and "/" not in v and ".." not in v
-                                                           for v in weight_map.values()):
+            if not isinstance(weight_map, dict):
                 raise CheckpointError(f"{index}: 'weight_map' must map keys to shard file names in {folder}")
-            files = [folder / f for f in sorted(set(weight_map.values()))]
+            files = sorted({inside(folder, f, f"weight_map[{k!r}] (one of the shard file names)", index)
+                            for k, f in weight_map.items()})
         else:
             raise FileNotFoundError(f"file not found: {single} (nor {index.name})")
         self._where: Dict[str, object] = {}
@@ -126,8 +126,8 @@ def _component(index: dict, name: str, folder: Path) -> Path:
     entry = index.get(name)
     if not (isinstance(entry, list) and len(entry) == 2 and entry[0] is not None):
         raise CheckpointError(f"{folder / 'model_index.json'}: no {name!r} component")
-    sub = (folder / name).resolve()
-    if folder.resolve() not in sub.parents or not sub.is_dir():
+    sub = inside(folder, name, "component folder", folder / "model_index.json")
+    if sub == folder.resolve() or not sub.is_dir():
         raise CheckpointError(f"{folder}: component folder {name}/ missing")
     return sub
 

@@ -8,11 +8,13 @@ non-residual Wan 2.1 VAE, attention scales in the VAE) is refused there rather t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Tuple
 
 from phyai_ros.models.files import CheckpointError, Fields
+
+from .prompt import VIEWPOINTS
 
 
 def _reader(cfg: dict, source: Optional[Path]):
@@ -223,7 +225,7 @@ class Cosmos3Settings:
     chunk_size: int = 32
     fps: float = 24.0
     resolution_tier: int = 480
-    view_point: str = "ego_view"
+    view_point: Optional[str] = "ego_view"      # None: no framing sentence in the caption
     domain: str = "droid_lerobot"
     negative_prompt: Optional[str] = None
     max_prompt_tokens: int = 2048
@@ -237,6 +239,8 @@ class Cosmos3Settings:
             raise ValueError(f"chunk_size must be an int in [1, 1024], got {self.chunk_size!r}")
         if not (isinstance(self.fps, (int, float)) and math.isfinite(self.fps) and 0 < self.fps <= 1000):
             raise ValueError(f"fps must be a finite number in (0, 1000], got {self.fps!r}")
+        if self.view_point is not None and self.view_point not in VIEWPOINTS:
+            raise ValueError(f"view point {self.view_point!r}: one of {', '.join(VIEWPOINTS)} (or None)")
         if self.negative_prompt is not None and not isinstance(self.negative_prompt, str):
             raise ValueError("negative_prompt must be text or None")
         if not (isinstance(self.max_prompt_tokens, int) and self.max_prompt_tokens >= 16):
@@ -246,11 +250,6 @@ class Cosmos3Settings:
     def cfg(self) -> bool:
         """Whether the unconditional pass runs (diffusers: guidance_scale != 1)."""
         return self.guidance != 1.0
-
-    def replace(self, **changes) -> "Cosmos3Settings":
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values.update(changes)
-        return Cosmos3Settings(**values)
 
 
 # ----------------------------------------------------------------------------- full size and parameter count

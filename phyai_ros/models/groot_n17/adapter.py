@@ -45,7 +45,7 @@ from phyai_ros.runtime.groot_runner import GrootRunner
 from . import action_head, qwen3vl
 from .checkpoint import GrootCheckpoint, groot_key_shapes, load_groot_checkpoint
 from .config import groot_config
-from .keys import PACK_STEP, PREFIX, UNNORM_STEP
+from .keys import PACK_STEP, POLICY_TYPE, PREFIX, UNNORM_STEP
 from .modeling import GrootModel
 from .postprocess import make_decoder
 from .processor import (IMAGE_PREFIX, TASK_TOKENS, GrootInputs, GrootProcessor, resolve_resize_mode,
@@ -69,7 +69,7 @@ class GrootRtc:
 
 class GrootAdapter(PolicyAdapter):
     family = "groot_n17"
-    checkpoint_types = ("groot",)
+    checkpoint_types = (POLICY_TYPE,)
     rtc_modes = ("native", "off")
     needs_files = ()
     masks_cameras = False
@@ -281,16 +281,7 @@ class GrootAdapter(PolicyAdapter):
         """The loop's request (robot units) -> GrootRtc(Y normalized, delay d, execution horizon n), checked."""
         if rtc is None:
             return None
-        if rtc.mode not in self.rtc_modes or rtc.mode == "off":
-            supported = ", ".join(m for m in self.rtc_modes if m != "off") or "none (RTC off only)"
-            raise ValueError(f"RTC mode {rtc.mode!r} is not supported by this GR00T N1.7 checkpoint "
-                             f"(it supports {supported})")
-        prev = np.array(rtc.prefix, dtype=np.float32)      # a writable copy (the request's is read-only)
-        if prev.ndim != 2 or prev.shape[1] != self.action_dim:
-            raise ValueError(f"RTC prefix must be [n, {self.action_dim}], got {list(prev.shape)}")
-        if not np.isfinite(prev).all():
-            raise ValueError("RTC prefix contains NaN or inf")
-        return GrootRtc(self.normalize_actions(torch.from_numpy(prev)), int(rtc.d), rtc.n)
+        return GrootRtc(self.normalize_actions(torch.from_numpy(self.checked_rtc_prefix(rtc))), int(rtc.d), rtc.n)
 
     def predict(self, images: Mapping[str, object], state: np.ndarray, task: str, noise=None,
                 rtc: Optional["RtcRequest"] = None) -> np.ndarray:

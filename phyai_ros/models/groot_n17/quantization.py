@@ -26,10 +26,10 @@ from phyai_ros.models.quantized_checkpoint import (check_parts, copy_source_file
 
 from . import action_head, qwen3vl
 from .config import GrootConfig
+from .keys import DIT, LLM, VIS, VLSA
 
-_VIS = "backbone.model.model.visual."
-_LLM = "backbone.model.model.language_model.layers."
-_HEAD = ("action_head.model.transformer_blocks.", "action_head.vl_self_attention.transformer_blocks.")
+_LLM_LAYERS = LLM + "layers."
+_HEAD_BLOCKS = (DIT + "transformer_blocks.", VLSA)
 _LLM_LINEARS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight",
                 "up_proj.weight", "down_proj.weight")
 _HEAD_LINEARS = ("attn1.to_q.weight", "attn1.to_k.weight", "attn1.to_v.weight", "attn1.to_out.0.weight",
@@ -38,12 +38,12 @@ _HEAD_LINEARS = ("attn1.to_q.weight", "attn1.to_k.weight", "attn1.to_v.weight", 
 
 def part_of(key: str) -> Optional[str]:
     """The part a quantizable GR00T weight belongs to, or None for what stays in float."""
-    if key.startswith(_VIS) and key.endswith(".weight") and (
+    if key.startswith(VIS) and key.endswith(".weight") and (
             ".attn.qkv." in key or ".attn.proj." in key or ".linear_fc" in key):
         return "vision"
-    if key.startswith(_LLM) and key.endswith(_LLM_LINEARS):
+    if key.startswith(_LLM_LAYERS) and key.endswith(_LLM_LINEARS):
         return "prefix"
-    if key.startswith(_HEAD) and key.endswith(_HEAD_LINEARS):
+    if key.startswith(_HEAD_BLOCKS) and key.endswith(_HEAD_LINEARS):
         return "expert"
     return None
 
