@@ -380,6 +380,21 @@ def test_summary_values_of_the_wrong_type_do_not_crash_the_report(tmp_path):
     assert check_summary([1, 2]) is None and check_summary({"node": "x"}) == {}
 
 
+def test_a_node_identity_without_a_valid_name_is_left_out(tmp_path):
+    """A summary naming the judged node with a number (or nothing) for its name: the identity is refused and named,
+    the report is made judging the first policy node that reports, as for a bag without a summary."""
+    from phyai_ros.replay.report import make_report
+    from phyai_ros.replay.runbag import load_run
+
+    def edit(summary):
+        summary["node_identity"] = {"name": 7, "pid": 12}
+    bag = _write_output_bag(tmp_path / "out", n_chunks=12, summary_edit=edit)
+    run = load_run(bag)
+    assert "summary.node_identity.name" in run.refused and "summary.node_identity (without name)" in run.refused
+    assert run.node is not None and run.node.name.endswith("phyai_policy")
+    assert make_report(bag).numbers["chunks"] > 0
+
+
 def test_report_flags_misses_and_an_inference_bound_loop(tmp_path):
     """Also: a bag recorded on a robot (no replay summary) is enough for a report."""
     from phyai_ros.replay.report import make_report

@@ -115,7 +115,7 @@ _SUMMARY = {
     "complete": BOOL, "mode": STR, "rate": NUMBER, "wall_s": NUMBER, "chunks": INT, "margins": INT, "commands": INT,
     "diagnostics": INT, "out": STR, "session_start_ns": INT, "session_end_ns": INT, "session_report_ns": INT,
     "session_start_bag_ns": INT, "session_end_bag_ns": INT, "session_chunk_seqs": [INT], "session_margin_seqs": [INT],
-    "node_identity": {"name": STR, "pid": INT, "host": STR}, "foreign_reports": _COUNTS,
+    "node_identity": {"name": STR, "pid": INT, "host": STR, "!": ("name",)}, "foreign_reports": _COUNTS,
     "lag_ms": {"*": NUMBER}, "topics": {"*": STR},
     "node_counters": _COUNTS, "tail_counters": _COUNTS,
     "node": {"name": STR, "source": STR, "state_topic": STR, "instruction_topic": STR, "max_observation_age": NUMBER,
@@ -231,5 +231,5 @@ def match_chunks_and_margins(chunks: List[Tuple[int, ActionChunk]],
     return {by_seq[m.chunk_seq]: j for j, (_, m) in enumerate(margins) if m.chunk_seq in by_seq}
 
 
-__all__ = ["Run", "load_run", "check_summary", "json_default", "match_chunks_and_margins", "require_node_outputs", "NotAnOutputBag",
-           "SUMMARY_TOPIC", "EVENTS_TOPIC"]
+__all__ = ["Run", "load_run", "check_summary", "json_default", "match_chunks_and_margins", "require_node_outputs",
+           "NotAnOutputBag", "SUMMARY_TOPIC", "EVENTS_TOPIC"]
