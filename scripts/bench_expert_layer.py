@@ -76,9 +76,7 @@ def elapsed() -> float:
 # ----------------------------------------------------------------------------- variants
 def variants(names=None) -> dict:
     """name -> fn(h, layers, kv, ctx, norms, eps): today's path and every fused form, without row limits."""
-    out = {"unfused": xs.unfused}
-    for name, launch, tiling, _, _ in xs.FUSED_FORMS:
-        out[name] = functools.partial(xs.fused, launch=launch, tiling=tiling)
+    out = {c.name: c.fn for c in xs.candidates()}
     out["step_nc"] = functools.partial(xs.fused, launch="step", tiling={"cooperative": False})
     order = ["unfused", "kernels", "step", "layer", "kernels_s1", "kernels_wide", "kernels_n16", "step_nc"]
     out = {k: out[k] for k in order + [k for k in out if k not in order]}   # most wanted first (the budget)
