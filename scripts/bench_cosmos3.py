@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from call_timing import call_ms  # noqa: E402  (scripts/, next to this file)
+from call_timing import call_ms, startup_in_child  # noqa: E402  (scripts/, next to this file)
 from phyai_ros.models.cosmos3 import Cosmos3Adapter, Cosmos3Settings, TransformerConfig, VaeConfig  # noqa: E402
 from phyai_ros.models.cosmos3 import transformer as tfm  # noqa: E402
 from phyai_ros.models.cosmos3.checkpoint import (load_cosmos3_checkpoint, random_checkpoint,  # noqa: E402
@@ -237,14 +236,7 @@ def run(args, res: dict, save) -> dict:
     if args.startup == "skip":
         res["startup"] = {"skipped": True}
     else:
-        t = time.perf_counter()
-        child = subprocess.run([sys.executable, __file__, "--first-chunk", *sys.argv[1:]], capture_output=True,
-                               text=True)
-        res["startup"] = {"process_wall_s": time.perf_counter() - t}
-        try:
-            res["startup"].update(json.loads(child.stdout.strip().splitlines()[-1]))
-        except (IndexError, json.JSONDecodeError):
-            res["startup"]["error"] = child.stderr[-2000:]
+        res["startup"] = startup_in_child([__file__, "--first-chunk", *sys.argv[1:]])
         print(f"start-up: {res['startup']}", flush=True)
     save()
     policy, res["weights_s"] = build(args, dtype, disk=False)
