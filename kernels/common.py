@@ -43,9 +43,13 @@ except Exception:
 
 __all__ = [
     "triton", "tl", "HAVE_TRITON", "available", "interpret_mode", "require_triton",
-    "check_tensors", "rows_view", "next_power_of_2", "num_sms", "pdl", "pdl_enabled",
-    "wait_for_producer", "prefetch_l2",
+    "check_tensors", "rows_view", "next_power_of_2", "cdiv", "num_sms", "pdl", "pdl_enabled",
+    "wait_for_producer", "prefetch_l2", "LOG2E",
 ]
+
+# log2(e): the attention kernels' softmax runs on exp2, so the host folds it into the logits' scale. (Inside a
+# jit body the literal is spelt out: a kernel reads no Python global but a constexpr.)
+LOG2E = 1.4426950408889634
 
 
 def interpret_mode() -> bool:
@@ -113,6 +117,11 @@ def rows_view(t: torch.Tensor, name: str) -> torch.Tensor:
 
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of two ints, for the host's launch plans."""
+    return -(-a // b)
 
 
 _SM_CACHE: dict = {}

@@ -23,13 +23,11 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .common import HAVE_TRITON, num_sms, prefetch_l2, tl, triton
-from .expert_gemm import MAX_SPLITS_CONST, MAX_SPLITS, cdiv
+from .common import HAVE_TRITON, cdiv, num_sms, prefetch_l2, tl, triton
+from .expert_gemm import MAX_SPLITS_CONST, MAX_SPLITS
 from .split_kv_attention import split_kv_attention_ref
 
 __all__ = ["AttentionPlan", "attention_plan", "expert_attention_ref"]
-
-LOG2E = 1.4426950408889634
 
 
 def expert_attention_ref(qkv: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.Tensor,

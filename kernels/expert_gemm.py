@@ -30,7 +30,10 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .common import HAVE_TRITON, next_power_of_2, num_sms, prefetch_l2, tl, triton
+from .ada_rms_norm import ada_rms_norm_ref
+from .common import HAVE_TRITON, cdiv, next_power_of_2, num_sms, prefetch_l2, tl, triton
+from .geglu import geglu_ref
+from .rms_norm import rms_norm_ref
 
 __all__ = ["RESID", "ROPE", "GEGLU", "MAX_SPLITS", "GemmPlan", "gemm_plan", "row_norm_ref", "norm_qkv_rope_ref",
            "norm_geglu_ref", "gated_residual_ref"]
@@ -46,12 +49,11 @@ MAX_SPLITS_CONST = tl.constexpr(MAX_SPLITS) if HAVE_TRITON else MAX_SPLITS
 def row_norm_ref(h: torch.Tensor, scale: torch.Tensor, shift: Optional[torch.Tensor], tokens: int,
                  eps: float) -> torch.Tensor:
     """(ada)RMSNorm of rows h [M, W]: h * rstd * (1 + scale[item]) (+ shift[item]), item = row // tokens, in
-    fp32, rounded to h's dtype (scale / shift [B|1, W]; pi0's plain norm: its weight as a [1, W] scale)."""
-    hf = h.float()
-    y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + _per_row(scale, h.shape, tokens))
-    if shift is not None:
-        y = y + _per_row(shift, h.shape, tokens)
-    return y.to(h.dtype)
+    fp32, rounded to h's dtype (scale / shift [B|1, W]; pi0's plain norm: its weight as a [1, W] scale): the
+    norm kernels' references on the modulation gathered per row (one row per item)."""
+    if shift is None:
+        return rms_norm_ref(h, _per_row(scale, h.shape, tokens), eps)
+    return ada_rms_norm_ref(h, _per_row(scale, h.shape, tokens), _per_row(shift, h.shape, tokens), 1, eps)
 
 
 def _per_row(t: torch.Tensor, shape, tokens: int) -> torch.Tensor:
@@ -79,9 +81,7 @@ def norm_qkv_rope_ref(h, scale, shift, weight, cos, sin, n_heads: int, n_kv_head
 
 def norm_geglu_ref(h, scale, shift, gate_up_w, tokens: int, eps: float) -> torch.Tensor:
     """gelu_tanh(x Wg^T) * (x Wu^T) for x = norm(h), gate_up_w = [Wg; Wu]; fp32 math, h's dtype out."""
-    y = row_norm_ref(h, scale, shift, tokens, eps).float() @ gate_up_w.float().T
-    i = y.shape[-1] // 2
-    return (torch.nn.functional.gelu(y[:, :i], approximate="tanh") * y[:, i:]).to(h.dtype)
+    return geglu_ref(row_norm_ref(h, scale, shift, tokens, eps).float() @ gate_up_w.float().T).to(h.dtype)
 
 
 def gated_residual_ref(x, weight, h, gate: Optional[torch.Tensor], tokens: int):
@@ -95,10 +95,6 @@ def gated_residual_ref(x, weight, h, gate: Optional[torch.Tensor], tokens: int):
 
 
 # --------------------------------------------------------------------------- launch plan
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class GemmPlan(NamedTuple):
     """Launch shape of one GEMM phase: tile sizes, K splits (whole K blocks each), tile counts, and the fp32
     workspace (floats) its split-K partials need."""
@@ -115,7 +111,7 @@ class GemmPlan(NamedTuple):
     num_stages: int
 
 
-def gemm_plan(m: int, n_blocks: int, k: int, device: torch.device, *, paired: bool, block_m: Optional[int] = None,
+def gemm_plan(m: int, n_blocks: int, k: int, device: torch.device, *, block_m: Optional[int] = None,
               block_n: int = 32, block_k: int = 128, splits: Optional[int] = None, num_warps: int = 4,
               num_stages: int = 3, tiles_per_sm: int = 2) -> GemmPlan:
     """Split K until the tiles give every multiprocessor about ``tiles_per_sm`` of them (each split >= 2 K

@@ -40,10 +40,10 @@ from typing import Optional, Sequence
 
 import torch
 
-from .common import (HAVE_TRITON, available, check_tensors, interpret_mode, next_power_of_2, num_sms, pdl, require_triton,
-                      tl, triton, wait_for_producer)
-from .expert_attention import LOG2E, attention_plan, expert_attention_ref
-from .expert_gemm import (GEGLU, RESID, ROPE, cdiv, gated_residual_ref, gemm_plan, norm_geglu_ref, norm_qkv_rope_ref,
+from .common import (HAVE_TRITON, LOG2E, available, cdiv, check_tensors, interpret_mode, next_power_of_2, num_sms,
+                      pdl, require_triton, tl, triton, wait_for_producer)
+from .expert_attention import attention_plan, expert_attention_ref
+from .expert_gemm import (GEGLU, RESID, ROPE, gated_residual_ref, gemm_plan, norm_geglu_ref, norm_qkv_rope_ref,
                           row_norm_ref)
 from .split_kv_attention import mask_strides
 
@@ -359,13 +359,11 @@ def stack_plans(m: int, batch: int, tokens: int, width: int, mlp: int, n_heads: 
     tl_["qkv"] = {**tl_["qkv"], "block_n": min(tl_["qkv"]["block_n"], d // 2)}
     common = dict(block_m=tl_["block_m"], num_warps=tl_["num_warps"], num_stages=tl_["num_stages"])
     plans = {
-        "qkv": gemm_plan(m, (n_heads + 2 * n_kv_heads) * (d // 2) // tl_["qkv"]["block_n"], width, device,
-                         paired=True, **common, **tl_["qkv"]),
-        "o": gemm_plan(m, -(-width // tl_["o"]["block_n"]), n_heads * d, device, paired=False, **common, **tl_["o"]),
-        "gate_up": gemm_plan(m, -(-mlp // tl_["gate_up"]["block_n"]), width, device, paired=True, **common,
-                             **tl_["gate_up"]),
-        "down": gemm_plan(m, -(-width // tl_["down"]["block_n"]), mlp, device, paired=False, **common,
-                          **tl_["down"]),
+        "qkv": gemm_plan(m, (n_heads + 2 * n_kv_heads) * (d // 2) // tl_["qkv"]["block_n"], width, device, **common,
+                         **tl_["qkv"]),
+        "o": gemm_plan(m, cdiv(width, tl_["o"]["block_n"]), n_heads * d, device, **common, **tl_["o"]),
+        "gate_up": gemm_plan(m, cdiv(mlp, tl_["gate_up"]["block_n"]), width, device, **common, **tl_["gate_up"]),
+        "down": gemm_plan(m, cdiv(width, tl_["down"]["block_n"]), mlp, device, **common, **tl_["down"]),
         "attention": attention_plan(batch, n_kv_heads, n_heads // n_kv_heads, tokens, keys, d, device,
                                     **tl_["attention"]),
     }

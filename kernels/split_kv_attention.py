@@ -43,13 +43,12 @@ from typing import Optional, Tuple
 import torch
 
 from .rope import qkv_rope_ref, split_heads
-from .common import (HAVE_TRITON, available, check_tensors, next_power_of_2, num_sms, pdl, tl, triton,
+from .common import (HAVE_TRITON, LOG2E, available, check_tensors, next_power_of_2, num_sms, pdl, tl, triton,
                       wait_for_producer)
 
 __all__ = ["available", "split_kv_attention", "split_kv_attention_ref", "rope_split_kv_attention",
            "rope_split_kv_attention_ref"]
 
-_LOG2E = 1.4426950408889634
 _COMBINE_MAX_ELEMS = 8192  # splits x head_dim loaded at once by the combine kernel
 
 
@@ -395,7 +394,7 @@ def split_kv_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.
         k_suffix.stride(0), k_suffix.stride(1), k_suffix.stride(2),
         v_suffix.stride(0), v_suffix.stride(1), v_suffix.stride(2),
         smb, smq, smk, scb, sct,
-        Hkv, G, Lq, P, S, D, n_rows, nsp, n_splits, chunk, scale * _LOG2E,
+        Hkv, G, Lq, P, S, D, n_rows, nsp, n_splits, chunk, scale * LOG2E,
         MASK_MODE=mask_mode, MASK_PER_KEY=per_key, DOT_PREC=dot_prec, ROPE=rope is not None, DIRECT=direct,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_H=block_d // 2, num_warps=num_warps,
         num_stages=num_stages,

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,13 +35,14 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from call_timing import call_ms  # noqa: E402  (scripts/, next to this file)
+from call_timing import call_ms, startup_in_child  # noqa: E402  (scripts/, next to this file)
 from phyai_ros.models.cosmos3 import Cosmos3Adapter, Cosmos3Settings, TransformerConfig, VaeConfig  # noqa: E402
 from phyai_ros.models.cosmos3 import transformer as tfm  # noqa: E402
 from phyai_ros.models.cosmos3.checkpoint import (load_cosmos3_checkpoint, random_checkpoint,  # noqa: E402
                                                  write_random_checkpoint)
 from phyai_ros.models.cosmos3.config import (FULL_TRANSFORMER, FULL_VAE, transformer_parameter_count,  # noqa: E402
                                              vae_encoder_parameter_count)
+from phyai_ros.models.cosmos3.costs import cosmos3_stage_costs  # noqa: E402
 
 TINY_TRANSFORMER = TransformerConfig(hidden_size=32, head_dim=16, num_heads=4, num_kv_heads=2, intermediate_size=64,
                                      num_layers=2, hidden_act="silu", rope_axes_dim=(4, 2, 2), action_dim=32,
@@ -117,16 +117,6 @@ def first_chunk(args) -> dict:
     return {"import_s": t0 - T_PROCESS, "weights_s": t_load - t0, "capture_s": t_capture - t_load,
             "first_chunk_s": t_first - t_capture, "in_process_total_s": t_first - T_PROCESS,
             "weights_from": args.startup, "finite": bool(torch.isfinite(actions).all())}
-
-
-def stage_costs(c: TransformerConfig, rows: int, text: int, gen: int, steps: int) -> dict:
-    """FLOPs of the conditioning (text pathway) and generation (all steps) GEMMs and attention."""
-    mlp = (3 if c.hidden_act == "silu" else 2) * c.hidden_size * c.intermediate_size
-    proj = c.hidden_size * (c.q_dim + 2 * c.kv_dim) + c.q_dim * c.hidden_size
-    cond = 2 * rows * text * (c.num_layers * proj + (c.num_layers - 1) * mlp) \
-        + 2 * rows * text * text * c.q_dim * (c.num_layers - 1)
-    step = 2 * rows * gen * c.num_layers * (proj + mlp) + 4 * rows * gen * (text + gen) * c.q_dim * c.num_layers
-    return {"conditioning": cond, "generation": steps * step}
 
 
 def bench_diffusers(policy, args) -> dict:
@@ -207,13 +197,14 @@ def measure_image(policy, args, size: str) -> dict:
            "conditioning": lambda: tfm.text_kv(stages.w, stages.cfg, bucket.obs["ids"], bucket.obs["text_cos"],
                                                bucket.obs["text_sin"], bucket.obs["causal"], stages.parallel.reduce),
            "generation": (lambda: runner.sample(bucket, vis, act))}
-    costs = stage_costs(stages.cfg, obs["ids"].shape[0], text_len, gen_len, args.steps)
+    costs = cosmos3_stage_costs(stages.cfg, obs["ids"].shape[0], text_len, gen_len, args.steps)
     out["stages"] = {}
     for name, fn in fns.items():
         ms = statistics.median(call_ms(fn, max(3, args.iters // 2), 1, dev))
         out["stages"][name] = {"ms": ms, "graph": name == "generation" and runner.use_graphs}
         if name in costs:
-            out["stages"][name].update(tflop=costs[name] / 1e12, achieved_tflops=costs[name] / ms / 1e9)
+            flops = costs[name].flops
+            out["stages"][name].update(tflop=flops / 1e12, achieved_tflops=flops / ms / 1e9)
     print(f"{size} stages (vae and conditioning eager, generation "
           f"{'graph' if runner.use_graphs else 'eager'}): {out['stages']}", flush=True)
     return out
@@ -237,14 +228,7 @@ def run(args, res: dict, save) -> dict:
     if args.startup == "skip":
         res["startup"] = {"skipped": True}
     else:
-        t = time.perf_counter()
-        child = subprocess.run([sys.executable, __file__, "--first-chunk", *sys.argv[1:]], capture_output=True,
-                               text=True)
-        res["startup"] = {"process_wall_s": time.perf_counter() - t}
-        try:
-            res["startup"].update(json.loads(child.stdout.strip().splitlines()[-1]))
-        except (IndexError, json.JSONDecodeError):
-            res["startup"]["error"] = child.stderr[-2000:]
+        res["startup"] = startup_in_child([__file__, "--first-chunk", *sys.argv[1:]])
         print(f"start-up: {res['startup']}", flush=True)
     save()
     policy, res["weights_s"] = build(args, dtype, disk=False)

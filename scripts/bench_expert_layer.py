@@ -56,6 +56,7 @@ import torch  # noqa: E402
 from phyai_ros.kernels import expert_layer as el  # noqa: E402
 from phyai_ros.layers import dispatch, ops  # noqa: E402,F401  (dispatch registers the ops' candidates)
 from phyai_ros.layers import expert_stack as xs  # noqa: E402
+from phyai_ros.layers.profiling import rel_err  # noqa: E402
 from phyai_ros.layers.selector import SELECTOR  # noqa: E402
 from phyai_ros.modeling.suffix import SuffixContext  # noqa: E402
 
@@ -76,9 +77,7 @@ def elapsed() -> float:
 # ----------------------------------------------------------------------------- variants
 def variants(names=None) -> dict:
     """name -> fn(h, layers, kv, ctx, norms, eps): today's path and every fused form, without row limits."""
-    out = {"unfused": xs.unfused}
-    for name, launch, tiling, _, _ in xs.FUSED_FORMS:
-        out[name] = functools.partial(xs.fused, launch=launch, tiling=tiling)
+    out = {c.name: c.fn for c in xs.candidates()}
     out["step_nc"] = functools.partial(xs.fused, launch="step", tiling={"cooperative": False})
     order = ["unfused", "kernels", "step", "layer", "kernels_s1", "kernels_wide", "kernels_n16", "step_nc"]
     out = {k: out[k] for k in order + [k for k in out if k not in order]}   # most wanted first (the budget)
@@ -139,10 +138,6 @@ def stack_tensors(args, dtype=None):
             c(ctx.sin), sc, sh, gt, eps)
 
 
-def rel(a, ref) -> float:
-    return ((a.float() - ref).norm() / ref.norm()).item()
-
-
 def poison_allocator(nbytes: int) -> None:
     """Fill free cached memory with NaN, so that an output a kernel forgets to write shows."""
     if DEVICE == "cuda":
@@ -154,7 +149,7 @@ def poison_allocator(nbytes: int) -> None:
 def references(args) -> tuple:
     """(fp32 result, bound): the fp32 reference and 1.25 x the bf16-emulating reference's error + 2e-3."""
     want = el.expert_stack_ref(*stack_tensors(args, torch.float32), HQ)
-    return want, 1.25 * rel(el.expert_stack_ref(*stack_tensors(args), HQ), want) + 2e-3
+    return want, 1.25 * rel_err(el.expert_stack_ref(*stack_tensors(args), HQ), want) + 2e-3
 
 
 def check(fn, args, fresh_args, refs) -> dict:
@@ -165,11 +160,11 @@ def check(fn, args, fresh_args, refs) -> dict:
     eager = fn(*args)
     if DEVICE == "cuda":
         torch.cuda.synchronize()
-    res = {"eager_rel": rel(eager, want), "bound": bound, "finite": bool(torch.isfinite(eager).all())}
+    res = {"eager_rel": rel_err(eager, want), "bound": bound, "finite": bool(torch.isfinite(eager).all())}
     if DEVICE != "cuda":   # the smoke run: the fresh inputs eagerly
         refresh(args, fresh_args)
         out = fn(*args)
-        res.update(graph_rel=rel(out, want2), graph_bound=bound2, graph_finite=bool(torch.isfinite(out).all()))
+        res.update(graph_rel=rel_err(out, want2), graph_bound=bound2, graph_finite=bool(torch.isfinite(out).all()))
         res["ok"] = bool(res["finite"] and res["graph_finite"] and res["eager_rel"] <= bound
                          and res["graph_rel"] <= bound2)
         return res
@@ -186,7 +181,7 @@ def check(fn, args, fresh_args, refs) -> dict:
     out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
-    res.update(graph_rel=rel(out, want2), graph_bound=bound2, graph_finite=bool(torch.isfinite(out).all()))
+    res.update(graph_rel=rel_err(out, want2), graph_bound=bound2, graph_finite=bool(torch.isfinite(out).all()))
     res["ok"] = bool(res["finite"] and res["graph_finite"] and res["eager_rel"] <= bound
                      and res["graph_rel"] <= bound2)
     del g
@@ -263,20 +258,14 @@ def forced_selector(name: str):
 
 
 def runner_part(model: str, ckpt: Path, names, res: dict, budget: float, iters: int) -> None:
-    from call_timing import call_ms
+    from call_timing import call_ms, flow_runner_inputs
     from phyai_ros.models.pi0.checkpoint import load_pi0_checkpoint
     from phyai_ros.models.pi05.checkpoint import load_pi05_checkpoint
     from phyai_ros.runtime.runner import FlowRunner
     loader = load_pi0_checkpoint if model == "pi0" else load_pi05_checkpoint
     ck = loader(ckpt, device="cuda", dtype=torch.bfloat16)
     m, cfg = ck.model, ck.config
-    b, s = 1, 3
-    images = torch.rand(b, s, 3, 224, 224, device="cuda") * 2 - 1
-    masks = torch.ones(b, s, dtype=torch.bool, device="cuda")
-    tokens = torch.randint(0, 1000, (b, cfg.token_budget), device="cuda")
-    tmask = torch.arange(cfg.token_budget, device="cuda")[None].expand(b, -1) < min(40, cfg.token_budget)
-    state = torch.randn(b, cfg.max_state_dim, device="cuda")
-    noise = torch.randn(b, cfg.chunk_size, cfg.max_action_dim, device="cuda")
+    images, masks, tokens, tmask, state, noise = flow_runner_inputs(cfg, 1, 3)
     base = None
     for name in names:
         if elapsed() > budget:
@@ -304,7 +293,7 @@ def runner_part(model: str, ckpt: Path, names, res: dict, budget: float, iters: 
             if base is None:
                 base = actions
             else:
-                entry["actions_rel_to_first"] = rel(actions, base.float())
+                entry["actions_rel_to_first"] = rel_err(actions, base.float())
             res[name] = entry
             print(f"runner {model} {name}: {entry}", flush=True)
             del runner, bucket

@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench_runtime import ceilings, pct  # noqa: E402  (scripts/, next to this file)
-from call_timing import call_ms  # noqa: E402
+from call_timing import call_ms, startup_in_child  # noqa: E402
 from phyai_ros.models.groot_n17 import GrootAdapter  # noqa: E402
 from phyai_ros.models.groot_n17.checkpoint import PREFIX, groot_key_shapes  # noqa: E402
 from phyai_ros.models.groot_n17.config import groot_config  # noqa: E402
@@ -336,14 +335,7 @@ def main() -> None:
     if args.skip_startup:
         res["startup"] = {"skipped": True}
     else:
-        t = time.perf_counter()
-        child = subprocess.run([sys.executable, __file__, "--first-chunk", "--device", DEVICE, "--root",
-                                str(args.root)], capture_output=True, text=True)
-        res["startup"] = {"process_wall_s": time.perf_counter() - t}
-        try:
-            res["startup"].update(json.loads(child.stdout.strip().splitlines()[-1]))
-        except (IndexError, json.JSONDecodeError):
-            res["startup"]["error"] = child.stderr[-2000:]
+        res["startup"] = startup_in_child([__file__, "--first-chunk", "--device", DEVICE, "--root", str(args.root)])
         print(f"start-up to first chunk: {res['startup']}", flush=True)
     res["views"] = {}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ from phyai_ros.models.pi0 import checkpoint as pi0_checkpoint  # noqa: E402
 from phyai_ros.models.pi05 import checkpoint as pi05_checkpoint  # noqa: E402
 from phyai_ros.runtime.roofline import flow_stage_costs  # noqa: E402
 from phyai_ros.runtime.runner import FlowRunner  # noqa: E402
-from call_timing import call_ms  # noqa: E402  (scripts/, next to this file)
+from call_timing import call_ms, startup_in_child  # noqa: E402  (scripts/, next to this file)
 
 TOKEN_BUCKET = 0
 PRESENT = 3          # --cameras: the first PRESENT of CAMERAS send frames, the rest are absent
@@ -214,18 +213,10 @@ def main() -> None:
         print(f"{MODELS[MODEL][3]} checkpoint at {args.checkpoint}: {res['checkpoint_gb']:.2f} GB")
         return
 
-    t = time.perf_counter()
-    child = None if args.skip_startup else subprocess.run([sys.executable, __file__, "--first-chunk", "--device", DEVICE, "--model", MODEL,
-                            "--token-bucket", str(TOKEN_BUCKET), "--cameras", str(PRESENT),
-                            *([] if SKIP_ABSENT else ["--keep-absent"]),
-                            "--checkpoint", str(args.checkpoint),
-                            "--tokenizer", str(args.tokenizer)], capture_output=True, text=True)
-    res["startup"] = {"process_wall_s": time.perf_counter() - t} if child else {"skipped": True}
-    try:
-        if child:
-            res["startup"].update(json.loads(child.stdout.strip().splitlines()[-1]))
-    except (IndexError, json.JSONDecodeError):
-        res["startup"]["error"] = child.stderr[-2000:]
+    res["startup"] = {"skipped": True} if args.skip_startup else startup_in_child(
+        [__file__, "--first-chunk", "--device", DEVICE, "--model", MODEL, "--token-bucket", str(TOKEN_BUCKET),
+         "--cameras", str(PRESENT), *([] if SKIP_ABSENT else ["--keep-absent"]), "--checkpoint", str(args.checkpoint),
+         "--tokenizer", str(args.tokenizer)])
     print(f"start-up to first chunk: {res['startup']}", flush=True)
 
     policy = load_policy(args.checkpoint, args.tokenizer)

@@ -24,6 +24,8 @@ os.environ["TRITON_INTERPRET"] = "0"  # JIT functions, not interpreted ones: com
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from phyai_ros.kernels.expert_layer import ATTN, DOWN, FINAL, GATE_UP, LAYER, OPROJ, QKV, ROWS  # noqa: E402
+
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory per block on sm_90 / sm_100-class GPUs
 
 # The expert stack's kernel at pi0.5's shapes (W 1024, 8 heads of 256, one KV head; 50 rows): default tiling.
@@ -109,13 +111,14 @@ SPECS = [
     # the expert layer stack (kernels/expert_layer.py): each phase as its own kernel (pi0.5's adaRMS, split K and
     # split keys with last-arriving merges), pi0's plain norm, the wide tiling, and the persistent step kernel
     *(("expert_layer", "_expert_kernel", _EXPERT_TYPES, dict(_EXPERT, PHASES=phase, PREFETCH=prefetch), {})
-      for phase, prefetch in ((1, False), (2, True), (4, True), (8, True), (16, True), (32, True), (64, False))),
-    ("expert_layer", "_expert_kernel", _EXPERT_TYPES, dict(_EXPERT, PHASES=2, ADA=False, ITEMS=False), {}),
+      for phase, prefetch in ((ROWS, False), (QKV, True), (ATTN, True), (OPROJ, True), (GATE_UP, True), (DOWN, True),
+                              (FINAL, False))),
+    ("expert_layer", "_expert_kernel", _EXPERT_TYPES, dict(_EXPERT, PHASES=QKV, ADA=False, ITEMS=False), {}),
     ("expert_layer", "_expert_kernel", _EXPERT_TYPES,
-     dict(_EXPERT, PHASES=16, BLOCK_M=128, BN_G=64, BK_G=64, ITEMS=True), dict(num_warps=8)),
+     dict(_EXPERT, PHASES=GATE_UP, BLOCK_M=128, BN_G=64, BK_G=64, ITEMS=True), dict(num_warps=8)),
     ("expert_layer", "_expert_kernel", {**_EXPERT_TYPES, **{k: "*i64" for k in ("QKV_W", "O_W", "GU_W", "DN_W", "KP",
                                                                               "VP", "SC", "SH", "GT")}},
-     dict(_EXPERT, PHASES=127, TABLES=True), {}),
+     dict(_EXPERT, PHASES=ROWS | LAYER | FINAL, TABLES=True), {}),
 ]
 FLOAT_ARGS = {"eps", "qk_scale"}
 INT_ARGS = {"M", "N", "K", "I", "D", "S", "G", "T", "HQ", "HKV", "SPLITS"}  # sizes spelt in capitals

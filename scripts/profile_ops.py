@@ -34,6 +34,7 @@ from phyai_ros.layers.profiles import write_profile  # noqa: E402
 from phyai_ros.layers.profiling import (cold_arg_sets, graph_time_us, profile_calls,  # noqa: E402,F401
                                         record)
 from phyai_ros.layers.selector import SELECTOR, device_signature  # noqa: E402
+from call_timing import flow_runner_inputs  # noqa: E402  (scripts/, next to this file)
 
 
 def record_model_calls(args) -> dict:
@@ -66,12 +67,7 @@ def record_calls(model, cfg, b: int, s: int) -> dict:
     from phyai_ros.runtime.runner import FlowRunner
     runner = FlowRunner(model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False,
                         state_dim=cfg.max_state_dim)
-    images = torch.rand(b, s, 3, 224, 224, device="cuda") * 2 - 1
-    masks = torch.ones(b, s, dtype=torch.bool, device="cuda")
-    tokens = torch.randint(0, 1000, (b, cfg.token_budget), device="cuda")
-    tmask = torch.arange(cfg.token_budget, device="cuda")[None].expand(b, -1) < min(40, cfg.token_budget)
-    state = torch.randn(b, cfg.max_state_dim, device="cuda")
-    noise = torch.randn(b, cfg.chunk_size, cfg.max_action_dim, device="cuda")
+    images, masks, tokens, tmask, state, noise = flow_runner_inputs(cfg, b, s)
     # As chosen by default, then with every op on its reference (the sub-ops of fused ops): see record().
     rec = record(SELECTOR, lambda: runner.sample(runner.set_observation(images, masks, tokens, tmask, state), noise))
     torch.cuda.synchronize()

@@ -8,20 +8,23 @@ reference ops; the Triton wrappers' row layout is adapted here, once. The
 (fewer kernels per expert layer); where that kernel does not apply they run
 "unfused": the sub-ops through their own entry points, each selected as alone.
 A ``QuantizedWeight`` in place of a weight runs the op's quantized twin ("q" + the op's name), whose candidates
-layers/quant_dispatch.py registers (the layers package imports both).
+layers/quant_dispatch.py registers; ``expert_stack``'s are registered by layers/expert_stack.py (the layers
+package imports all three).
 """
 from __future__ import annotations
 
 import functools
-from typing import Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
 import torch
 
 from phyai_ros.kernels import common as _triton_common
-from phyai_ros.layers import expert_stack as _expert_stack
 from phyai_ros.layers import flashinfer_backend, ops
 from phyai_ros.layers.quantized import QuantizedWeight, qshape_key
 from phyai_ros.layers.selector import SELECTOR, Candidate, active_selector, shape_key
+
+if TYPE_CHECKING:
+    from phyai_ros.layers.expert_stack import ExpertNorms
 
 Tensor = torch.Tensor
 Weight = "Tensor | QuantizedWeight"   # every linear op takes either (a quantized one runs its "q" twin op)
@@ -379,9 +382,6 @@ _REGISTRY = {
         *(Candidate(name, functools.partial(_triton_rope_attention, **tiling), _CUDA, available=_triton_ok,
                     supports=_rope_attention_fits, profiled_only=True) for name, tiling in ATTENTION_TILINGS.items()),
         Candidate("unfused", _unfused_rope_attention)],
-    # The action expert's whole layer stack (pi0 / pi0.5): few-kernel and persistent forms, today's per-op path
-    # as the reference (layers/expert_stack.py).
-    "expert_stack": _expert_stack.candidates(_triton_ok),
     # Long-query attention (SigLIP, the prefix): SDPA first; the split-KV kernel is a profiled option.
     "attention": [Candidate("sdpa", sdpa, _CUDA),
                   *(Candidate(name, functools.partial(_triton_attention, **tiling), _CUDA, available=_triton_ok)
@@ -515,7 +515,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None) ->
     return _selector().call("attention", shape_key(q, k), q.device, q, k, v, mask)
 
 
-def expert_stack(h: Tensor, layers, kv, ctx, norms: "_expert_stack.ExpertNorms", eps: float) -> Tensor:
+def expert_stack(h: Tensor, layers, kv, ctx, norms: "ExpertNorms", eps: float) -> Tensor:
     """The action expert's layers on its residual stream h [B, T, W] -> the final norm's output [B, T, W].
     layers: per layer qkv_w / o_w / gate_up_w / down_w (GemmaLayer); kv: per layer the prefix cache (k, v);
     ctx: the suffix's mask and RoPE tables (modeling.suffix.SuffixContext); norms: layers.expert_stack's

@@ -7,10 +7,12 @@ final norm's output out) do all forms agree. ``layers.dispatch.expert_stack`` se
 
 * ``unfused`` (the reference, last): today's per-op path, each op selected on its own (skinny GEMMs with
   fused epilogues, the split-KV attention, ...), bit for bit what the models ran before this op existed;
-* ``kernels``: kernels/expert_layer.py's phases, five kernels per layer, no reducers (the default for up to
-  64 rows where Triton runs; ``kernels_wide`` is the same for more rows, profiled-only);
-* ``layer`` / ``step``: the same phases as one persistent kernel per layer / per denoising step
-  (profiled-only until a device profile measures them faster).
+* ``kernels``: kernels/expert_layer.py's phases, five kernels per layer, no reducers (up to 64 rows;
+  ``kernels_wide`` is the same for more rows, ``kernels_s1`` / ``kernels_n16`` other tilings);
+* ``layer`` / ``step``: the same phases as one persistent kernel per layer / per denoising step.
+
+Every fused form is profiled-only (``FUSED_FORMS``): without a device profile that measured it faster, the
+reference runs.
 
 Training-time RTC (modulation per token), quantized weights and anything the kernels do not take run the
 reference. Design: design.md §7.
@@ -21,6 +23,10 @@ import functools
 from typing import NamedTuple, Optional, Sequence
 
 import torch
+
+from phyai_ros.layers import dispatch
+from phyai_ros.layers.ops import attn_tokens
+from phyai_ros.layers.selector import SELECTOR, Candidate
 
 Tensor = torch.Tensor
 
@@ -66,16 +72,9 @@ class ExpertNorms(NamedTuple):
         return per[0], per[1], per[2][:-1]
 
 
-def _attn_tokens(a: Tensor) -> Tensor:
-    """Attention output [B, Hq, T, hd] -> [B, T, Hq*hd], the o_proj input (a view where a is token-major)."""
-    b, h, t, d = a.shape
-    return a.transpose(1, 2).reshape(b, t, h * d)
-
-
 def unfused(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, eps: float) -> Tensor:
     """The reference: per layer qkv GEMM, RoPE + attention, o-proj with residual and norm, GeGLU GEMM,
     down-proj with residual and norm, each through its own selected op; returns the final norm's output."""
-    from phyai_ros.layers import dispatch
     n = len(layers)
     if norms.adaptive:
         x = dispatch.ada_rms_norm(h, norms.scale(0), norms.shift(0), eps)
@@ -83,7 +82,7 @@ def unfused(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, 
         x = dispatch.rms_norm(h, norms.scale(0), eps)
     for i, layer in enumerate(layers):
         qkv = dispatch.linear(x, layer.qkv_w)
-        a = _attn_tokens(dispatch.rope_attention_with_prefix(qkv, ctx.cos, ctx.sin, *kv[i], ctx.mask))
+        a = attn_tokens(dispatch.rope_attention_with_prefix(qkv, ctx.cos, ctx.sin, *kv[i], ctx.mask))
         if norms.adaptive:
             h, x = dispatch.linear_gated_ada_rms_norm(a, layer.o_w, h, norms.gate(2 * i), norms.scale(2 * i + 1),
                                                       norms.shift(2 * i + 1), eps)
@@ -143,29 +142,32 @@ WIDE_TILING = {"block_m": 128, "num_warps": 8, "qkv": {"block_n": 64, "block_k":
                "o": {"block_n": 64, "block_k": 64}, "gate_up": {"block_n": 64, "block_k": 64},
                "down": {"block_n": 64, "block_k": 64}, "attention": {"block_m": 64, "block_n": 64}}
 
-# Launch forms the profile may pick: (name, launch, tiling overrides, rows taken, profiled only). Every fused form
-# runs only where a device profile measured it faster than the reference: on the H200 (2026-12-01, the runner, pi0.5
-# batch 1) the 5-kernel form took the loop from 7.82 to 12.54 ms (docs/benchmarks.md, issue 21).
+# Launch forms the profile may pick: (name, launch, tiling overrides, rows taken). Every fused form is profiled-only:
+# it runs only where a device profile measured it faster than the reference: on the H200 (2026-12-01, the runner,
+# pi0.5 batch 1) the 5-kernel form took the loop from 7.82 to 12.54 ms (docs/benchmarks.md, issue 21).
 FUSED_FORMS = (
-    ("kernels", "kernels", None, (0, 64), True),
-    ("kernels_wide", "kernels", WIDE_TILING, (65, None), True),
+    ("kernels", "kernels", None, (0, 64)),
+    ("kernels_wide", "kernels", WIDE_TILING, (65, None)),
     ("kernels_s1", "kernels", {n: {"block_n": 32, "block_k": 128, "splits": 1} for n in ("qkv", "o", "gate_up",
-                                                                                         "down")}, (0, None), True),
+                                                                                         "down")}, (0, None)),
     ("kernels_n16", "kernels", {"qkv": {"block_n": 16, "block_k": 128}, "o": {"block_n": 16, "block_k": 256},
                                 "gate_up": {"block_n": 16, "block_k": 128}, "down": {"block_n": 16, "block_k": 256},
-                                "attention": {"block_m": 32, "block_n": 32}}, (0, None), True),
-    ("layer", "layer", PERSISTENT_TILING, (0, None), True),
-    ("step", "step", PERSISTENT_TILING, (0, None), True),
+                                "attention": {"block_m": 32, "block_n": 32}}, (0, None)),
+    ("layer", "layer", PERSISTENT_TILING, (0, None)),
+    ("step", "step", PERSISTENT_TILING, (0, None)),
 )
 
 
-def candidates(available) -> list:
+def candidates() -> list:
     """The selector's candidates for "expert_stack", the reference last."""
-    from phyai_ros.layers.selector import Candidate
     out = []
-    for name, launch, tiling, (lo, hi), profiled in FUSED_FORMS:
+    for name, launch, tiling, (lo, hi) in FUSED_FORMS:
         out.append(Candidate(name, functools.partial(fused, launch=launch, tiling=tiling), ("cuda",),
-                             available=available, supports=functools.partial(fits, min_rows=lo, max_rows=hi),
-                             profiled_only=profiled))
+                             available=dispatch._triton_ok,
+                             supports=functools.partial(fits, min_rows=lo, max_rows=hi), profiled_only=True))
     out.append(Candidate("unfused", unfused))
     return out
+
+
+for _c in candidates():
+    SELECTOR.register("expert_stack", _c)

@@ -116,6 +116,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, additive_mask: Optional[Tensor] =
     return out.view(b, hq, tq, d)
 
 
+def attn_tokens(a: Tensor) -> Tensor:
+    """Attention output [B, Hq, T, hd] -> [B, T, Hq*hd], the o_proj input (a view where a is token-major)."""
+    b, h, t, d = a.shape
+    return a.transpose(1, 2).reshape(b, t, h * d)
+
+
 def attention_unmasked(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Full bidirectional multi-head attention without a mask (vision encoder), q/k/v [B, H, T, D].
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from phyai_ros.layers import dispatch
+from phyai_ros.layers.ops import attn_tokens
 
 from .config import GemmaConfig
 
@@ -55,20 +56,6 @@ def qkv_rope(x_normed: Tensor, layer: GemmaLayer, cfg: GemmaConfig, cos: Tensor,
     split + rotate where a kernel can)."""
     return dispatch.qkv_rope(dispatch.linear(x_normed, layer.qkv_w), cos, sin, cfg.num_heads, cfg.num_kv_heads,
                              cfg.head_dim)
-
-
-def expert_attention(x_normed: Tensor, layer: GemmaLayer, k_prefix: Tensor, v_prefix: Tensor, ctx) -> Tensor:
-    """Action-expert attention of x [B, T, W] over [prefix cache; its own T tokens] -> [B, T, Hq*hd], the
-    o_proj input. ctx: the suffix's mask and RoPE tables (modeling.suffix.SuffixContext). RoPE is
-    applied inside the attention kernel where one can (no rotated q / k written out)."""
-    qkv = dispatch.linear(x_normed, layer.qkv_w)
-    return attn_tokens(dispatch.rope_attention_with_prefix(qkv, ctx.cos, ctx.sin, k_prefix, v_prefix, ctx.mask))
-
-
-def attn_tokens(a: Tensor) -> Tensor:
-    """Attention output [B, Hq, T, hd] -> [B, T, Hq*hd], the o_proj input (a view where a is token-major)."""
-    b, h, t, d = a.shape
-    return a.transpose(1, 2).reshape(b, t, h * d)
 
 
 def attn_out(a: Tensor, layer: GemmaLayer) -> Tensor:
