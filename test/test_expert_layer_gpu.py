@@ -24,6 +24,7 @@ import torch
 from phyai_ros.kernels import expert_layer as el
 from phyai_ros.layers import ops
 from phyai_ros.layers.expert_stack import ExpertNorms, unfused
+from phyai_ros.layers.selector import OperatorSelector
 from phyai_ros.modeling.suffix import SuffixContext
 
 pytestmark = pytest.mark.gpu
@@ -167,7 +168,8 @@ def test_graph_replays_fresh_inputs_and_persistent_equals_kernels_bitwise(model,
 
 
 def test_the_op_through_the_selector_in_a_graph():
-    """dispatch.expert_stack picks the 5-kernel form for pi0.5's batch 1 without a profile and captures it."""
+    """Without a profile dispatch.expert_stack keeps today's path (every fused form is profiled-only); a selector
+    that names the 5-kernel form for pi0.5's batch 1 picks it, and it captures and replays as it ran eagerly."""
     from phyai_ros.layers import dispatch
     c = inputs("pi05", 1, seed=7)
     layers = [types.SimpleNamespace(qkv_w=q, o_w=o, gate_up_w=gu, down_w=dn)
@@ -175,11 +177,14 @@ def test_the_op_through_the_selector_in_a_graph():
     kv = list(zip(c["k_prefix"], c["v_prefix"]))
     ctx = SuffixContext(c["mask"], c["cos"], c["sin"])
     args = (c["h"], layers, kv, ctx, c["norms"], 1e-6)
-    assert dispatch.SELECTOR.choose("expert_stack", "k", c["h"].device, args).name == "kernels"
-    eager = dispatch.expert_stack(*args)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = dispatch.expert_stack(*args)
+    assert dispatch.SELECTOR.choose("expert_stack", "k", c["h"].device, args).name == "unfused"
+    chosen = OperatorSelector(candidates=dispatch.SELECTOR.candidates, forced="kernels")
+    assert chosen.choose("expert_stack", "k", c["h"].device, args).name == "kernels"
+    with chosen.active():
+        eager = dispatch.expert_stack(*args)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = dispatch.expert_stack(*args)
     out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
