@@ -36,7 +36,8 @@ def _selector():
     return active_selector() or SELECTOR
 
 
-def _triton_ok() -> bool:
+def triton_ok() -> bool:
+    """Whether the Triton candidates can be offered here (Triton imported; the selector checks CUDA)."""
     return _triton_common.HAVE_TRITON
 
 
@@ -246,7 +247,7 @@ def _auto_tiling(fn, *args, **kw):
 def _auto_candidate(fn, supports, prefix: str = "triton") -> Candidate:
     """Profiled-only: on the H200 (2026-12-01, same call) GR00T's 4-step loop ran 7.24 ms with these as the
     default and 6.91 ms on the library GEMM (docs/benchmarks.md), so a device profile must show them faster."""
-    return Candidate(prefix + "_auto", functools.partial(_auto_tiling, fn), _CUDA, available=_triton_ok,
+    return Candidate(prefix + "_auto", functools.partial(_auto_tiling, fn), _CUDA, available=triton_ok,
                      supports=supports, profiled_only=True)
 
 
@@ -263,7 +264,7 @@ def _skinny_without_bias(x, weight, bias=None):
 def _skinny_candidates(fn, supports, prefix: str = "triton", profiled_only: bool = False) -> list:
     """One candidate per launch shape, named ``prefix`` + the tiling's suffix ("triton_n32" -> "skinny_n32"
     where an op already has a "triton" candidate)."""
-    return [Candidate(prefix + name[len("triton"):], functools.partial(fn, **tiling), _CUDA, available=_triton_ok,
+    return [Candidate(prefix + name[len("triton"):], functools.partial(fn, **tiling), _CUDA, available=triton_ok,
                       supports=supports, profiled_only=profiled_only) for name, tiling in SKINNY_TILINGS.items()]
 
 
@@ -342,30 +343,30 @@ _REGISTRY = {
     "linear": [_auto_candidate(_triton_linear, _skinny_with_bias),
                *_skinny_candidates(_triton_linear, _skinny_without_bias),
                Candidate("torch", ops.linear)],
-    "layer_norm": [Candidate("triton", _triton_layer_norm, _CUDA, available=_triton_ok),
+    "layer_norm": [Candidate("triton", _triton_layer_norm, _CUDA, available=triton_ok),
                    Candidate("torch", ops.layer_norm)],
     # Few rows (GR00T's DiT): the GEMM streams its weights and a row kernel adds bias + residual and normalises;
     # many rows (SigLIP): the library GEMM, then the fused add + LayerNorm kernel.
     "linear_add_layer_norm": [_auto_candidate(_triton_skinny_add_layer_norm, _skinny_add_layer_norm, "skinny"),
                               *_skinny_candidates(_triton_skinny_add_layer_norm, _skinny_add_layer_norm, "skinny",
                                                   profiled_only=True),
-                              Candidate("triton", _triton_linear_add_layer_norm, _CUDA, available=_triton_ok),
+                              Candidate("triton", _triton_linear_add_layer_norm, _CUDA, available=triton_ok),
                               Candidate("torch", _torch_linear_add_layer_norm)],
     "linear_gelu_tanh": [_auto_candidate(_triton_linear_gelu_tanh, _skinny_shape),
                          *_skinny_candidates(_triton_linear_gelu_tanh, _skinny_shape, profiled_only=True),
                          Candidate("torch", _torch_linear_gelu_tanh)],
-    "rms_norm": [Candidate("triton", _triton_rms, _CUDA, available=_triton_ok), Candidate("torch", ops.rms_norm)],
-    "add_rms_norm": [Candidate("triton", _triton_add_rms, _CUDA, available=_triton_ok),
+    "rms_norm": [Candidate("triton", _triton_rms, _CUDA, available=triton_ok), Candidate("torch", ops.rms_norm)],
+    "add_rms_norm": [Candidate("triton", _triton_add_rms, _CUDA, available=triton_ok),
                      Candidate("torch", _torch_add_rms_norm)],
-    "ada_rms_norm": [Candidate("triton", _triton_ada, _CUDA, available=_triton_ok),
+    "ada_rms_norm": [Candidate("triton", _triton_ada, _CUDA, available=triton_ok),
                      Candidate("torch", ops.ada_rms_norm)],
-    "gated_ada_rms_norm": [Candidate("triton", _triton_gated_ada, _CUDA, available=_triton_ok),
+    "gated_ada_rms_norm": [Candidate("triton", _triton_gated_ada, _CUDA, available=triton_ok),
                            Candidate("torch", _torch_gated_ada)],
-    "qkv_rope": [Candidate("triton", _triton_qkv_rope, _CUDA, available=_triton_ok),
+    "qkv_rope": [Candidate("triton", _triton_qkv_rope, _CUDA, available=triton_ok),
                  Candidate("torch", _torch_qkv_rope)],
-    "qkv_norm_rope": [Candidate("triton", _triton_qkv_rope, _CUDA, available=_triton_ok),
+    "qkv_norm_rope": [Candidate("triton", _triton_qkv_rope, _CUDA, available=triton_ok),
                       Candidate("torch", _torch_qkv_norm_rope)],
-    "geglu": [Candidate("triton", _triton_geglu, _CUDA, available=_triton_ok), Candidate("torch", _torch_geglu)],
+    "geglu": [Candidate("triton", _triton_geglu, _CUDA, available=triton_ok), Candidate("torch", _torch_geglu)],
     # A skinny GEMM with the elementwise op after it as its epilogue; elsewhere the sub-ops one by one.
     "linear_geglu": [*_skinny_candidates(_triton_linear_geglu, _skinny_shape),
                      Candidate("unfused", _unfused_linear_geglu)],
@@ -374,17 +375,17 @@ _REGISTRY = {
     "linear_gated_ada_rms_norm": [*_skinny_candidates(_triton_linear_gated_ada, _skinny_per_item),
                                   Candidate("unfused", _unfused_linear_gated_ada)],
     "attention_with_prefix": [*(Candidate(name, functools.partial(_triton_attention_with_prefix, **tiling), _CUDA,
-                                          available=_triton_ok) for name, tiling in ATTENTION_TILINGS.items()),
+                                          available=triton_ok) for name, tiling in ATTENTION_TILINGS.items()),
                               Candidate("torch", _torch_attention_with_prefix)],
     # The expert's attention from its QKV projection, RoPE applied as q and k are loaded; else qkv_rope first
     # (the default: on the H200 the rotation inside the key loop costs more than the separate rope kernel).
     "rope_attention_with_prefix": [
-        *(Candidate(name, functools.partial(_triton_rope_attention, **tiling), _CUDA, available=_triton_ok,
+        *(Candidate(name, functools.partial(_triton_rope_attention, **tiling), _CUDA, available=triton_ok,
                     supports=_rope_attention_fits, profiled_only=True) for name, tiling in ATTENTION_TILINGS.items()),
         Candidate("unfused", _unfused_rope_attention)],
     # Long-query attention (SigLIP, the prefix): SDPA first; the split-KV kernel is a profiled option.
     "attention": [Candidate("sdpa", sdpa, _CUDA),
-                  *(Candidate(name, functools.partial(_triton_attention, **tiling), _CUDA, available=_triton_ok)
+                  *(Candidate(name, functools.partial(_triton_attention, **tiling), _CUDA, available=triton_ok)
                     for name, tiling in PREFIX_ATTENTION_TILINGS.items()),
                   Candidate("torch", ops.attention)],
 }

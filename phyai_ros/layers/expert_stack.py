@@ -163,7 +163,7 @@ def candidates() -> list:
     out = []
     for name, launch, tiling, (lo, hi) in FUSED_FORMS:
         out.append(Candidate(name, functools.partial(fused, launch=launch, tiling=tiling), ("cuda",),
-                             available=dispatch._triton_ok,
+                             available=dispatch.triton_ok,
                              supports=functools.partial(fits, min_rows=lo, max_rows=hi), profiled_only=True))
     out.append(Candidate("unfused", unfused))
     return out

@@ -21,7 +21,6 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from phyai_ros.kernels import common as _triton_common
 from phyai_ros.layers import dispatch, ops
 from phyai_ros.layers.quantized import QuantizedWeight, observe
 from phyai_ros.layers.selector import SELECTOR, Candidate
@@ -47,10 +46,6 @@ QUANT_OPS = {"linear": "qlinear", "linear_geglu": "qlinear_geglu", "linear_add_r
 
 def _kargs(w: QuantizedWeight):
     return w.q, w.scale, w.group, w.act_quant, w.act_scale
-
-
-def _triton_ok() -> bool:
-    return _triton_common.HAVE_TRITON
 
 
 # ----------------------------------------------------------------------------- references
@@ -140,7 +135,7 @@ def _triton_qadd_layer_norm(h, x, w, bias, ln_w, ln_b, eps):
 
 def _scaled_mm_ok() -> bool:
     return torch.cuda.is_available() and hasattr(torch, "_scaled_mm") and \
-        torch.cuda.get_device_capability() >= (8, 9) and _triton_ok()
+        torch.cuda.get_device_capability() >= (8, 9) and dispatch.triton_ok()
 
 
 def _scaled_mm_fits(x, w, bias=None) -> bool:
@@ -160,7 +155,7 @@ def _scaled_mm_qlinear(x, w, bias=None):
 
 
 def _tiled(name: str, fn, supports) -> list:
-    return [Candidate(name + suffix[len("triton"):], functools.partial(fn, **tiling), _CUDA, available=_triton_ok,
+    return [Candidate(name + suffix[len("triton"):], functools.partial(fn, **tiling), _CUDA, available=dispatch.triton_ok,
                       supports=supports) for suffix, tiling in QUANT_TILINGS.items()]
 
 
@@ -172,7 +167,7 @@ QUANT_REGISTRY = {
     "qlinear_add_rms_norm": [*_tiled("triton", _triton_qadd_rms, _few_rows), Candidate("unfused", _unfused_add_rms)],
     "qlinear_gated_ada_rms_norm": [*_tiled("triton", _triton_qgated_ada, _few_rows_per_item),
                                    Candidate("unfused", _unfused_gated_ada)],
-    "qlinear_add_layer_norm": [Candidate("triton", _triton_qadd_layer_norm, _CUDA, available=_triton_ok),
+    "qlinear_add_layer_norm": [Candidate("triton", _triton_qadd_layer_norm, _CUDA, available=dispatch.triton_ok),
                                Candidate("torch", _torch_add_layer_norm)],
     "qlinear_gelu_tanh": [*_tiled("triton", functools.partial(_triton_qlinear, act="gelu_tanh"), _few_rows),
                           Candidate("unfused", _unfused_gelu_tanh)],
