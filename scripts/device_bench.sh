@@ -52,6 +52,39 @@ if [ "${QUICK:-0}" = 1 ]; then
     -k "not (pdl or rope or cuda_graph or pi0 or fp32_and_bf16 or graph)"
   exit 0
 fi
+if [ "${HOST:-0}" = 1 ]; then
+  # The host side of a chunk (issues 21 and 23): pi0.5's policy path and GR00T's host prepare / image to chunk,
+  # before (.before/ = the tree before the change, with this tree's bench scripts) and after, then the GPU tests.
+  # Checkpoints stay in /tmp for a following serving call (SERVE=1) on the same warm machine.
+  ( $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1 ) &
+  step gpu_tests_host 200 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_transfer_gpu.py \
+    test/test_groot_n17_gpu.py test/test_runner.py test/test_pi05_parity.py
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  step pi05_after 150 $B --checkpoint /tmp/ck05 --reuse-checkpoint --iters 200 --batches 1 \
+    --out "$OUT/pi05_after.json"
+  (cd .before && step pi05_before 100 python3 scripts/bench_runtime.py --tokenizer "$TOK" --checkpoint /tmp/ck05 \
+    --reuse-checkpoint --skip-startup --iters 200 --batches 1 --out "$OUT/pi05_before.json")
+  step groot_after 120 python3 scripts/bench_groot.py --root /tmp/groot --views 1,2 --batches 1,32 --no-profile \
+    --out "$OUT/groot_after.json"
+  (cd .before && step groot_before 90 python3 scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint \
+    --skip-startup --views 1,2 --batches 1 --no-profile --out "$OUT/groot_before.json")
+  step gpu_tests_rest 230 python3 -m pytest -q -m gpu -p no:cacheprovider test/ -k \
+    "not (test_transfer_gpu or test_groot_n17_gpu or test_runner or test_pi05_parity or test_expert_layer_gpu) \
+    or through_the_selector"
+  grep -h "policy path\|batch 1:\|view(s),\|start-up\|passed\|failed" "$LOG" | cut -c1-400
+  exit 0
+fi
+if [ "${SERVE:-0}" = 1 ]; then
+  # Ray Serve on the GPU (issue 22): Ray's wheel arrives in two parts over two calls (../shared/device-wheels);
+  # the checkpoints are those a HOST=1 call left in /tmp on this warm machine.
+  export PYTHONPATH=/tmp/site
+  step serve_pi05 200 python3 scripts/bench_serve.py --checkpoint /tmp/ck05 --tokenizer "$TOK" --dtype bfloat16 \
+    --out "$OUT/serve_pi05.json"
+  step serve_groot 200 python3 scripts/bench_serve.py --checkpoint /tmp/groot/checkpoint_1view --dtype bfloat16 \
+    --out "$OUT/serve_groot.json"
+  tail -n 40 "$LOG"
+  exit 0
+fi
 if [ "${CAMERAS:-0}" = 1 ]; then
   $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1 &
   step gpu_tests_cameras 150 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_runner.py

@@ -24,6 +24,7 @@ from phyai_ros.models.contract import (NO_FILES, NO_OPTIONS, CaseInfer, ModelFil
                                        QuantizeRequest,
                                        QuantizeResult)
 from phyai_ros.runtime.runner import BATCH_BUCKETS, FlowRunner
+from phyai_ros.runtime.transfer import to_device
 from .image import check_uint8_hwc, preprocess_uint8_images
 from .lerobot_checkpoint import strip_image_prefix
 from .quantization import calibrate, quantization_summary, quantize_model, write_quantized_checkpoint
@@ -51,14 +52,6 @@ class PolicyInputs:
     prompts: List[str] = field(default_factory=list)
     slot_names: List[str] = field(default_factory=list)
     truncated: List[bool] = field(default_factory=list)
-
-
-def _as_tensor(img) -> Tensor:
-    """numpy (possibly read-only or negatively strided, e.g. a BGR->RGB view) or tensor -> tensor."""
-    if isinstance(img, Tensor):
-        return img
-    img = np.ascontiguousarray(img)
-    return torch.from_numpy(img if img.flags.writeable else img.copy())
 
 
 def resolve_cameras(checkpoint_cams: Sequence[str], camera_names: Optional[Sequence[str]]) -> List[str]:
@@ -281,12 +274,12 @@ class FlowAdapter(PolicyAdapter):
         absent = [c for c in self.camera_names if c not in imgs]
         slots = []
         for name in present:
-            x = _as_tensor(imgs[name]).to(self.device)
+            x = to_device(imgs[name], self.device)
             slots.append(preprocess_uint8_images(x if x.dim() == 4 else x[None], size))
         for _ in absent:
             slots.append(torch.full((batch, 3, size, size), -1.0, device=self.device))
         images_t = torch.stack(slots, dim=1)
-        masks = torch.tensor([[True] * len(present) + [False] * len(absent)] * batch, device=self.device)
+        masks = to_device(np.array([[True] * len(present) + [False] * len(absent)] * batch), self.device)
 
         state_n = self.state_norm.normalize(torch.from_numpy(state_np))
         prompts, truncated = self.fit_tasks(tasks, state_n.numpy())
@@ -295,19 +288,18 @@ class FlowAdapter(PolicyAdapter):
                           "fit (the rest of the prompt, pi0.5's state included, is kept)", PromptTruncatedWarning,
                           stacklevel=2)
         tokens, tmasks = self.tokenizer.batch(prompts)
-        return PolicyInputs(images_t, masks, torch.from_numpy(tokens).to(self.device),
-                            torch.from_numpy(tmasks).to(self.device), state_n, prompts, present + absent, truncated)
+        return PolicyInputs(images_t, masks, to_device(tokens, self.device), to_device(tmasks, self.device), state_n, prompts, present + absent, truncated)
 
     # ---------------------------------------------------------------- inference helpers
     def state_padded(self, inputs: PolicyInputs) -> Tensor:
         """Normalized state zero-padded to the model's max_state_dim, on the device (pi0's state token)."""
-        s = inputs.state_normalized.to(self.device, torch.float32)
+        s = to_device(inputs.state_normalized, self.device, torch.float32)
         return torch.nn.functional.pad(s, (0, self.config.max_state_dim - s.shape[-1]))
 
     def make_noise(self, batch: int, generator: Optional[torch.Generator] = None) -> Tensor:
         cfg = self.config
-        return torch.randn(batch, cfg.chunk_size, cfg.max_action_dim, generator=generator,
-                           dtype=torch.float32).to(self.device)
+        return to_device(torch.randn(batch, cfg.chunk_size, cfg.max_action_dim, generator=generator,
+                                     dtype=torch.float32), self.device)
 
     def _noise(self, noise, batch: int) -> Tensor:
         if noise is None or isinstance(noise, torch.Generator):

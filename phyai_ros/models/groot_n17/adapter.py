@@ -41,6 +41,7 @@ from phyai_ros.models.contract import (NO_FILES, NO_OPTIONS, CaseInfer, ModelFil
                                        QuantizeRequest,
                                        QuantizeResult)
 from phyai_ros.runtime.groot_runner import GrootRunner
+from phyai_ros.runtime.transfer import to_device
 
 from . import action_head, qwen3vl
 from .checkpoint import GrootCheckpoint, groot_key_shapes, load_groot_checkpoint
@@ -169,7 +170,10 @@ class GrootAdapter(PolicyAdapter):
             raise ValueError(f"state holds {int((~torch.isfinite(st)).sum())} NaN/Inf values")
         tasks = [tasks] * st.shape[0] if isinstance(tasks, str) else list(tasks)
         ids = embodiment_id if embodiment_id is not None else [self.default_embodiment_id] * st.shape[0]
-        return self.processor(to_image_batch(images), st, tasks, ids, self.device, self.resize_mode)
+        # Frames go to the policy's device before any resize (the float path runs there); the fixed-point uint8
+        # kernel exists on the CPU only.
+        frame_device = self.device if self.resize_mode == "float" else "cpu"
+        return self.processor(to_image_batch(images, frame_device), st, tasks, ids, self.device, self.resize_mode)
 
     def backbone(self, inputs: GrootInputs, trace: Optional[Dict[str, Tensor]] = None) -> Tensor:
         c = self.config
@@ -196,7 +200,7 @@ class GrootAdapter(PolicyAdapter):
         if tuple(noise.shape) != (batch, h.action_horizon, h.max_action_dim):
             raise ValueError(f"noise: expected [{batch}, {h.action_horizon}, {h.max_action_dim}], "
                              f"got {tuple(noise.shape)}")
-        return noise.to(self.device, torch.float32)      # x stays float32 through the loop
+        return to_device(noise, self.device, torch.float32)      # x stays float32 through the loop
 
     def native_rtc(self, rtc: Optional[GrootRtc], batch: int) -> Optional[action_head.NativeRtc]:
         """A checked RTC request (normalized model space) as the head's NativeRtc, or None."""
@@ -211,7 +215,7 @@ class GrootAdapter(PolicyAdapter):
         if rtc.inference_delay < 0 or (rtc.execution_horizon is not None and rtc.execution_horizon < 0):
             raise ValueError(f"RTC inference_delay {rtc.inference_delay} / execution_horizon "
                              f"{rtc.execution_horizon} must be >= 0")
-        return action_head.native_rtc(prev.to(self.device), rtc.inference_delay, rtc.execution_horizon,
+        return action_head.native_rtc(to_device(prev, self.device), rtc.inference_delay, rtc.execution_horizon,
                                       self.config.head, batch)
 
     @torch.no_grad()

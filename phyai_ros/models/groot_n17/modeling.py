@@ -8,6 +8,7 @@ CUDA graphs. Everything host-side (token layout, mRoPE positions, RTC's data-dep
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -28,7 +29,9 @@ class GrootModel:
     def __init__(self, weights: Dict[str, Tensor], config: GrootConfig, device, dtype: torch.dtype):
         self.weights, self.config = weights, config
         self.device, self.dtype = torch.device(device), dtype
-        self._vision_tables: dict = {}     # per image grid: vision position embedding and RoPE
+        # Backbone plans: per image grid the vision position embedding and RoPE, per token layout (instruction)
+        # the mRoPE tables and image rows; bounded (qwen3vl.PLAN_CACHE).
+        self._plans: OrderedDict = OrderedDict()
 
     # ---------------------------------------------------------------- host side
     def observation(self, inputs: GrootInputs) -> Dict[str, Tensor]:
@@ -36,7 +39,7 @@ class GrootModel:
         c = self.config
         obs = qwen3vl.backbone_plan(self.weights, c.vision, c.text, c.tokens.image, inputs.input_ids,
                                     inputs.attention_mask, inputs.pixel_values, inputs.image_grid_thw,
-                                    cache=self._vision_tables)
+                                    cache=self._plans, host=inputs.host_layout)
         obs["state"] = inputs.state.to(self.device, self.dtype)
         obs["embodiment_id"] = inputs.embodiment_id.to(self.device)
         return obs

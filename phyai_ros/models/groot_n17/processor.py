@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -29,12 +30,14 @@ import torch.nn.functional as F
 from phyai_ros.models.files import CheckpointError, Fields, read_json
 
 from phyai_ros.models.bpe import ByteLevelBPE
+from phyai_ros.runtime.transfer import to_device
 
 Tensor = torch.Tensor
 IMAGE_PREFIX = "observation.images."
 IMAGE_PAD = "<|image_pad|>"
 DEFAULT_TASK = "Perform the task."
 TASK_TOKENS = 200   # the task's token budget in the prompt (the adapter's token_budget)
+PROMPT_CACHE = 32   # tokenized prompts kept (one per recent instruction and camera count)
 RESIZE_MODES = ("auto", "uint8", "float")
 
 
@@ -145,21 +148,28 @@ class QwenImageProcessor:
         return hb, wb
 
     def __call__(self, frames: Tensor, mode: str) -> Tuple[Tensor, Tensor]:
-        """uint8 [N, C, H, W] (one size) -> pixel rows [N * gh * gw, C * tp * p * p] float32, grid [N, 3]."""
+        """uint8 [N, C, H, W] (one size) -> pixel rows [N * gh * gw, C * tp * p * p] float32 on the frames' device,
+        grid [N, 3] int64 on the host (the prompt's image-pad counts come from it: no device read)."""
         n, c, h, w = frames.shape
         hb, wb = self.smart_size(h, w)
         x = resize_uint8(frames, hb, wb, mode).float()
-        # rescale folded into mean / std in float64, as the reference does: (x - mean/r) / (std/r)
-        mean = torch.tensor([m / self.rescale for m in self.mean], device=x.device).view(1, c, 1, 1)
-        std = torch.tensor([s / self.rescale for s in self.std], device=x.device).view(1, c, 1, 1)
+        mean, std = self._mean_std(str(x.device), c)
         x = (x - mean) / std
         p, m, tp = self.patch_size, self.merge_size, self.temporal_patch_size
         gh, gw = hb // p, wb // p
         x = x[:, None].expand(n, tp, c, hb, wb)
         x = x.reshape(n, tp, c, gh // m, m, p, gw // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
         rows = x.reshape(n * gh * gw, c * tp * p * p)
-        grid = torch.tensor([[1, gh, gw]] * n, dtype=torch.int64, device=x.device)
+        grid = torch.tensor([[1, gh, gw]] * n, dtype=torch.int64)
         return rows, grid
+
+    @functools.lru_cache(maxsize=4)
+    def _mean_std(self, device: str, c: int) -> Tuple[Tensor, Tensor]:
+        """The rescale folded into mean / std in float64, as the reference does: (x - mean/r) / (std/r); made once
+        per device (a per-call host tensor would be a stream-synchronising upload)."""
+        mean = torch.tensor([m / self.rescale for m in self.mean]).view(1, c, 1, 1)
+        std = torch.tensor([s / self.rescale for s in self.std]).view(1, c, 1, 1)
+        return mean.to(device), std.to(device)
 
 
 # ------------------------------------------------------------------ prompt
@@ -203,6 +213,9 @@ class GrootInputs:
     vlm_images: Tensor       # [B, V, 3, h, w] uint8, the frames given to the image processor
     prompts: List[str] = field(default_factory=list)
     cameras: List[str] = field(default_factory=list)
+    # (input_ids, attention_mask, image_grid_thw) on the host: the backbone's plan reads the token layout from
+    # these rather than from the device (a read there would wait for the queued image work).
+    host_layout: Optional[Tuple[Tensor, Tensor, Tensor]] = None
 
 
 class GrootProcessor:
@@ -214,6 +227,7 @@ class GrootProcessor:
         self.tokenizer = ByteLevelBPE(backbone_dir / "tokenizer.json")
         self.template = read_chat_template(backbone_dir)
         self.images = QwenImageProcessor.from_file(backbone_dir / "preprocessor_config.json")
+        self._prompt_cache: "OrderedDict[tuple, Tuple[str, Tuple[int, ...]]]" = OrderedDict()
         self.geometry = FrameGeometry.from_step(vlm, "policy_preprocessor.json's VLM step config")
         pad = read_json(backbone_dir / "tokenizer_config.json").get("pad_token") or "<|endoftext|>"
         self.pad_id = self.tokenizer.token_id(pad if isinstance(pad, str) else pad["content"])
@@ -252,6 +266,11 @@ class GrootProcessor:
         (a bound on the prompt and its tokenising; LeRobot's processor has none, and no real task comes near it)."""
         if not isinstance(task, str):
             raise ValueError(f"task must be a string, got {type(task).__name__}")
+        return self._fit_language(task)
+
+    @functools.lru_cache(maxsize=PROMPT_CACHE)
+    def _fit_language(self, task: str) -> Tuple[str, bool]:
+        """fit_language of a string; kept per recent instruction (the cut tokenises the task)."""
         text = task if task.strip() else DEFAULT_TASK
         text = formalize_language(text) if self.pack.get("formalize_language", True) else text
         return self.tokenizer.cut_to(text, TASK_TOKENS)
@@ -283,23 +302,39 @@ class GrootProcessor:
         return torch.stack(out, 1)
 
     def tokens(self, languages: Sequence[str], grid: Tensor, n_views: int) -> Tuple[Tensor, Tensor, List[str]]:
-        """Prompts, expanded and tokenized, left-padded -> input_ids, attention_mask [B, L], prompts."""
+        """Prompts, expanded and tokenized, left-padded -> input_ids, attention_mask [B, L] (host), prompts.
+        grid: the host grid [B * n_views, 3]."""
         merge = self.images.merge_size ** 2
         counts = [int(t * h * w) // merge for t, h, w in grid.tolist()]
         prompts, ids = [], []
         for i, text in enumerate(languages):
-            prompt = render_chat_template(self.template, n_views, text)
-            pieces = prompt.split(IMAGE_PAD)
-            if len(pieces) != n_views + 1:
-                raise ValueError(f"chat template gave {len(pieces) - 1} image pads for {n_views} views")
-            own = counts[i * n_views:(i + 1) * n_views]
-            expanded = pieces[0] + "".join(IMAGE_PAD * c + p for c, p in zip(own, pieces[1:]))
+            prompt, row = self._prompt_ids(text, tuple(counts[i * n_views:(i + 1) * n_views]))
             prompts.append(prompt)
-            ids.append(self.tokenizer.encode(expanded))
+            ids.append(row)
         length = max(len(x) for x in ids)
-        input_ids = torch.tensor([[self.pad_id] * (length - len(x)) + x for x in ids], dtype=torch.int64)
+        input_ids = torch.tensor([[self.pad_id] * (length - len(x)) + list(x) for x in ids], dtype=torch.int64)
         mask = torch.tensor([[0] * (length - len(x)) + [1] * len(x) for x in ids], dtype=torch.int64)
         return input_ids, mask, prompts
+
+    def _prompt_ids(self, text: str, counts: Tuple[int, ...]) -> Tuple[str, Tuple[int, ...]]:
+        """(the chat prompt, its expanded token ids) for one task and per-view image-pad counts. Rendering and
+        byte-level BPE cost about a millisecond and change only with the instruction, so the last PROMPT_CACHE
+        are kept (bounded: every new instruction adds one)."""
+        key = (text, counts)
+        hit = self._prompt_cache.get(key)
+        if hit is not None:
+            self._prompt_cache.move_to_end(key)
+            return hit
+        prompt = render_chat_template(self.template, len(counts), text)
+        pieces = prompt.split(IMAGE_PAD)
+        if len(pieces) != len(counts) + 1:
+            raise ValueError(f"chat template gave {len(pieces) - 1} image pads for {len(counts)} views")
+        expanded = pieces[0] + "".join(IMAGE_PAD * c + p for c, p in zip(counts, pieces[1:]))
+        hit = (prompt, tuple(self.tokenizer.encode(expanded)))
+        self._prompt_cache[key] = hit
+        while len(self._prompt_cache) > PROMPT_CACHE:
+            self._prompt_cache.popitem(last=False)
+        return hit
 
     def __call__(self, images: Mapping[str, Tensor], state: Tensor, tasks: Sequence[str],
                  embodiment_id: Optional[Sequence[int]] = None, device="cpu", resize_mode: str = "auto"
@@ -319,22 +354,25 @@ class GrootProcessor:
         ids = [self.embodiment_id()] * batch if embodiment_id is None else [int(i) for i in embodiment_id]
         if len(ids) != batch:
             raise ValueError(f"{len(ids)} embodiment ids for a batch of {batch}")
-        return GrootInputs(input_ids.to(device), mask.to(device), rows.to(device), grid.to(device),
-                           self.normalize_state(state).to(device), torch.tensor(ids, dtype=torch.int64, device=device),
-                           state.float().to(device), frames.to(device), prompts, list(self.cameras))
+        return GrootInputs(to_device(input_ids, device), to_device(mask, device), to_device(rows, device),
+                           to_device(grid, device), to_device(self.normalize_state(state), device),
+                           to_device(torch.tensor(ids, dtype=torch.int64), device), to_device(state.float(), device),
+                           to_device(frames, device), prompts, list(self.cameras),
+                           host_layout=(input_ids, mask, grid))
 
 
-def as_uint8_batch(image, name: str) -> Tensor:
-    """numpy / tensor uint8 [H, W, 3] or [B, H, W, 3] -> tensor [B, H, W, 3]; bad input names the camera."""
-    t = image if isinstance(image, Tensor) else torch.from_numpy(np.ascontiguousarray(image).copy())
-    if t.dtype != torch.uint8:
-        raise ValueError(f"camera '{name}': expected uint8 RGB, got dtype {t.dtype}")
-    if t.dim() == 3:
-        t = t[None]
-    if t.dim() != 4 or t.shape[-1] != 3 or t.shape[1] == 0 or t.shape[2] == 0:
-        raise ValueError(f"camera '{name}': expected [H, W, 3] or [B, H, W, 3], got {tuple(t.shape)}")
-    return t
+def as_uint8_batch(image, name: str, device="cpu") -> Tensor:
+    """numpy / tensor uint8 [H, W, 3] or [B, H, W, 3] -> tensor [B, H, W, 3] on ``device`` (checked before the
+    copy); bad input names the camera."""
+    a = image if isinstance(image, Tensor) else np.asarray(image)
+    if a.dtype not in (torch.uint8, np.uint8):
+        raise ValueError(f"camera '{name}': expected uint8 RGB, got dtype {a.dtype}")
+    if a.ndim == 3:
+        a = a[None]
+    if a.ndim != 4 or a.shape[-1] != 3 or a.shape[1] == 0 or a.shape[2] == 0:
+        raise ValueError(f"camera '{name}': expected [H, W, 3] or [B, H, W, 3], got {tuple(a.shape)}")
+    return to_device(a, device)
 
 
-def to_image_batch(images: Mapping[str, object]) -> Dict[str, Tensor]:
-    return {k: as_uint8_batch(v, k) for k, v in images.items() if v is not None}
+def to_image_batch(images: Mapping[str, object], device="cpu") -> Dict[str, Tensor]:
+    return {k: as_uint8_batch(v, k, device) for k, v in images.items() if v is not None}

@@ -1,0 +1,39 @@
+"""Host -> device copies that do not stall the GPU stream.
+
+A copy from pageable host memory is synchronous for the host, and the driver first waits for the stream's
+queued work (CUDA's documented behaviour for pageable host-to-device copies). In a preprocessing sequence
+(upload a frame, resize it, upload the next one, ...) every upload then waits for every kernel queued before
+it, so host and device work run one after the other. Staged through pinned memory the copy is queued like a
+kernel. The staging blocks come from PyTorch's caching host allocator, which reuses a block only once the copy
+that read it has finished, so a block is never overwritten while in flight.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+Tensor = torch.Tensor
+
+
+def to_device(x, device, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """numpy array or tensor -> tensor on ``device`` (cast to ``dtype`` there when given). To a CUDA device from
+    the host it goes through a pinned staging block and returns before the copy has run; the source may be a
+    read-only or strided numpy view (the staging copy makes it contiguous). Elsewhere it is a plain copy."""
+    device = torch.device(device)
+    if isinstance(x, Tensor) and x.device.type != "cpu":
+        return x.to(device, dtype)
+    if device.type != "cuda":
+        if not isinstance(x, Tensor):
+            a = np.ascontiguousarray(x)
+            x = torch.from_numpy(a if a.flags.writeable else a.copy())
+        return x.to(device, dtype)
+    if isinstance(x, Tensor):
+        staged = x if x.is_pinned() else x.pin_memory()
+    else:
+        a = np.asarray(x)
+        staged = torch.empty(a.shape, dtype=torch.from_numpy(np.empty(0, a.dtype)).dtype, pin_memory=True)
+        staged.numpy()[...] = a
+    out = staged.to(device, non_blocking=True)
+    return out if dtype is None else out.to(dtype)

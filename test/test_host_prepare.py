@@ -1,0 +1,92 @@
+"""The host side of a chunk (issues 21 and 23): frames and tokens reach the device without stalling its stream
+(runtime/transfer.py), and GR00T tokenises and plans its prompt once per instruction, in bounded caches. CPU,
+float32, the fixture checkpoints; the pinned path itself is tested on the GPU (test_transfer_gpu.py)."""
+import numpy as np
+import pytest
+import torch
+
+from fixture_sets import groot_fixture_dir
+from phyai_ros.runtime.transfer import to_device
+
+GROOT = groot_fixture_dir()
+
+
+def test_to_device_copies_read_only_and_strided_arrays_as_they_are():
+    rng = np.random.default_rng(0)
+    frame = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
+    bgr_view = frame[..., ::-1]                      # negatively strided, as a BGR -> RGB view
+    read_only = frame.copy()
+    read_only.flags.writeable = False
+    for a in (frame, bgr_view, read_only, frame[::2, 1:]):
+        t = to_device(a, "cpu")
+        assert t.dtype == torch.uint8 and tuple(t.shape) == a.shape
+        assert np.array_equal(t.numpy(), a)
+    assert to_device(np.ones(3, np.float64), "cpu", torch.float32).dtype == torch.float32
+    same = torch.arange(4)
+    assert to_device(same, "cpu") is same            # nothing to move
+
+
+@pytest.fixture(scope="module")
+def groot():
+    if not (GROOT / "checkpoint").is_dir():
+        pytest.skip(f"no GR00T N1.7 fixture at {GROOT}")
+    from phyai_ros.models.groot_n17 import GrootAdapter
+    return GrootAdapter.from_files(GROOT / "checkpoint")
+
+
+def _observation(policy, seed: int):
+    rng = np.random.default_rng(seed)
+    images = {c: rng.integers(0, 256, (1, 120, 160, 3), dtype=np.uint8) for c in policy.camera_names}
+    return images, rng.standard_normal((1, policy.state_dim)).astype(np.float32)
+
+
+def test_groot_prompt_and_plan_are_cached_per_instruction_and_bounded(groot):
+    from phyai_ros.models.groot_n17 import processor, qwen3vl
+    proc, model = groot.processor, groot.model
+    images, state = _observation(groot, 0)
+    first = groot.prepare(images, state, "pick up the cup")
+    obs_first = model.observation(first)
+    assert first.host_layout is not None
+    for host, dev in zip(first.host_layout, (first.input_ids, first.attention_mask, first.image_grid_thw)):
+        assert host.device.type == "cpu" and torch.equal(host, dev.cpu())
+    # New instructions fill the caches to their bounds, never beyond.
+    for i in range(processor.PROMPT_CACHE + 8):
+        x = groot.prepare(images, state, f"move block {i} to the left")
+        model.observation(x)
+        assert len(proc._prompt_cache) <= processor.PROMPT_CACHE
+        assert len(model._plans) <= qwen3vl.PLAN_CACHE
+    assert len(proc._prompt_cache) == processor.PROMPT_CACHE
+    assert ("pick up the cup", ) not in [k[:1] for k in proc._prompt_cache]      # evicted
+    # After eviction the same instruction gives the same tokens and plan as the first time, and a cached
+    # instruction gives them again from the cache.
+    for _ in range(2):
+        again = groot.prepare(images, state, "pick up the cup")
+        assert torch.equal(again.input_ids, first.input_ids) and torch.equal(again.attention_mask,
+                                                                               first.attention_mask)
+        assert again.prompts == first.prompts
+        obs = model.observation(again)
+        for k in ("text_cos", "text_sin", "image_index", "vision_pos"):
+            assert torch.equal(obs[k], obs_first[k]), k
+
+
+def test_groot_plan_from_the_host_layout_equals_the_plan_read_from_the_device(groot):
+    from phyai_ros.models.groot_n17 import qwen3vl
+    images, state = _observation(groot, 1)
+    x = groot.prepare(images, state, "stack the red block on the blue one")
+    c = groot.config
+    args = (groot.model.weights, c.vision, c.text, c.tokens.image, x.input_ids, x.attention_mask, x.pixel_values,
+            x.image_grid_thw)
+    read = qwen3vl.backbone_plan(*args)                          # no cache, layout read from the tensors
+    hosted = qwen3vl.backbone_plan(*args, cache=groot.model._plans, host=x.host_layout)
+    assert read.keys() == hosted.keys()
+    for k in read:
+        assert torch.equal(read[k], hosted[k]), k
+
+
+def test_groot_prepare_checks_frames_before_copying_them(groot):
+    images, state = _observation(groot, 2)
+    name = groot.camera_names[0]
+    for bad, says in ((images[name].astype(np.float32), "uint8"), (images[name][..., :2], "[H, W, 3]"),
+                      (np.zeros((1, 0, 4, 3), np.uint8), "[H, W, 3]")):
+        with pytest.raises(ValueError, match=f"camera '{name}'.*" + says.replace("[", r"\[").replace("]", r"\]")):
+            groot.prepare({**images, name: bad}, state, "pick up the cup")
