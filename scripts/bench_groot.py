@@ -37,7 +37,6 @@ from phyai_ros.models.groot_n17 import GrootAdapter  # noqa: E402
 from phyai_ros.models.groot_n17.checkpoint import PREFIX, groot_key_shapes  # noqa: E402
 from phyai_ros.models.groot_n17.config import groot_config  # noqa: E402
 from phyai_ros.models.groot_n17.modeling import groot_stage_costs  # noqa: E402
-from phyai_ros.runtime.groot_runner import GrootRunner  # noqa: E402
 
 FIXTURE = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or REPO.parent / "shared" / "fixtures" / "lerobot_parity") \
     / "groot_n17"
@@ -131,7 +130,9 @@ def checkpoint_dir(root: Path, views: int) -> Path:
 
 def load(root: Path, views: int):
     policy = GrootAdapter.from_files(checkpoint_dir(root, views), device=DEVICE, dtype=DTYPE)
-    return policy, GrootRunner(policy.model, use_graphs=DEVICE == "cuda")
+    # The adapter's own runner, with graphs on CUDA, as the node and the serve engine set it up: predict (image to
+    # chunk) and the stage timings then run the same graphs.
+    return policy, policy.use_runner(use_graphs=DEVICE == "cuda")
 
 
 def task_for(policy, views: int) -> str:

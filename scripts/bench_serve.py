@@ -90,17 +90,27 @@ def main() -> None:
                         ray_init=dict(log_to_driver=False, object_store_memory=a.object_store_mb * 2**20,
                                       runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}))
         rollout, http = RolloutClient(), HttpPolicyClient(url, timeout=120)
-        served = {b: p50(lambda b=b: rollout.submit(inputs[b]), a.runs) for b in batches}
+        served, replica = {}, {}
+        for b in batches:
+            seen = []
+            served[b] = p50(lambda b=b: seen.append(rollout.submit(inputs[b])), a.runs)   # noqa: B023
+            replies = [r for res in seen[1:] for r in res.results if hasattr(r, "inference_s")]
+            replica[b] = {"inference_ms": 1e3 * statistics.median(r.inference_s for r in replies),
+                          "queue_ms": 1e3 * statistics.median(r.queue_s for r in replies),
+                          "batch_sizes": sorted({r.batch_size for r in replies}),
+                          "failed": sum(len(res.failures) for res in seen)}
         one = requests(engine, 1)[0]
         http_1 = p50(lambda: http.infer(one), a.runs * 2)
         handle_1 = served.get(1) or p50(lambda: rollout.submit([one]), a.runs * 2)
     finally:
         serve.shutdown()
         ray.shutdown()
-    print(f"{'B':>4} {'Q in-process /s':>16} {'Q served /s':>12} {'served/in-process':>18} {'T_amort served ms':>18}")
+    print(f"{'B':>4} {'Q in-process /s':>16} {'Q served /s':>12} {'served/in-process':>18} {'T_amort served ms':>18}"
+          f" {'replica run ms':>15} {'queue ms':>9} {'batches':>8}")
     for b in batches:
         print(f"{b:>4} {b / local[b]:>16.2f} {b / served[b]:>12.2f} {local[b] / served[b]:>18.3f} "
-              f"{served[b] / b * 1e3:>18.2f}")
+              f"{served[b] / b * 1e3:>18.2f} {replica[b]['inference_ms']:>15.2f} {replica[b]['queue_ms']:>9.2f} "
+              f"{','.join(map(str, replica[b]['batch_sizes'])):>8}")
     base = local.get(1) or p50(lambda: engine.run([one]), a.runs)   # noqa: B023
     print(f"batch 1 latency p50: in-process {base * 1e3:.2f} ms, handle {handle_1 * 1e3:.2f} ms "
           f"(+{(handle_1 - base) * 1e3:.2f} ms), HTTP {http_1 * 1e3:.2f} ms (+{(http_1 - base) * 1e3:.2f} ms); "
@@ -113,7 +123,8 @@ def main() -> None:
                                                             "http": http_1 * 1e3},
             "per_batch": {b: {"t_sync_in_process_ms": local[b] * 1e3, "t_sync_served_ms": served[b] * 1e3,
                               "q_in_process": b / local[b], "q_served": b / served[b],
-                              "t_amort_served_ms": served[b] / b * 1e3} for b in batches}}, indent=1))
+                              "t_amort_served_ms": served[b] / b * 1e3, "replica": replica[b]} for b in batches}},
+            indent=1))
         print(f"figures written to {a.out}")
 
 

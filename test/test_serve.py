@@ -208,7 +208,17 @@ def test_rollout_client_from_a_ray_actor(endpoint):
     ids, q, t_amort, t_sync, sizes = ray.get(Rollouts.remote().run.remote(4), timeout=120)
     assert ids == [f"env_{i}" for i in range(4)]
     assert q == pytest.approx(4 / t_sync) and t_amort == pytest.approx(t_sync / 4)
-    assert max(sizes) > 1   # submitted at once, batched
+    assert sizes == [4] * 4   # one call: one batch of all four, not as many as the calls' arrival spread made
+
+
+def test_rollout_batch_with_a_bad_request_fails_that_one_alone(endpoint):
+    rng = np.random.default_rng(9)
+    reqs = [_request(rng, f"env_{i}", "pick up the cup", i) for i in range(3)]
+    reqs.insert(1, _request(rng, "env_bad", "pick", 5, cameras=("no_such_camera",)))
+    res = RolloutClient().submit(reqs)
+    assert [type(r).__name__ for r in res.results] == ["Reply", "Failure", "Reply", "Reply"]
+    assert res.results[1].status == 400 and "no_such_camera" in res.results[1].message
+    assert [r.robot_id for r in res.results] == ["env_0", "env_bad", "env_1", "env_2"]
 
 
 def test_slow_replica_and_silent_endpoint_time_out_clearly(endpoint):

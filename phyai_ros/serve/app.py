@@ -111,6 +111,22 @@ class PolicyDeployment:
         self.counters["requests"] += 1
         return await self._batched(request)
 
+    async def infer_many(self, requests: list) -> list:
+        """B requests in one call (the rollout path): they join the ``serve.batch`` queue in one event-loop turn,
+        so up to the batch size they run as one batch; sent as B calls, the submissions spread over more than
+        the batch wait and the batch splits. A reply or a Failure per request, in order; one that is not a
+        Request fails alone."""
+        arrived = time.monotonic_ns()
+        self.counters["requests"] += len(requests)
+
+        async def one(r):
+            if not isinstance(r, Request):
+                return Failure(str(getattr(r, "robot_id", "?"))[:64], 400,
+                               f"not a wire.Request: {type(r).__name__}")
+            r.arrived_ns = arrived
+            return await self._batched(r)
+        return list(await asyncio.gather(*(one(r) for r in requests)))
+
     def info(self) -> dict:
         return {**self.engine.info(), "counters": dict(self.counters)}
 

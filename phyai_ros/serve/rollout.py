@@ -53,18 +53,23 @@ class RolloutClient:
         self.handle, self.timeout_s = handle, timeout_s
 
     def submit(self, requests: Sequence[Request]) -> RolloutResult:
-        """All requests at once (so the replicas batch them), then every result: a chunk for its own robot,
-        or a Failure saying why (an error of the call included: none is dropped)."""
+        """All requests in one call (so a replica runs them as one batch, up to its batch size), then every
+        result: a chunk for its own robot, or a Failure saying why (an error of the call fails each request of
+        it, naming the robot: none is dropped)."""
+        requests = list(requests)
         start = time.perf_counter()
-        pending = [self.handle.infer.remote(r) for r in requests]
-        results = [self._result(r, p) for r, p in zip(requests, pending)]
-        return RolloutResult(results, time.perf_counter() - start)
-
-    def _result(self, request: Request, pending):
         try:
-            out = pending.result(timeout_s=self.timeout_s)
-        except Exception as exc:  # noqa: BLE001 - a dead replica or a timeout is that request's failure
-            return Failure(request.robot_id, 503, f"robot '{request.robot_id}': {type(exc).__name__}: {exc}")
+            out = self.handle.infer_many.remote(requests).result(timeout_s=self.timeout_s)
+            if not isinstance(out, list) or len(out) != len(requests):
+                raise RuntimeError(f"{len(requests)} requests got {len(out) if isinstance(out, list) else out!r}"[:200])
+        except Exception as exc:  # noqa: BLE001 - a dead replica or a timeout is each request's failure
+            out = [Failure(r.robot_id, 503, f"robot '{r.robot_id}': {type(exc).__name__}: {exc}") for r in requests]
+        return RolloutResult([self._checked(r, o) for r, o in zip(requests, out)], time.perf_counter() - start)
+
+    @staticmethod
+    def _checked(request: Request, out):
         if isinstance(out, Reply) and out.robot_id != request.robot_id:
             return Failure(request.robot_id, 500, f"answered robot '{out.robot_id}' to robot '{request.robot_id}'")
+        if not isinstance(out, (Reply, Failure)):
+            return Failure(request.robot_id, 500, f"robot '{request.robot_id}': got {type(out).__name__}")
         return out
