@@ -39,3 +39,16 @@ def require_groot_fixture() -> Path:
 def cosmos3_fixture_dir() -> Path:
     """The Cosmos3 parity fixture folder, beside lerobot_parity (``<fixtures_dir>/../cosmos3``; may not exist)."""
     return fixtures_dir().parent / "cosmos3"
+
+
+def load_pi_fixture_policy(name: str, device="cpu", dtype=None):
+    """The pi0 / pi0.5 fixture checkpoint (``$PHYAI_PARITY_FIXTURES/<name>``) as its adapter, with the fixture
+    tokenizer, or ``pytest.skip`` with the reason."""
+    import torch
+    from phyai_ros.models import family
+    folder = fixtures_dir() / name
+    tokenizer = fixtures_dir() / "tokenizer" / "tokenizer.model"
+    if not (folder / "checkpoint").is_dir() or not tokenizer.is_file():
+        pytest.skip(f"{name} parity fixtures not found at {folder} (set PHYAI_PARITY_FIXTURES)")
+    return family(name).from_files(folder / "checkpoint", tokenizer, folder / "norm_stats.json", device=device,
+                                   dtype=dtype or torch.float32)

@@ -90,3 +90,29 @@ def test_groot_prepare_checks_frames_before_copying_them(groot):
                       (np.zeros((1, 0, 4, 3), np.uint8), "[H, W, 3]")):
         with pytest.raises(ValueError, match=f"camera '{name}'.*" + says.replace("[", r"\[").replace("]", r"\]")):
             groot.prepare({**images, name: bad}, state, "pick up the cup")
+
+
+def test_pi_cameras_of_mixed_sizes_and_absent_ones_are_each_preprocessed_as_alone():
+    """Same-size cameras share one upload and one resize; each slot still equals its frame preprocessed alone,
+    in checkpoint order, for a batch of two, with an absent camera all -1 and masked."""
+    from fixture_sets import load_pi_fixture_policy
+    from phyai_ros.models.common.image import preprocess_uint8_images
+    policy = load_pi_fixture_policy("pi05")
+    rng = np.random.default_rng(3)
+    names = policy.camera_names
+    images = {names[0]: rng.integers(0, 256, (2, 120, 160, 3), dtype=np.uint8),
+              names[2]: rng.integers(0, 256, (2, 120, 160, 3), dtype=np.uint8)[:, :, ::-1],   # strided view
+              names[1]: rng.integers(0, 256, (2, 90, 90, 3), dtype=np.uint8)}
+    x = policy.prepare(images, rng.standard_normal((2, policy.state_dim)).astype(np.float32), "pick up the cup")
+    size = policy.image_size
+    present = [n for n in names if n in images]
+    assert x.slot_names == present and x.images.shape == (2, 3, 3, size, size)
+    assert x.image_masks.all()
+    for slot, name in enumerate(present):
+        alone = preprocess_uint8_images(torch.from_numpy(np.ascontiguousarray(images[name])), size)
+        assert torch.equal(x.images[:, slot], alone), name
+    del images[names[1]]
+    x = policy.prepare(images, rng.standard_normal((2, policy.state_dim)).astype(np.float32), "pick up the cup")
+    assert x.slot_names == [names[0], names[2], names[1]]
+    assert x.image_masks.tolist() == [[True, True, False]] * 2
+    assert bool((x.images[:, 2] == -1).all())

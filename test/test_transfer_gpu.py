@@ -73,3 +73,20 @@ def test_groot_frames_resized_on_the_device_match_the_host_float_path():
         assert torch.equal(a.input_ids.cpu(), b.input_ids) and torch.equal(a.image_grid_thw.cpu(), b.image_grid_thw)
         step = 1.0 / (255 * min(on_gpu.processor.images.std))      # one grey level in pixel units
         assert float((a.pixel_values.cpu() - b.pixel_values).abs().max()) <= step * 1.001 + 1e-5, shape
+
+
+def test_pi_prepare_on_the_gpu_equals_the_cpu_one():
+    """One upload and one resize per frame size on the GPU: the same images as the CPU path (float bilinear)."""
+    from fixture_sets import load_pi_fixture_policy
+    gpu, cpu = load_pi_fixture_policy("pi05", device="cuda"), load_pi_fixture_policy("pi05")
+    rng = np.random.default_rng(3)
+    names = gpu.camera_names
+    images = {names[0]: rng.integers(0, 256, (480, 640, 3), dtype=np.uint8),
+              names[1]: rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)[:, ::-1],
+              names[2]: rng.integers(0, 256, (240, 320, 3), dtype=np.uint8)}
+    state = rng.standard_normal(gpu.state_dim).astype(np.float32)
+    for frames in (images, {k: v for k, v in images.items() if k != names[1]}):
+        a, b = gpu.prepare(frames, state, "pick up the cup"), cpu.prepare(frames, state, "pick up the cup")
+        assert a.images.device.type == "cuda" and a.slot_names == b.slot_names
+        assert float((a.images.cpu() - b.images).abs().max()) <= 1e-5
+        assert torch.equal(a.image_masks.cpu(), b.image_masks) and torch.equal(a.tokens.cpu(), b.tokens)

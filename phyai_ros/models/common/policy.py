@@ -24,7 +24,7 @@ from phyai_ros.models.contract import (NO_FILES, NO_OPTIONS, CaseInfer, ModelFil
                                        QuantizeRequest,
                                        QuantizeResult)
 from phyai_ros.runtime.runner import BATCH_BUCKETS, FlowRunner
-from phyai_ros.runtime.transfer import to_device
+from phyai_ros.runtime.transfer import stack_to_device, to_device
 from .image import check_uint8_hwc, preprocess_uint8_images
 from .lerobot_checkpoint import strip_image_prefix
 from .quantization import calibrate, quantization_summary, quantize_model, write_quantized_checkpoint
@@ -272,13 +272,17 @@ class FlowAdapter(PolicyAdapter):
         size = self.config.siglip.image_size
         present = [c for c in self.camera_names if c in imgs]
         absent = [c for c in self.camera_names if c not in imgs]
-        slots = []
-        for name in present:
-            x = to_device(imgs[name], self.device)
-            slots.append(preprocess_uint8_images(x if x.dim() == 4 else x[None], size))
-        for _ in absent:
-            slots.append(torch.full((batch, 3, size, size), -1.0, device=self.device))
-        images_t = torch.stack(slots, dim=1)
+        # Cameras of one frame size go over in one upload and are resized as one batch (few launches: the host
+        # time before the graphs run is latency the robot waits for); absent slots stay all -1.
+        images_t = torch.full((batch, len(present) + len(absent), 3, size, size), -1.0, device=self.device)
+        by_shape: Dict[tuple, List[int]] = {}
+        batched = [imgs[name] if imgs[name].ndim == 4 else imgs[name][None] for name in present]
+        for i, frames in enumerate(batched):
+            by_shape.setdefault(tuple(frames.shape), []).append(i)
+        for slots in by_shape.values():
+            frames = stack_to_device([batched[i] for i in slots], self.device)   # [n, B, H, W, 3]
+            x = preprocess_uint8_images(frames.flatten(0, 1), size)
+            images_t[:, slots] = x.view(len(slots), batch, 3, size, size).transpose(0, 1)
         masks = to_device(np.array([[True] * len(present) + [False] * len(absent)] * batch), self.device)
 
         state_n = self.state_norm.normalize(torch.from_numpy(state_np))
