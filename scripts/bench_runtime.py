@@ -96,7 +96,8 @@ def observation(rng, batch: int, size=(480, 640)):
 def observe(runner: FlowRunner, policy, x, state=None):
     """New observation into the runner (the padded state is pi0's state token; pi0.5 ignores it)."""
     state = policy.state_padded(x) if state is None else state
-    return runner.set_observation(x.images, x.image_masks, x.tokens, x.token_masks, state, new_bucket=True)
+    return runner.set_observation(x.images, x.image_masks, x.tokens, x.token_masks, state, new_bucket=True,
+                                  host_masks=x.host_masks)
 
 
 def sync() -> None:

@@ -79,6 +79,23 @@ if [ "${HOST:-0}" = 1 ]; then
   grep -h "policy path\|batch 1:\|view(s),\|start-up\|passed\|failed" "$LOG" | cut -c1-400
   exit 0
 fi
+if [ "${HOST_FINAL:-0}" = 1 ]; then
+  # The host path after its last change: the GPU tests it touches, pi0.5 and pi0 (batch 1 with the policy path's
+  # host split, batch 32) and GR00T's image to chunk.
+  ( $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1
+    $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only >> "$OUT/ckpt.log" 2>&1 ) &
+  step gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_transfer_gpu.py test/test_runner.py \
+    test/test_pi05_parity.py test/test_pi0_parity.py test/test_groot_n17_gpu.py test/test_quant_gpu.py
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  step pi05 120 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup --iters 200 --batches 1,32 \
+    --batch-iters 10 --out "$OUT/pi05.json"
+  step pi0 120 $B --model pi0 --checkpoint /tmp/ck0 --reuse-checkpoint --skip-startup --iters 200 --batches 1,32 \
+    --batch-iters 10 --out "$OUT/pi0.json"
+  step groot_path 150 python3 scripts/bench_groot.py --root /tmp/groot --views 1,2 --batches 1,32 --no-profile \
+    --skip-startup --out "$OUT/groot_path.json"
+  grep -h "policy path\|batch 1:\| 32 \|view(s),\|passed\|failed" "$LOG" | cut -c1-300
+  exit 0
+fi
 if [ "${GROOT_PATH:-0}" = 1 ]; then
   # GR00T's image to chunk through the adapter's graphs (as the node runs it), and the checkpoints a following
   # SERVE=1 call on the same warm machine serves.

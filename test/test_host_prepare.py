@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fixture_sets import groot_fixture_dir
+from fixture_sets import groot_fixture_dir, load_pi_fixture_policy
 from phyai_ros.runtime.transfer import to_device
 
 GROOT = groot_fixture_dir()
@@ -24,6 +24,10 @@ def test_to_device_copies_read_only_and_strided_arrays_as_they_are():
     assert to_device(np.ones(3, np.float64), "cpu", torch.float32).dtype == torch.float32
     same = torch.arange(4)
     assert to_device(same, "cpu") is same            # nothing to move
+
+
+def load_pi_policy():
+    return load_pi_fixture_policy("pi05")
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +99,8 @@ def test_groot_prepare_checks_frames_before_copying_them(groot):
 def test_pi_cameras_of_mixed_sizes_and_absent_ones_are_each_preprocessed_as_alone():
     """Same-size cameras share one upload and one resize; each slot still equals its frame preprocessed alone,
     in checkpoint order, for a batch of two, with an absent camera all -1 and masked."""
-    from fixture_sets import load_pi_fixture_policy
     from phyai_ros.models.common.image import preprocess_uint8_images
-    policy = load_pi_fixture_policy("pi05")
+    policy = load_pi_policy()
     rng = np.random.default_rng(3)
     names = policy.camera_names
     images = {names[0]: rng.integers(0, 256, (2, 120, 160, 3), dtype=np.uint8),
@@ -116,3 +119,22 @@ def test_pi_cameras_of_mixed_sizes_and_absent_ones_are_each_preprocessed_as_alon
     assert x.slot_names == [names[0], names[2], names[1]]
     assert x.image_masks.tolist() == [[True, True, False]] * 2
     assert bool((x.images[:, 2] == -1).all())
+
+
+def test_the_runner_picks_the_same_bucket_from_the_host_masks_as_from_the_device_ones():
+    from phyai_ros.runtime.runner import FlowRunner
+    policy = load_pi_policy()
+    runner = FlowRunner(policy.model, 2, policy.chunk_size, policy.config.max_action_dim, use_graphs=False,
+                        token_bucket=16)
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        images = rng.random((3, 3)) < 0.5
+        tokens = np.zeros((3, 64), bool)
+        for row, n in enumerate(rng.integers(1, 65, 3)):
+            tokens[row, :n] = True
+        assert runner.slots_kept(images) == runner.slots_kept(torch.from_numpy(images))
+        assert runner.bucket_length(tokens) == runner.bucket_length(torch.from_numpy(tokens))
+    x = policy.prepare({policy.camera_names[0]: rng.integers(0, 256, (96, 128, 3), dtype=np.uint8)},
+                       np.zeros(policy.state_dim, np.float32), "pick up the cup")
+    assert np.array_equal(x.host_masks[0], x.image_masks.numpy()) and np.array_equal(x.host_masks[1],
+                                                                                       x.token_masks.numpy())

@@ -22,6 +22,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
 from phyai_ros.modeling import solver
@@ -128,18 +129,20 @@ class FlowRunner:
             self._buckets[key] = b
         return b
 
-    def bucket_length(self, token_masks: Tensor) -> int:
-        """Language length kept under bucketing: the longest prompt rounded up to the bucket size."""
-        n_valid = int(token_masks.sum(dim=1).max())  # a host read; the tokens just came from the host
+    def bucket_length(self, token_masks) -> int:
+        """Language length kept under bucketing: the longest prompt rounded up to the bucket size. token_masks:
+        a tensor, or the host copy (numpy) that spares a read from the device (which waits for its queue)."""
+        n_valid = int(token_masks.sum(1).max())
         step = self.token_bucket
         return min(token_masks.shape[1], max(step, -(-n_valid // step) * step))
 
-    def slots_kept(self, image_masks: Tensor) -> int:
+    def slots_kept(self, image_masks) -> int:
         """Camera slots computed: up to the last one present in any row (all of them when none is, or when
-        skipping is off). A host read, as for the tokens: the masks just came from the host."""
+        skipping is off). image_masks: a tensor, or its host copy (numpy), as for the tokens."""
         n_slots = image_masks.shape[1]
-        present = image_masks.any(dim=0).nonzero()
-        if not self.skip_absent_cameras or present.numel() == 0:
+        present = np.flatnonzero(np.asarray(image_masks.any(0).cpu() if isinstance(image_masks, Tensor)
+                                            else image_masks.any(0)))
+        if not self.skip_absent_cameras or present.size == 0:
             return n_slots
         return int(present.max()) + 1
 
@@ -171,15 +174,19 @@ class FlowRunner:
     # ---------------------------------------------------------------- execution
     @torch.no_grad()
     def set_observation(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor,
-                        state: Optional[Tensor] = None, new_bucket: bool = False) -> _Bucket:
+                        state: Optional[Tensor] = None, new_bucket: bool = False,
+                        host_masks: Optional[tuple] = None) -> _Bucket:
         """Copy a new observation into its bucket and compute its prefix state (invalidating the old one).
         state: normalized, zero-padded [B, state_dim] (models that take the state in the prompt ignore it).
-        new_bucket: under graphs, the absent cameras may be skipped into a bucket not captured yet (start-up)."""
+        new_bucket: under graphs, the absent cameras may be skipped into a bucket not captured yet (start-up).
+        host_masks: (image_masks, token_masks) as host arrays, when the caller has them: the bucket is chosen
+        from them without reading the device."""
         batch, n_slots, _, size, _ = images.shape
+        host_images, host_tokens = host_masks if host_masks is not None else (image_masks, token_masks)
         if self.token_bucket:
-            keep = self.bucket_length(token_masks)
+            keep = self.bucket_length(host_tokens)
             tokens, token_masks = tokens[:, :keep], token_masks[:, :keep]
-        kept = self.slots_kept(image_masks)
+        kept = self.slots_kept(host_images)
         if kept < n_slots and (not self.use_graphs or new_bucket
                                or self._bucket_key(batch, kept, size, tokens.shape[1]) in self._buckets):
             images, image_masks, n_slots = images[:, :kept], image_masks[:, :kept], kept

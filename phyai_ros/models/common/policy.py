@@ -52,6 +52,8 @@ class PolicyInputs:
     prompts: List[str] = field(default_factory=list)
     slot_names: List[str] = field(default_factory=list)
     truncated: List[bool] = field(default_factory=list)
+    # (image_masks, token_masks) as host arrays: the runner picks the bucket from them without a device read.
+    host_masks: Optional[Tuple[np.ndarray, np.ndarray]] = None
 
 
 def resolve_cameras(checkpoint_cams: Sequence[str], camera_names: Optional[Sequence[str]]) -> List[str]:
@@ -193,7 +195,7 @@ class FlowAdapter(PolicyAdapter):
         [B, H, A] float32 (under CUDA graphs the runner's static output: the next call overwrites it)."""
         x0 = self._noise(noise, inputs.tokens.shape[0])
         bucket = self.runner.set_observation(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks,
-                                             self.state_padded(inputs))
+                                             self.state_padded(inputs), host_masks=inputs.host_masks)
         return self.runner.sample(bucket, x0, rtc.to(self.device) if rtc is not None else None, trace)
 
     def capture_buckets(self, images: Mapping[str, ImageLike], state, eager: bool = False,
@@ -283,7 +285,8 @@ class FlowAdapter(PolicyAdapter):
             frames = stack_to_device([batched[i] for i in slots], self.device)   # [n, B, H, W, 3]
             x = preprocess_uint8_images(frames.flatten(0, 1), size)
             images_t[:, slots] = x.view(len(slots), batch, 3, size, size).transpose(0, 1)
-        masks = to_device(np.array([[True] * len(present) + [False] * len(absent)] * batch), self.device)
+        host_masks = np.array([[True] * len(present) + [False] * len(absent)] * batch)
+        masks = to_device(host_masks, self.device)
 
         state_n = self.state_norm.normalize(torch.from_numpy(state_np))
         prompts, truncated = self.fit_tasks(tasks, state_n.numpy())
@@ -292,7 +295,8 @@ class FlowAdapter(PolicyAdapter):
                           "fit (the rest of the prompt, pi0.5's state included, is kept)", PromptTruncatedWarning,
                           stacklevel=2)
         tokens, tmasks = self.tokenizer.batch(prompts)
-        return PolicyInputs(images_t, masks, to_device(tokens, self.device), to_device(tmasks, self.device), state_n, prompts, present + absent, truncated)
+        return PolicyInputs(images_t, masks, to_device(tokens, self.device), to_device(tmasks, self.device), state_n,
+                            prompts, present + absent, truncated, host_masks=(host_masks, tmasks))
 
     # ---------------------------------------------------------------- inference helpers
     def state_padded(self, inputs: PolicyInputs) -> Tensor:
@@ -491,7 +495,9 @@ def stack_inputs(parts: Sequence[PolicyInputs]) -> PolicyInputs:
     return PolicyInputs(torch.cat([p.images for p in parts]), torch.cat([p.image_masks for p in parts]),
                         torch.cat([p.tokens for p in parts]), torch.cat([p.token_masks for p in parts]),
                         torch.cat([p.state_normalized for p in parts]), sum((p.prompts for p in parts), []),
-                        first.slot_names, sum((p.truncated for p in parts), []))
+                        first.slot_names, sum((p.truncated for p in parts), []),
+                        host_masks=None if any(p.host_masks is None for p in parts) else
+                        tuple(np.concatenate([p.host_masks[i] for p in parts]) for i in range(2)))
 
 
 def _stack_guides(rows: Sequence[ServeRow]) -> Optional[solver.RtcTensors]:
