@@ -96,6 +96,22 @@ if [ "${HOST_FINAL:-0}" = 1 ]; then
   grep -h "policy path\|batch 1:\| 32 \|view(s),\|passed\|failed" "$LOG" | cut -c1-300
   exit 0
 fi
+if [ "${UNPROFILED:-0}" = 1 ]; then
+  # An unprofiled GPU (PHYAI_OP_PROFILE=none: the candidates' default order, the skinny GEMMs' depth_tiling)
+  # against the shipped profile, pi0.5 and pi0 batch 1, with the selector's GPU tests.
+  ( $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1
+    $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only >> "$OUT/ckpt.log" 2>&1 ) &
+  step gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_dispatch.py
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  for m in pi05 pi0; do ck=/tmp/ck05; [ $m = pi0 ] && ck=/tmp/ck0
+    PHYAI_OP_PROFILE=none step "${m}_none" 90 $B --model $m --checkpoint $ck --reuse-checkpoint --skip-startup \
+      --iters 200 --batches 1 --out "$OUT/${m}_none.json"
+    step "${m}_profiled" 90 $B --model $m --checkpoint $ck --reuse-checkpoint --skip-startup --iters 200 \
+      --batches 1 --out "$OUT/${m}_profiled.json"
+  done
+  grep -h "=== \|batch 1: median\|loop\|passed\|failed" "$LOG" | cut -c1-200
+  exit 0
+fi
 if [ "${GROOT_PATH:-0}" = 1 ]; then
   # GR00T's image to chunk through the adapter's graphs (as the node runs it), and the checkpoints a following
   # SERVE=1 call on the same warm machine serves.

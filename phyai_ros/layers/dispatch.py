@@ -244,6 +244,31 @@ def _auto_tiling(fn, *args, **kw):
     return fn(*args, **kw, **tiling)
 
 
+def depth_tiling(n: int, k: int, sms: int) -> str:
+    """The skinny tiling an unprofiled device starts from, by the GEMM's shape (the name of a SKINNY_TILINGS
+    entry). From the H200 profile's timings of the pi expert's GEMMs (profiles/h200.json; test_dispatch checks
+    the rule against them): one program per 32-wide N block over all of K when those blocks alone give half the
+    multiprocessors one each (no fp32 partials to reduce); else split K, in 256-wide blocks up to K = 2048 and
+    in the default 128-wide ones beyond."""
+    if -(-n // 32) * 2 >= sms:
+        return "triton_n32_s1"
+    return "triton_n32_k256" if k <= 2048 else "triton_n32"
+
+
+def _depth_tiling(fn, *args, **kw):
+    from phyai_ros.kernels.common import num_sms
+    weight = args[1]
+    name = depth_tiling(weight.shape[0], weight.shape[1], num_sms(args[0].device))
+    return fn(*args, **kw, **SKINNY_TILINGS[name])
+
+
+def _depth_candidate(fn, supports, prefix: str = "triton") -> Candidate:
+    """The default of the pi family's skinny GEMMs where no profile has an entry (``depth_tiling``): on the H200
+    the kernels' own default launch shape ran those GEMMs 10-90% slower than the profile's choice."""
+    return Candidate(prefix + "_depth", functools.partial(_depth_tiling, fn), _CUDA, available=triton_ok,
+                     supports=supports)
+
+
 def _auto_candidate(fn, supports, prefix: str = "triton") -> Candidate:
     """Profiled-only: on the H200 (2026-12-01, same call) GR00T's 4-step loop ran 7.24 ms with these as the
     default and 6.91 ms on the library GEMM (docs/benchmarks.md), so a device profile must show them faster."""
@@ -341,6 +366,7 @@ PREFIX_ATTENTION_TILINGS = {"triton": {}, "triton_s1": {"num_splits": 1},
 _REGISTRY = {
     # Few-row GEMMs (the action expert's tokens): a weight-streaming kernel; the library GEMM otherwise.
     "linear": [_auto_candidate(_triton_linear, _skinny_with_bias),
+               _depth_candidate(_triton_linear, _skinny_without_bias),
                *_skinny_candidates(_triton_linear, _skinny_without_bias),
                Candidate("torch", ops.linear)],
     "layer_norm": [Candidate("triton", _triton_layer_norm, _CUDA, available=triton_ok),
@@ -368,11 +394,14 @@ _REGISTRY = {
                       Candidate("torch", _torch_qkv_norm_rope)],
     "geglu": [Candidate("triton", _triton_geglu, _CUDA, available=triton_ok), Candidate("torch", _torch_geglu)],
     # A skinny GEMM with the elementwise op after it as its epilogue; elsewhere the sub-ops one by one.
-    "linear_geglu": [*_skinny_candidates(_triton_linear_geglu, _skinny_shape),
+    "linear_geglu": [_depth_candidate(_triton_linear_geglu, _skinny_shape),
+                     *_skinny_candidates(_triton_linear_geglu, _skinny_shape),
                      Candidate("unfused", _unfused_linear_geglu)],
-    "linear_add_rms_norm": [*_skinny_candidates(_triton_linear_add_rms, _skinny_residual),
+    "linear_add_rms_norm": [_depth_candidate(_triton_linear_add_rms, _skinny_residual),
+                            *_skinny_candidates(_triton_linear_add_rms, _skinny_residual),
                             Candidate("unfused", _unfused_linear_add_rms)],
-    "linear_gated_ada_rms_norm": [*_skinny_candidates(_triton_linear_gated_ada, _skinny_per_item),
+    "linear_gated_ada_rms_norm": [_depth_candidate(_triton_linear_gated_ada, _skinny_per_item),
+                                  *_skinny_candidates(_triton_linear_gated_ada, _skinny_per_item),
                                   Candidate("unfused", _unfused_linear_gated_ada)],
     "attention_with_prefix": [*(Candidate(name, functools.partial(_triton_attention_with_prefix, **tiling), _CUDA,
                                           available=triton_ok) for name, tiling in ATTENTION_TILINGS.items()),
