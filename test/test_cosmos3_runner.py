@@ -142,3 +142,26 @@ def test_bf16_graphs_finite_and_close(fx):
     ref = fx["exp"][f"{CASE}.final_action"]
     # bf16 weights and activations (8 bits of mantissa) through 2 layers, 4 steps, guidance 3: a loose bound
     assert torch.isfinite(out).all() and maxabs(out[0], ref) <= 0.1 * max(1.0, ref.abs().max().item())
+
+
+def test_the_runner_keeps_a_bounded_set_of_shape_buckets(fx):
+    """Instructions of three padded lengths (three buckets) through a runner that keeps two: two stay, the least
+    recently used goes, and a bucket made again computes what it computed before."""
+    from phyai_ros.runtime.cosmos3_runner import MAX_BUCKETS, Cosmos3Runner
+    pol = policy(fx, token_bucket=4)
+    pol.runner = Cosmos3Runner(pol.stages, use_graphs=False, max_buckets=2)
+    image, (vis, act) = noise(fx)
+    tasks = [fx["case"]["instruction"] + " and then" * i for i in (0, 3, 6)]
+
+    def chunk(task):
+        x = pol.prepare({"image": image}, task)
+        obs = pol.stages.observation(x)
+        key = pol.runner.bucket_key(obs, x.layout)
+        return key, pol.runner.run(obs, x.layout, vis, act)[0].clone()
+    first = [chunk(t) for t in tasks]
+    assert len({k for k, _ in first}) == 3
+    assert pol.runner.buckets() == [first[1][0], first[2][0]]        # the first, least recently used, went
+    key, again = chunk(tasks[0])
+    assert key == first[0][0] and torch.equal(again, first[0][1])
+    assert pol.runner.buckets() == [first[2][0], first[0][0]]
+    assert MAX_BUCKETS >= 4

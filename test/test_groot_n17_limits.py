@@ -95,8 +95,7 @@ def test_the_runner_keeps_a_bounded_set_of_prompt_length_buckets(policy):
     noise = fx["inp"]["noise"][0]
     runner = policy.runner
     try:
-        policy.runner = GrootRunner(policy.model, use_graphs=False)
-        policy.runner.max_buckets = 3
+        policy.runner = GrootRunner(policy.model, use_graphs=False, max_buckets=3)
         tasks = ["pick " + "up the cup " * i for i in range(6)]
         first = [policy.predict(images, state, t, noise=noise.clone()) for t in tasks]
         assert len(policy.runner.buckets()) == 3 and len({k for k in policy.runner.buckets()}) == 3

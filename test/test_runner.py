@@ -223,3 +223,19 @@ def test_under_graphs_an_absent_camera_is_skipped_only_into_a_start_up_bucket():
         got = runner.sample(bucket, noise).clone()
         assert runner.registry.keys() == captured and bucket.images.shape[1] == slots
         assert (got - want).abs().max().item() <= 1e-5
+
+
+def test_bucket_cache_keeps_the_most_recently_used_and_forgets_the_graphs_of_the_rest():
+    """graphs.BucketCache: a bounded LRU of a runner's buckets; an evicted bucket's graphs leave the registry."""
+    from phyai_ros.runtime.graphs import BucketCache, CapturedCall, GraphRegistry
+    registry = GraphRegistry(pool=object())
+    cache = BucketCache(registry, ("a", "b"), max_buckets=2)
+    for key in ((1,), (2,)):
+        cache.add(key, f"bucket{key[0]}")
+        for stage in ("a", "b"):
+            registry.calls[(stage,) + key] = CapturedCall(graph=None, inputs=(), outputs=None)
+    assert cache.get((1,)) == "bucket1"            # (1,) is now the most recently used
+    cache.add((3,), "bucket3")                      # evicts (2,)
+    assert cache.keys() == [(1,), (3,)] and cache.get((2,)) is None
+    assert sorted(registry.keys()) == [("a", 1), ("b", 1)]
+    assert BucketCache(None, ("a",), max_buckets=0).max_buckets == 1

@@ -1,5 +1,5 @@
 """The Cosmos3 runner: per-observation conditioning kept in static buffers, the whole denoising loop replayed as
-one CUDA graph per shape bucket.
+one CUDA graph per shape bucket (bounded: graphs.BucketCache).
 
 Ownership as in runner.py / groot_runner.py: the stage object (phyai_ros/models/cosmos3/stages.py) says what to
 compute, the runner owns how: one bucket per observation shape (batch, padded prompt length, canvas and
@@ -20,9 +20,12 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from phyai_ros.runtime.graphs import CapturedCall, GraphRegistry
+from phyai_ros.runtime.graphs import BucketCache, CapturedCall, GraphRegistry
 
 Tensor = torch.Tensor
+# Observation shapes kept (buffers and the two graphs each): a canvas and a padded prompt length per camera
+# setup and instruction length; more than a robot needs, few enough to bound the memory a stream of new shapes takes.
+MAX_BUCKETS = 8
 
 
 @dataclass
@@ -41,12 +44,12 @@ class _Bucket:
 class Cosmos3Runner:
     """Conditioning once per observation, the captured loop once per chunk, on one device (per rank)."""
 
-    def __init__(self, stages, use_graphs: bool = True):
+    def __init__(self, stages, use_graphs: bool = True, max_buckets: int = MAX_BUCKETS):
         self.stages = stages
         self.device = torch.device(stages.device)
         self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
         self.registry = GraphRegistry() if self.use_graphs else None
-        self._buckets: Dict[tuple, _Bucket] = {}
+        self._buckets = BucketCache(self.registry, ("condition", "loop"), max_buckets)
         self._observation_ids = itertools.count(1)
 
     @staticmethod
@@ -54,7 +57,7 @@ class Cosmos3Runner:
         return (layout,) + tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(obs.items()))
 
     def buckets(self) -> list:
-        return list(self._buckets)
+        return self._buckets.keys()
 
     def _bucket(self, obs: Dict[str, Tensor], layout) -> _Bucket:
         key = self.bucket_key(obs, layout)
@@ -63,7 +66,7 @@ class Cosmos3Runner:
             vshape, ashape = self.stages.noise_shapes(obs, layout)
             b = _Bucket(key, layout, {k: torch.empty_like(v, device=self.device) for k, v in obs.items()},
                         torch.zeros(vshape, device=self.device), torch.zeros(ashape, device=self.device))
-            self._buckets[key] = b
+            self._buckets.add(key, b)
         return b
 
     @torch.no_grad()

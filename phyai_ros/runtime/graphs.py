@@ -8,8 +8,9 @@ same time, so they can reuse each other's intermediate memory.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Optional
 
 import torch
 
@@ -74,3 +75,36 @@ class GraphRegistry:
         call = self.calls.pop(key, None)
         if call is not None and call.graph is not None:
             call.graph.reset()
+
+
+class BucketCache:
+    """A runner's shape buckets, bounded: at most ``max_buckets``, the least recently used evicted with its
+    graphs (their memory returns to the registry's pool; a bucket made again is captured again). Shapes that
+    follow the input (a prompt's length, a camera's canvas) are otherwise a way to grow a runner without end."""
+
+    def __init__(self, registry: Optional[GraphRegistry], stages: tuple, max_buckets: int):
+        self.registry, self.stages = registry, tuple(stages)
+        self.max_buckets = max(1, int(max_buckets))
+        self._buckets: "OrderedDict[Hashable, object]" = OrderedDict()   # least recently used first
+
+    def get(self, key: Hashable):
+        """The bucket of ``key`` (now the most recently used), or None."""
+        bucket = self._buckets.get(key)
+        if bucket is not None:
+            self._buckets.move_to_end(key)
+        return bucket
+
+    def add(self, key: Hashable, bucket) -> None:
+        """Keep ``bucket`` under ``key``, first evicting the least recently used ones beyond the bound."""
+        while len(self._buckets) >= self.max_buckets:
+            self.evict(next(iter(self._buckets)))
+        self._buckets[key] = bucket
+
+    def evict(self, key: Hashable) -> None:
+        del self._buckets[key]
+        if self.registry is not None:
+            for stage in self.stages:
+                self.registry.forget((stage,) + tuple(key))
+
+    def keys(self) -> list:
+        return list(self._buckets)

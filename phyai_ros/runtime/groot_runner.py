@@ -21,13 +21,12 @@ The model object provides (phyai_ros/models/groot_n17/modeling.py)::
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Dict, Optional
 
 import torch
 
-from phyai_ros.runtime.graphs import CapturedCall, GraphRegistry
+from phyai_ros.runtime.graphs import BucketCache, CapturedCall, GraphRegistry
 
 Tensor = torch.Tensor
 MAX_BUCKETS = 8   # observation shapes kept (buffers and graphs); a robot's prompts take a few lengths
@@ -58,9 +57,12 @@ class GrootRunner:
         self.device = torch.device(model.device)
         self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
         self.registry = GraphRegistry() if self.use_graphs else None
-        self.max_buckets = max(1, int(max_buckets))
-        self._buckets: "OrderedDict[tuple, _Bucket]" = OrderedDict()   # least recently used first
+        self._buckets = BucketCache(self.registry, ("backbone", "context", "loop"), max_buckets)
         self._observation_ids = itertools.count(1)
+
+    @property
+    def max_buckets(self) -> int:
+        return self._buckets.max_buckets
 
     @staticmethod
     def bucket_key(obs: Dict[str, Tensor]) -> tuple:
@@ -68,31 +70,20 @@ class GrootRunner:
         return tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(obs.items()))
 
     def buckets(self) -> list:
-        return list(self._buckets)
+        return self._buckets.keys()
 
     def _bucket(self, obs: Dict[str, Tensor]) -> _Bucket:
         key = self.bucket_key(obs)
         b = self._buckets.get(key)
-        if b is not None:
-            self._buckets.move_to_end(key)
-        else:
-            while len(self._buckets) >= self.max_buckets:
-                self._evict(next(iter(self._buckets)))
+        if b is None:
             batch = self.model.batch_size(obs)
             seed, keep, weight = self.model.solver_tensors(None, batch)
             b = _Bucket(key, {k: torch.empty_like(v, device=self.device) for k, v in obs.items()},
                         self.model.step_tables(batch),
                         torch.zeros(self.model.noise_shape(batch), device=self.device, dtype=torch.float32),
                         seed.clone(), keep.clone(), weight.clone())
-            self._buckets[key] = b
+            self._buckets.add(key, b)
         return b
-
-    def _evict(self, key: tuple) -> None:
-        """Drop a bucket, its buffers and graphs (their memory returns to the runner's graph pool)."""
-        del self._buckets[key]
-        if self.registry is not None:
-            for stage in ("backbone", "context", "loop"):
-                self.registry.forget((stage,) + key)
 
     # ---------------------------------------------------------------- execution
     @torch.no_grad()
