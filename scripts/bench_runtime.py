@@ -182,6 +182,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "bench_runtime.json")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: float32 smoke run of the same code path (no graphs, host timing)")
+    ap.add_argument("--host-profile", action="store_true", help="print where prepare's host time goes (cProfile)")
     ap.add_argument("--first-chunk", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     global DEVICE, DTYPE, TOKEN_BUCKET, MODEL, PRESENT, SKIP_ABSENT
@@ -303,6 +304,16 @@ def main() -> None:
     res["policy_path_ms"] = {"median": statistics.median(wall), "p99": pct(wall, 99),
                              **{k: statistics.median(p[i] for p in parts)
                                 for i, k in enumerate(("host_prepare", "host_launch", "wait"))}}
+    if args.host_profile:   # where prepare's host time goes (cProfile, the GPU drained before each call)
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        for _ in range(50):
+            sync()
+            prof.enable()
+            policy.prepare(images, state, TASK)
+            prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
     # Batching: T_sync(B), Q(B) = B / T_sync, T_amort(B) = T_sync / B.
     res["batching"] = {}

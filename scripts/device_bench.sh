@@ -96,6 +96,17 @@ if [ "${HOST_FINAL:-0}" = 1 ]; then
   grep -h "policy path\|batch 1:\| 32 \|view(s),\|passed\|failed" "$LOG" | cut -c1-300
   exit 0
 fi
+if [ "${RUNNERS:-0}" = 1 ]; then
+  # The runners' GPU tests after the bounded bucket cache, and where pi0.5's prepare spends its host time.
+  ( $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1 ) &
+  step gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_runner.py test/test_groot_n17_gpu.py \
+    test/test_cosmos3_runner.py test/test_transfer_gpu.py
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  step host_profile 90 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup --iters 50 --batches 1 \
+    --host-profile --out "$OUT/pi05_host.json"
+  grep -h "passed\|failed\|policy path" "$LOG"; grep -A30 "Ordered by" "$LOG" | cut -c1-160
+  exit 0
+fi
 if [ "${UNPROFILED:-0}" = 1 ]; then
   # An unprofiled GPU (PHYAI_OP_PROFILE=none: the candidates' default order, the skinny GEMMs' depth_tiling)
   # against the shipped profile, pi0.5 and pi0 batch 1, with the selector's GPU tests.
