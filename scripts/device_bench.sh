@@ -96,6 +96,14 @@ if [ "${HOST_FINAL:-0}" = 1 ]; then
   grep -h "policy path\|batch 1:\| 32 \|view(s),\|passed\|failed" "$LOG" | cut -c1-300
   exit 0
 fi
+if [ "${GROOT_FOLD:-0}" = 1 ]; then
+  # GR00T's AdaLayerNorm modulation as the LayerNorm's affine: the GPU tests, then one view batch 1.
+  step gpu_tests 80 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_groot_n17_gpu.py
+  step groot 100 python3 scripts/bench_groot.py --root /tmp/groot --views 1 --batches 1 --iters 200 --no-profile \
+    --skip-startup --out "$OUT/groot_fold.json"
+  grep -h "passed\|failed\|view(s),\|^loop\|^backbone\|^context" "$LOG" | cut -c1-300
+  exit 0
+fi
 if [ "${RUNNERS:-0}" = 1 ]; then
   # The runners' GPU tests after the bounded bucket cache, and where pi0.5's prepare spends its host time.
   ( $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1 ) &
