@@ -312,22 +312,34 @@ if HAVE_TRITON:
 # --------------------------------------------------------------------------- host side
 _TABLES: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
 _TABLES_MAX = 512
+# Tables a captured graph reads: the graph holds their addresses, not the tensors, so they are never dropped
+# (a dropped table's memory could be reused while a graph still reads it). Bounded by the graphs captured.
+_CAPTURED_TABLES: "dict[tuple, torch.Tensor]" = {}
 
 
-def _address_table(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+def _address_table(tensors: Sequence[torch.Tensor], device: torch.device, captured: Optional[bool] = None
+                   ) -> torch.Tensor:
     """int64 table of the tensors' addresses on ``device``; made once per address tuple (outside graph capture:
-    the warm-up before a capture makes it with the same addresses) and kept (least recently used dropped)."""
+    the warm-up before a capture makes it with the same addresses) and kept: the least recently used dropped
+    beyond _TABLES_MAX, except those a graph captured (``captured``: default, whether this stream is capturing)."""
     key = (device.type, device.index, tuple(t.data_ptr() for t in tensors))
+    if captured is None:
+        captured = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    table = _CAPTURED_TABLES.get(key)
+    if table is not None:
+        return table
     table = _TABLES.get(key)
     if table is not None:
         _TABLES.move_to_end(key)
-        return table
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    elif captured:
         raise RuntimeError("expert_stack: address tables are made before graph capture (run the call once first)")
-    table = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64).to(device)
-    _TABLES[key] = table
-    if len(_TABLES) > _TABLES_MAX:
-        _TABLES.popitem(last=False)
+    else:
+        table = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64).to(device)
+        _TABLES[key] = table
+        if len(_TABLES) > _TABLES_MAX:
+            _TABLES.popitem(last=False)
+    if captured:
+        _CAPTURED_TABLES[key] = _TABLES.pop(key)
     return table
 
 

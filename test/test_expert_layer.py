@@ -236,3 +236,22 @@ def test_bad_inputs_are_refused_clearly():
     per_token = dict(c, scale=[s[:, None].expand(2, 5, 64).reshape(10, 64) for s in c["scale"]])
     with pytest.raises(ValueError, match="rows must be"):
         el.expert_stack(*args(per_token), n_heads=4)                         # modulation per token
+
+
+def test_address_tables_a_graph_captured_are_kept_while_the_others_are_bounded():
+    """A captured graph reads its layers' address tables by address: such a table is never dropped, however many
+    other tables come after it (those are bounded, least recently used first), and one not made before the
+    capture is refused."""
+    cpu = torch.device("cpu")
+    mine, dropped = [torch.zeros(2) for _ in range(3)], [torch.zeros(2) for _ in range(3)]
+    table = el._address_table(mine, cpu)
+    assert el._address_table(mine, cpu, captured=True) is table
+    first_dropped = el._address_table(dropped, cpu)
+    others = [[torch.zeros(1)] for _ in range(el._TABLES_MAX + 8)]   # kept alive: distinct addresses
+    for ts in others:
+        el._address_table(ts, cpu)
+    assert len(el._TABLES) <= el._TABLES_MAX
+    assert el._address_table(mine, cpu, captured=True) is table and el._address_table(mine, cpu) is table
+    assert el._address_table(dropped, cpu) is not first_dropped          # dropped, made again
+    with pytest.raises(RuntimeError, match="before graph capture"):
+        el._address_table([torch.zeros(3)], cpu, captured=True)
