@@ -73,6 +73,7 @@ def attention_plan(batch: int, n_kv_heads: int, group: int, tokens: int, keys: i
 
 
 if HAVE_TRITON:
+    from .split_kv_attention import masked_softmax_step
 
     @triton.jit
     def attend_keys(q, m_i, l_i, acc, kb, vb, kn, vn, start, stop, key_off, b, qi, rmask, MASK, smb, smq, smk,
@@ -87,26 +88,8 @@ if HAVE_TRITON:
             k = tl.load(kb + offs_n[None, :].to(tl.int64) * kn + offs_d[:, None], mask=nmask[None, :], other=0.0,
                         cache_modifier=".cg")
             s = tl.dot(q, k, input_precision=DOT_PREC) * qk_scale          # log2 units
-            kidx = key_off + offs_n
-            if MASK_MODE == 0:
-                valid = nmask[None, :]
-            else:
-                if MASK_PER_KEY:
-                    mv = tl.load(MASK + b * smb + kidx * smk, mask=nmask, other=0)[None, :]
-                else:
-                    mv = tl.load(MASK + b * smb + qi[:, None] * smq + kidx[None, :] * smk,
-                                 mask=rmask[:, None] & nmask[None, :], other=0)
-                if MASK_MODE == 1:
-                    valid = (mv != 0) & nmask[None, :]
-                else:
-                    s = s + mv.to(tl.float32) * 1.4426950408889634
-                    valid = nmask[None, :]
-            s = tl.where(valid, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
+            p, alpha, m_new, l_i = masked_softmax_step(s, key_off + offs_n, nmask, qi, rmask, b, m_i, l_i, MASK, smb,
+                                                       smq, smk, MASK_MODE, MASK_PER_KEY)
             v = tl.load(vb + offs_n[:, None].to(tl.int64) * vn + offs_d[None, :], mask=nmask[:, None], other=0.0,
                         cache_modifier=".cg")
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)

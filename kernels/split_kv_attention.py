@@ -123,6 +123,34 @@ def split_kv_attention_ref(q, k_prefix, v_prefix, k_suffix=None, v_suffix=None,
 if HAVE_TRITON:
 
     @triton.jit
+    def masked_softmax_step(s, kidx, nmask, qi, rmask, b, m_i, l_i, MASK, smb, smq, smk, MASK_MODE: tl.constexpr,
+                            MASK_PER_KEY: tl.constexpr):
+        """One key block of the online softmax, shared by the split-KV and the expert-stack attention: scores
+        ``s`` [rows, keys] (log2 units) of keys ``kidx`` masked (MASK_MODE 0: none; 1: bool / nonzero = attend;
+        2: additive, converted to log2 units; MASK_PER_KEY: one [keys] row per item, else [rows, keys]), then
+        the running max / sum updated. Returns (p, alpha, m_new, l_new): the block's probabilities, the factor
+        the accumulator is rescaled by, and the new running max and sum."""
+        if MASK_MODE == 0:
+            valid = nmask[None, :]
+        else:
+            if MASK_PER_KEY:
+                mv = tl.load(MASK + b * smb + kidx * smk, mask=nmask, other=0)[None, :]
+            else:
+                mv = tl.load(MASK + b * smb + qi[:, None] * smq + kidx[None, :] * smk,
+                             mask=rmask[:, None] & nmask[None, :], other=0)
+            if MASK_MODE == 1:
+                valid = (mv != 0) & nmask[None, :]
+            else:
+                s = s + mv.to(tl.float32) * 1.4426950408889634
+                valid = nmask[None, :]
+        s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+    @triton.jit
     def _rotate(x_lo, x_hi, cos_ptr, sin_ptr, offs, BLOCK_H: tl.constexpr, mask):
         """RoPE (rotate_half) of a tile split at D/2 into x_lo / x_hi, in fp32 and rounded back to x's
         dtype as kernels/rope.py does; where ``mask`` is off (cos 1, sin 0) x passes through unchanged."""
@@ -200,26 +228,8 @@ if HAVE_TRITON:
                                      nmask[None, :] & (pid_s >= nsp))
             s = (tl.dot(q_lo, k_lo, input_precision=DOT_PREC)
                  + tl.dot(q_hi, k_hi, input_precision=DOT_PREC)) * qk_scale          # log2 units
-            kidx = key_off + offs_n
-            if MASK_MODE == 0:
-                valid = nmask[None, :]
-            else:
-                if MASK_PER_KEY:
-                    mv = tl.load(MASK + b * smb + kidx * smk, mask=nmask, other=0)[None, :]
-                else:
-                    mv = tl.load(MASK + b * smb + qi[:, None] * smq + kidx[None, :] * smk,
-                                 mask=rmask[:, None] & nmask[None, :], other=0)
-                if MASK_MODE == 1:
-                    valid = (mv != 0) & nmask[None, :]
-                else:
-                    s = s + mv.to(tl.float32) * 1.4426950408889634
-                    valid = nmask[None, :]
-            s = tl.where(valid, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
+            p, alpha, m_new, l_i = masked_softmax_step(s, key_off + offs_n, nmask, qi, rmask, b, m_i, l_i, MASK, smb,
+                                                       smq, smk, MASK_MODE, MASK_PER_KEY)
             v = tl.load(vb + offs_n[:, None] * svn + offs_d[None, :],
                         mask=nmask[:, None] & dmask[None, :], other=0.0)          # [N, D]
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
