@@ -1,5 +1,9 @@
-"""Cosmos3's stage costs (models/cosmos3/costs.py): a tiny config worked out by hand, and the full size's FLOPs as
-the H200 benchmark reported them (docs/device_runs/2026-12-01-cosmos3/bench_cosmos3.json)."""
+"""Cosmos3's stage costs (models/cosmos3/costs.py): a tiny config worked out by hand, the full size's FLOPs as the
+H200 benchmark reported them (docs/device_runs/2026-12-01-cosmos3/bench_cosmos3.json), and the weight bytes
+against what the loader keeps."""
+import pytest
+
+from fixture_sets import cosmos3_fixture_dir
 from phyai_ros.models.cosmos3.config import FULL_TRANSFORMER, TransformerConfig
 from phyai_ros.models.cosmos3.costs import cosmos3_stage_costs
 
@@ -30,3 +34,24 @@ def test_full_size_flops_as_the_h200_run_reported():
         assert c["generation"].flops / 1e12 == tflop
         # per step the generation pathway's layer weights (6.95 B parameters in bf16, 13.9 GB) and little else
         assert 4 * 13.89e9 < c["generation"].bytes < 4 * 14.2e9
+
+
+def test_weight_bytes_are_those_the_loaded_checkpoint_holds():
+    """The costs' weight bytes against the weights the loader really keeps (the tiny parity fixture, fp32): each
+    step reads every layer's generation-pathway matrices, the conditioning the text pathway's up to the last
+    layer's keys / values (its MLP unused). With no tokens the costs are the weights alone."""
+    folder = cosmos3_fixture_dir() / "pipeline"
+    if not folder.is_dir():
+        pytest.skip(f"no Cosmos3 fixture at {folder}")
+    from phyai_ros.models.cosmos3 import Cosmos3Adapter
+    stages = Cosmos3Adapter.from_files(folder).stages
+    w, cfg = stages.w, stages.cfg
+    layers = range(cfg.num_layers)
+
+    def nbytes(path, names, which):
+        return sum(w[f"layers.{i}.{path}.{n}"].numel() * w[f"layers.{i}.{path}.{n}"].element_size()
+                   for i in which for n in names)
+    gen = nbytes("gen", ("qkv", "out", "up", "down"), layers)
+    text = nbytes("und", ("qkv", "out"), layers) + nbytes("und", ("up", "down"), layers[:-1])
+    c = cosmos3_stage_costs(cfg, rows=1, text=0, gen=0, steps=1, weight_bytes=w["layers.0.gen.qkv"].element_size())
+    assert c["generation"].bytes == gen and c["conditioning"].bytes == text
