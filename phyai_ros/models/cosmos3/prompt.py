@@ -18,6 +18,7 @@ from typing import List, Optional, Tuple
 
 from phyai_ros.models.files import CheckpointError, read_json
 from phyai_ros.models.bpe import ByteLevelBPE
+from phyai_ros.models.chat_template import compile_chat_template, read_chat_template
 
 SYSTEM_PROMPT_VIDEO = "You are a helpful assistant who will generate videos from a give prompt."   # sic
 
@@ -95,10 +96,6 @@ class ChatTokenizer:
         folder = Path(folder)
         self.bpe = ByteLevelBPE(folder / "tokenizer.json")
         cfg = read_json(folder / "tokenizer_config.json")
-        template_file = folder / "chat_template.jinja"
-        template = template_file.read_text() if template_file.is_file() else cfg.get("chat_template")
-        if not isinstance(template, str) or not template:
-            raise CheckpointError(f"{folder}: no chat template (chat_template.jinja or tokenizer_config.json)")
         self.tokens = {k: cfg[k] for k in ("eos_token", "pad_token", "bos_token", "unk_token")
                        if isinstance(cfg.get(k), str)}
         if "eos_token" not in self.tokens:
@@ -107,27 +104,7 @@ class ChatTokenizer:
         self.vision_start_id = self.bpe.token_id("<|vision_start|>")
         self.pad_id = self.bpe.token_id(self.tokens["pad_token"]) if "pad_token" in self.tokens else self.eos_id
         self.vocab_size = self.bpe.vocab_size
-        self.template = self._compile(template, folder)
-
-    @staticmethod
-    def _compile(template: str, folder: Path):
-        """jinja2 in a sandbox, with transformers' rendering options (trim / lstrip blocks, loop controls,
-        tojson, raise_exception): the template is read from outside, so it runs without Python access."""
-        import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message):
-            raise jinja2.exceptions.TemplateError(message)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
-            x, indent=indent, ensure_ascii=ensure_ascii)
-        env.globals["raise_exception"] = raise_exception
-        try:
-            return env.from_string(template)
-        except jinja2.exceptions.TemplateError as exc:
-            raise CheckpointError(f"{folder}: chat template does not compile ({exc})") from None
+        self.template = compile_chat_template(read_chat_template(folder), str(folder))
 
     def chat_ids(self, text: str, system: Optional[str]) -> List[int]:
         """[system,] user turn with the generation prompt, tokenized, + end-of-turn + <|vision_start|>."""

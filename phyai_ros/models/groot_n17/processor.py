@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from phyai_ros.models.files import CheckpointError, Fields, read_json
 
 from phyai_ros.models.bpe import ByteLevelBPE
+from phyai_ros.models.chat_template import compile_chat_template, read_chat_template
 from phyai_ros.runtime.transfer import to_device
 
 Tensor = torch.Tensor
@@ -173,30 +174,11 @@ class QwenImageProcessor:
 
 
 # ------------------------------------------------------------------ prompt
-@functools.lru_cache(maxsize=8)
-def _compiled(template: str):
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    return env.from_string(template)
-
-
 def render_chat_template(template: str, n_images: int, text: str) -> str:
     """The backbone's chat template for one user message: n_images image entries, then the text."""
     content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": text}]
-    return _compiled(template).render(messages=[{"role": "user", "content": content}], add_generation_prompt=False)
-
-
-def read_chat_template(backbone_dir: Path) -> str:
-    """chat_template.jinja, else chat_template.json's or tokenizer_config.json's `chat_template`."""
-    jinja = backbone_dir / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text()
-    for name in ("chat_template.json", "tokenizer_config.json"):
-        p = backbone_dir / name
-        if p.is_file() and isinstance(read_json(p).get("chat_template"), str):
-            return read_json(p)["chat_template"]
-    raise FileNotFoundError(f"backbone {backbone_dir}: no chat template (chat_template.jinja, chat_template.json "
-                            "or tokenizer_config.json)")
+    return compile_chat_template(template, "the backbone's chat template").render(
+        messages=[{"role": "user", "content": content}], add_generation_prompt=False)
 
 
 # ------------------------------------------------------------------ the whole step
