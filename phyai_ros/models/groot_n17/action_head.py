@@ -17,7 +17,7 @@ reads only fixed-shape tensors, so a runner can capture it in one CUDA graph wit
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -36,13 +36,31 @@ TIMESTEP_CHANNELS = 256
 
 
 # ------------------------------------------------------------------ small pieces
-def category_linear(x: Tensor, w: Weights, name: str, ids: Tensor) -> Tensor:
-    """x [B, T, in] @ W[id] + b[id], one embodiment id per batch item."""
-    return torch.bmm(x, w[name + ".W"][ids]) + w[name + ".b"][ids][:, None]
+# The embodiment-indexed layers the denoising loop runs every step: their weights are gathered for the batch's
+# embodiment ids once per observation (HeadContext.embodiment), not in every step (an index kernel and a copy of
+# the whole matrix per layer and step).
+LOOP_CATEGORY_LAYERS = ("action_encoder.W1", "action_encoder.W2", "action_encoder.W3", "action_decoder.layer1",
+                        "action_decoder.layer2")
+CategoryWeights = Tuple[Tensor, Tensor]   # W[ids] [B, in, out], b[ids] [B, 1, out]
 
 
-def category_mlp(x: Tensor, w: Weights, name: str, ids: Tensor) -> Tensor:
-    return category_linear(F.relu(category_linear(x, w, name + ".layer1", ids)), w, name + ".layer2", ids)
+def category_weights(w: Weights, name: str, ids: Tensor) -> CategoryWeights:
+    """One embodiment-indexed layer's weights for the batch's ids (one id per batch item)."""
+    return w[name + ".W"][ids], w[name + ".b"][ids][:, None]
+
+
+def category_linear(x: Tensor, w: Weights, name: str, ids: Tensor, gathered: Optional[CategoryWeights] = None
+                    ) -> Tensor:
+    """x [B, T, in] @ W[id] + b[id], one embodiment id per batch item (``gathered``: those weights already)."""
+    weight, bias = gathered if gathered is not None else category_weights(w, name, ids)
+    return torch.bmm(x, weight) + bias
+
+
+def category_mlp(x: Tensor, w: Weights, name: str, ids: Tensor,
+                 gathered: Optional[Dict[str, CategoryWeights]] = None) -> Tensor:
+    g = gathered or {}
+    y = F.relu(category_linear(x, w, name + ".layer1", ids, g.get(name + ".layer1")))
+    return category_linear(y, w, name + ".layer2", ids, g.get(name + ".layer2"))
 
 
 def feed_forward(x: Tensor, w: Weights, b: str) -> Tensor:
@@ -124,11 +142,13 @@ def dit_time_embedding(w: Weights, t: Tensor) -> Tensor:
     return linear(F.silu(linear(emb.to(w[b + "linear_1.weight"].dtype), w, b + "linear_1")), w, b + "linear_2")
 
 
-def action_features(w: Weights, x: Tensor, tau: Tensor, ids: Tensor) -> Tensor:
+def action_features(w: Weights, x: Tensor, tau: Tensor, ids: Tensor,
+                    gathered: Optional[Dict[str, CategoryWeights]] = None) -> Tensor:
     """x [B, H, A] with the step's sinusoid tau [B, H, E] -> [B, H, E] (before the position embedding)."""
-    a = category_linear(x, w, HEAD + "action_encoder.W1", ids)
-    y = F.silu(category_linear(torch.cat([a, tau], dim=-1), w, HEAD + "action_encoder.W2", ids))
-    return category_linear(y, w, HEAD + "action_encoder.W3", ids)
+    g, n = gathered or {}, HEAD + "action_encoder."
+    a = category_linear(x, w, n + "W1", ids, g.get(n + "W1"))
+    y = F.silu(category_linear(torch.cat([a, tau], dim=-1), w, n + "W2", ids, g.get(n + "W2")))
+    return category_linear(y, w, n + "W3", ids, g.get(n + "W3"))
 
 
 @dataclass
@@ -170,6 +190,7 @@ class HeadContext:
     cross_kv: Dict[int, Tuple[Tensor, Tensor]]  # even block index -> K/V of the VL tokens
     masks: Dict[int, Tensor]              # even block index -> additive [B, 1, 1, L] (text or image tokens, valid)
     ids: Tensor                           # [B] embodiment ids
+    embodiment: Dict[str, CategoryWeights] = field(default_factory=dict)   # LOOP_CATEGORY_LAYERS for ids
 
 
 def head_context(w: Weights, h: HeadConfig, vl: Tensor, attention_mask: Tensor, image_mask: Tensor,
@@ -181,7 +202,8 @@ def head_context(w: Weights, h: HeadConfig, vl: Tensor, attention_mask: Tensor, 
         b = f"{DIT}transformer_blocks.{i}."
         kv[i] = kv_of(vl, w, b, h.dit_heads)
         masks[i] = text if i % (2 * h.attend_text_every_n_blocks) == 0 else image
-    return HeadContext(state_token(w, state, ids), kv, masks, ids)
+    gathered = {HEAD + n: category_weights(w, HEAD + n, ids) for n in LOOP_CATEGORY_LAYERS}
+    return HeadContext(state_token(w, state, ids), kv, masks, ids, gathered)
 
 
 def observation_context(w: Weights, h: HeadConfig, features: Tensor, attention_mask: Tensor, image_mask: Tensor,
@@ -223,11 +245,11 @@ def velocity(w: Weights, h: HeadConfig, x: Tensor, table: StepTable, ctx: HeadCo
              trace: Optional[Dict[str, list]] = None) -> Tensor:
     """One network evaluation: x [B, H, A] (float32) at the step's bucket -> velocity [B, H, A]."""
     x = x.to(table.tau.dtype)
-    a = action_features(w, x, table.tau, ctx.ids)
+    a = action_features(w, x, table.tau, ctx.ids, ctx.embodiment)
     pos = w[HEAD + "position_embedding.weight"][:x.shape[1]] if h.add_pos_embed else 0
     sa = torch.cat([ctx.state, a + pos], dim=1)
     out = dit(w, h, sa, table, ctx)
-    v = category_mlp(out, w, HEAD + "action_decoder", ctx.ids)[:, -x.shape[1]:]
+    v = category_mlp(out, w, HEAD + "action_decoder", ctx.ids, ctx.embodiment)[:, -x.shape[1]:]
     if trace is not None:
         for key, val in (("action_features", a), ("sa_embs", sa), ("dit_out", out), ("temb", table.temb),
                          ("v", v), ("timestep", table.t)):
