@@ -20,7 +20,8 @@ Tensor = torch.Tensor
 def to_device(x, device, dtype: Optional[torch.dtype] = None) -> Tensor:
     """numpy array or tensor -> tensor on ``device`` (cast to ``dtype`` there when given). To a CUDA device from
     the host it goes through a pinned staging block and returns before the copy has run; the source may be a
-    read-only or strided numpy view (the staging copy makes it contiguous). Elsewhere it is a plain copy."""
+    read-only or strided numpy view (the staging copy makes it contiguous). On the CPU a writable contiguous
+    array is shared, not copied (a read-only or strided one is copied)."""
     device = torch.device(device)
     if isinstance(x, Tensor) and x.device.type != "cpu":
         return x.to(device, dtype)
