@@ -37,3 +37,15 @@ def test_rendering_as_transformers_does_and_a_hostile_template_stays_in_the_sand
         refuse.render()
     with pytest.raises(CheckpointError, match="backbone/: chat template does not compile"):
         compile_chat_template("{% for %}", "backbone/")
+
+
+def test_a_huge_or_binary_template_file_is_refused_naming_it(tmp_path):
+    from phyai_ros.models.chat_template import MAX_TEMPLATE_BYTES
+    jinja = tmp_path / "chat_template.jinja"
+    with open(jinja, "wb") as f:
+        f.truncate(MAX_TEMPLATE_BYTES + 1)          # sparse: refused from its size, never read
+    with pytest.raises(CheckpointError, match="chat_template.jinja: .* bytes, more than"):
+        read_chat_template(tmp_path)
+    jinja.write_bytes(b"\xff\xfe{{ x }}")
+    with pytest.raises(CheckpointError, match="chat_template.jinja: not UTF-8"):
+        read_chat_template(tmp_path)

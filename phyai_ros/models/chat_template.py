@@ -14,6 +14,7 @@ from pathlib import Path
 from .files import CheckpointError, read_json
 
 TEMPLATE_FILES = ("chat_template.json", "tokenizer_config.json")   # after chat_template.jinja, in this order
+MAX_TEMPLATE_BYTES = 1 << 20   # a chat template is a few KB; a larger file is refused before it is read
 
 
 def read_chat_template(folder) -> str:
@@ -21,7 +22,13 @@ def read_chat_template(folder) -> str:
     folder = Path(folder)
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text()
+        size = jinja.stat().st_size
+        if size > MAX_TEMPLATE_BYTES:
+            raise CheckpointError(f"{jinja}: {size} bytes, more than a chat template's {MAX_TEMPLATE_BYTES}")
+        try:
+            return jinja.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise CheckpointError(f"{jinja}: not UTF-8 text ({exc})") from None
     for name in TEMPLATE_FILES:
         p = folder / name
         if p.is_file():

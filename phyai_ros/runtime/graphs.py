@@ -8,11 +8,12 @@ same time, so they can reuse each other's intermediate memory.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Optional
 
 import torch
+
+from phyai_ros.runtime.lru import LruCache
 
 
 @dataclass
@@ -77,34 +78,22 @@ class GraphRegistry:
             call.graph.reset()
 
 
-class BucketCache:
+class BucketCache(LruCache):
     """A runner's shape buckets, bounded: at most ``max_buckets``, the least recently used evicted with its
     graphs (their memory returns to the registry's pool; a bucket made again is captured again). Shapes that
     follow the input (a prompt's length, a camera's canvas) are otherwise a way to grow a runner without end."""
 
     def __init__(self, registry: Optional[GraphRegistry], stages: tuple, max_buckets: int):
+        super().__init__(max_buckets, self._forget)
         self.registry, self.stages = registry, tuple(stages)
-        self.max_buckets = max(1, int(max_buckets))
-        self._buckets: "OrderedDict[Hashable, object]" = OrderedDict()   # least recently used first
 
-    def get(self, key: Hashable):
-        """The bucket of ``key`` (now the most recently used), or None."""
-        bucket = self._buckets.get(key)
-        if bucket is not None:
-            self._buckets.move_to_end(key)
-        return bucket
+    @property
+    def max_buckets(self) -> int:
+        return self.max_items
 
-    def add(self, key: Hashable, bucket) -> None:
-        """Keep ``bucket`` under ``key``, first evicting the least recently used ones beyond the bound."""
-        while len(self._buckets) >= self.max_buckets:
-            self.evict(next(iter(self._buckets)))
-        self._buckets[key] = bucket
+    add = LruCache.put
 
-    def evict(self, key: Hashable) -> None:
-        del self._buckets[key]
+    def _forget(self, key: Hashable, _bucket) -> None:
         if self.registry is not None:
             for stage in self.stages:
                 self.registry.forget((stage,) + tuple(key))
-
-    def keys(self) -> list:
-        return list(self._buckets)

@@ -17,6 +17,11 @@ import torch
 Tensor = torch.Tensor
 
 
+def _pinned(shape, np_dtype) -> Tensor:
+    """A pinned host block (the caching host allocator's) of numpy dtype ``np_dtype``."""
+    return torch.empty(shape, dtype=torch.from_numpy(np.empty(0, np_dtype)).dtype, pin_memory=True)
+
+
 def to_device(x, device, dtype: Optional[torch.dtype] = None) -> Tensor:
     """numpy array or tensor -> tensor on ``device`` (cast to ``dtype`` there when given). To a CUDA device from
     the host it goes through a pinned staging block and returns before the copy has run; the source may be a
@@ -34,7 +39,7 @@ def to_device(x, device, dtype: Optional[torch.dtype] = None) -> Tensor:
         staged = x if x.is_pinned() else x.pin_memory()
     else:
         a = np.asarray(x)
-        staged = torch.empty(a.shape, dtype=torch.from_numpy(np.empty(0, a.dtype)).dtype, pin_memory=True)
+        staged = _pinned(a.shape, a.dtype)
         staged.numpy()[...] = a
     out = staged.to(device, non_blocking=True)
     return out if dtype is None else out.to(dtype)
@@ -48,8 +53,7 @@ def stack_to_device(items: Sequence, device) -> Tensor:
     if device.type != "cuda" or any(isinstance(x, Tensor) for x in items):
         return torch.stack([to_device(x, device) for x in items])
     arrays = [np.asarray(x) for x in items]
-    dtype = torch.from_numpy(np.empty(0, arrays[0].dtype)).dtype
-    staged = torch.empty((len(arrays), *arrays[0].shape), dtype=dtype, pin_memory=True)
+    staged = _pinned((len(arrays), *arrays[0].shape), arrays[0].dtype)
     view = staged.numpy()
     for i, a in enumerate(arrays):
         view[i] = a

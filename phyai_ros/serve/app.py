@@ -87,6 +87,10 @@ async def read_body(http: HttpRequest, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def _not_a_request(r) -> Failure:
+    return Failure(str(getattr(r, "robot_id", "?"))[:64], 400, f"not a wire.Request: {type(r).__name__}")
+
+
 @serve.deployment(max_ongoing_requests=64)
 class PolicyDeployment:
     def __init__(self, config: dict, token_sha256: str = ""):
@@ -116,15 +120,11 @@ class PolicyDeployment:
         so up to the batch size they run as one batch; sent as B calls, the submissions spread over more than
         the batch wait and the batch splits. A reply or a Failure per request, in order; one that is not a
         Request fails alone."""
-        arrived = time.monotonic_ns()
-        self.counters["requests"] += len(requests)
-
-        async def one(r):
-            if not isinstance(r, Request):
-                return Failure(str(getattr(r, "robot_id", "?"))[:64], 400,
-                               f"not a wire.Request: {type(r).__name__}")
-            r.arrived_ns = arrived
-            return await self._batched(r)
+        def one(r):
+            if isinstance(r, Request):
+                return self.infer(r)
+            self.counters["requests"] += 1
+            return _not_a_request(r)
         return list(await asyncio.gather(*(one(r) for r in requests)))
 
     def info(self) -> dict:

@@ -8,11 +8,11 @@ CUDA graphs. Everything host-side (token layout, mRoPE positions, RTC's data-dep
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from phyai_ros.runtime.lru import LruCache
 from phyai_ros.runtime.roofline import StageCost
 
 from . import action_head, qwen3vl
@@ -31,7 +31,7 @@ class GrootModel:
         self.device, self.dtype = torch.device(device), dtype
         # Backbone plans: per image grid the vision position embedding and RoPE, per token layout (instruction)
         # the mRoPE tables and image rows; bounded (qwen3vl.PLAN_CACHE).
-        self._plans: OrderedDict = OrderedDict()
+        self._plans = LruCache(qwen3vl.PLAN_CACHE)
 
     # ---------------------------------------------------------------- host side
     def observation(self, inputs: GrootInputs) -> Dict[str, Tensor]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -31,6 +30,7 @@ from phyai_ros.models.files import CheckpointError, Fields, read_json
 
 from phyai_ros.models.bpe import ByteLevelBPE
 from phyai_ros.models.chat_template import compile_chat_template, read_chat_template
+from phyai_ros.runtime.lru import LruCache
 from phyai_ros.runtime.transfer import to_device
 
 Tensor = torch.Tensor
@@ -209,7 +209,7 @@ class GrootProcessor:
         self.tokenizer = ByteLevelBPE(backbone_dir / "tokenizer.json")
         self.template = read_chat_template(backbone_dir)
         self.images = QwenImageProcessor.from_file(backbone_dir / "preprocessor_config.json")
-        self._prompt_cache: "OrderedDict[tuple, Tuple[str, Tuple[int, ...]]]" = OrderedDict()
+        self._prompt_cache = LruCache(PROMPT_CACHE)   # (task, per-view pad counts) -> (prompt, token ids)
         self.geometry = FrameGeometry.from_step(vlm, "policy_preprocessor.json's VLM step config")
         pad = read_json(backbone_dir / "tokenizer_config.json").get("pad_token") or "<|endoftext|>"
         self.pad_id = self.tokenizer.token_id(pad if isinstance(pad, str) else pad["content"])
@@ -302,21 +302,15 @@ class GrootProcessor:
         """(the chat prompt, its expanded token ids) for one task and per-view image-pad counts. Rendering and
         byte-level BPE cost about a millisecond and change only with the instruction, so the last PROMPT_CACHE
         are kept (bounded: every new instruction adds one)."""
-        key = (text, counts)
-        hit = self._prompt_cache.get(key)
-        if hit is not None:
-            self._prompt_cache.move_to_end(key)
-            return hit
+        return self._prompt_cache.get_or_make((text, counts), lambda: self._render_ids(text, counts))
+
+    def _render_ids(self, text: str, counts: Tuple[int, ...]) -> Tuple[str, Tuple[int, ...]]:
         prompt = render_chat_template(self.template, len(counts), text)
         pieces = prompt.split(IMAGE_PAD)
         if len(pieces) != len(counts) + 1:
             raise ValueError(f"chat template gave {len(pieces) - 1} image pads for {len(counts)} views")
         expanded = pieces[0] + "".join(IMAGE_PAD * c + p for c, p in zip(counts, pieces[1:]))
-        hit = (prompt, tuple(self.tokenizer.encode(expanded)))
-        self._prompt_cache[key] = hit
-        while len(self._prompt_cache) > PROMPT_CACHE:
-            self._prompt_cache.popitem(last=False)
-        return hit
+        return prompt, tuple(self.tokenizer.encode(expanded))
 
     def __call__(self, images: Mapping[str, Tensor], state: Tensor, tasks: Sequence[str],
                  embodiment_id: Optional[Sequence[int]] = None, device="cpu", resize_mode: str = "auto"

@@ -9,7 +9,6 @@ exactly 0 (their MLP still runs); the features are the last kept layer's output,
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -17,6 +16,7 @@ import torch.nn.functional as F
 
 from phyai_ros.layers.quantized import QuantizedWeight
 from phyai_ros.layers import dispatch, ops
+from phyai_ros.runtime.lru import LruCache
 
 from .keys import EMBED, LLM, VIS
 from .config import TextConfig, VisionConfig
@@ -259,22 +259,21 @@ def language_model(w: Weights, t: TextConfig, embeds: Tensor, cos: Tensor, sin: 
 
 def backbone_plan(w: Weights, v: VisionConfig, t: TextConfig, image_token: int, input_ids: Tensor,
                   attention_mask: Tensor, pixels: Tensor, grid: Tensor, trace: Trace = None,
-                  cache: Optional[OrderedDict] = None, host: Optional[Tuple[Tensor, Tensor, Tensor]] = None
+                  cache: Optional[LruCache] = None, host: Optional[Tuple[Tensor, Tensor, Tensor]] = None
                   ) -> Dict[str, Tensor]:
     """The host part of the backbone: everything that depends on the token layout and the image grid (mRoPE
     positions and tables, the vision position embedding and RoPE, where the image rows go), checked and
     turned into device tensors whose shapes are fixed per (batch, token length, grid). backbone_compute then
     runs on them without a host read (capture-safe).
-    host: (input_ids, attention_mask, grid) already on the host (no device read); cache (optional, an
-    OrderedDict kept to PLAN_CACHE entries): the grid's vision tables and each token layout's tables, which
-    change only with the instruction."""
+    host: (input_ids, attention_mask, grid) already on the host (no device read); cache (optional, PLAN_CACHE
+    entries): the grid's vision tables and each token layout's tables, which change only with the instruction."""
     dev, dtype = input_ids.device, w[EMBED].dtype
     ids, valid, grid_c = host if host is not None else (input_ids.cpu(), attention_mask.cpu(), grid.cpu())
     grid_key = tuple(map(tuple, grid_c.tolist()))
     patches = {int(a * b * c) for a, b, c in grid_key}
     if len(patches) != 1:
         raise ValueError(f"images of different patch counts {sorted(patches)}: all cameras must share one size")
-    vis = _cached(cache, ("vision", grid_key, dev, dtype),
+    vis = _made(cache, ("vision", grid_key, dev, dtype),
                   lambda: (position_embedding(w, v, grid_c).to(dtype), *vision_rope(v, grid_c, dev)))
     layout_key = ("layout", ids.numpy().tobytes(), tuple(ids.shape), valid.numpy().tobytes(), grid_key, dev, dtype)
 
@@ -286,26 +285,15 @@ def backbone_plan(w: Weights, v: VisionConfig, t: TextConfig, image_token: int, 
         positions = mrope_positions(ids, valid, grid_c, image_token, v.merge_size)
         cos, sin = mrope_cos_sin(t, positions.to(dev))
         return positions, cos.to(dtype), sin.to(dtype), image_index.to(dev)
-    positions, cos, sin, image_index = layout() if trace is not None else _cached(cache, layout_key, layout)
+    positions, cos, sin, image_index = layout() if trace is not None else _made(cache, layout_key, layout)
     record(trace, "position_ids", positions)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "pixels": pixels.to(dtype),
             "image_grid": grid.to(dev), "vision_pos": vis[0], "vision_cos": vis[1], "vision_sin": vis[2],
             "text_cos": cos, "text_sin": sin, "image_index": image_index}
 
 
-def _cached(cache: Optional[OrderedDict], key, make):
-    """cache[key], made by make() when missing; the least recently used entries beyond PLAN_CACHE are dropped
-    (every new instruction adds a layout)."""
-    if cache is None:
-        return make()
-    hit = cache.get(key)
-    if hit is None:
-        hit = cache[key] = make()
-        while len(cache) > PLAN_CACHE:
-            cache.popitem(last=False)
-    else:
-        cache.move_to_end(key)
-    return hit
+def _made(cache: Optional[LruCache], key, make):
+    return make() if cache is None else cache.get_or_make(key, make)
 
 
 def backbone_compute(w: Weights, v: VisionConfig, t: TextConfig, p: Dict[str, Tensor], trace: Trace = None) -> Tensor:
