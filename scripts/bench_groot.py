@@ -178,13 +178,16 @@ def first_chunk(root: Path) -> dict:
             "finite": bool(torch.isfinite(actions).all())}
 
 
-def kernel_profile(fns: dict) -> dict:
-    """Per stage, run eagerly once under torch.profiler: kernel count, kernel time, the top kernels."""
+def kernel_profile(fns: dict, timeline: str = "loop", timeline_len: int = 400) -> dict:
+    """Per stage, run eagerly once under torch.profiler: kernel count, kernel time, the top kernels; for the
+    ``timeline`` stage also its first ``timeline_len`` kernels in launch order (name, us), so one DiT block's
+    kernels can be read off (the per-block timeline the loop's figures are explained by)."""
     out = {}
+    activity = torch.profiler.ProfilerActivity.CUDA if DEVICE == "cuda" else torch.profiler.ProfilerActivity.CPU
     for name, fn in fns.items():
         fn()
         sync()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        with torch.profiler.profile(activities=[activity]) as prof:
             fn()
             sync()
         rows = []
@@ -194,7 +197,13 @@ def kernel_profile(fns: dict) -> dict:
                 rows.append((us, e.count, e.key[:90]))
         rows.sort(reverse=True)
         out[name] = {"kernels": sum(r[1] for r in rows), "kernel_ms": sum(r[0] for r in rows) / 1e3,
-                     "top": [{"name": n, "count": c, "ms": us / 1e3} for us, c, n in rows[:12]]}
+                     "top": [{"name": n, "count": c, "ms": us / 1e3} for us, c, n in rows[:25]]}
+        if name == timeline:
+            kernels = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith(DEVICE.upper())
+                       and (DEVICE == "cuda" or e.cpu_parent is None)]   # on the CPU: the top-level ops
+            kernels.sort(key=lambda e: e.time_range.start)
+            out[name]["timeline"] = [(e.name[:80], round(e.time_range.elapsed_us(), 2))
+                                     for e in kernels[:timeline_len]]
     return out
 
 

@@ -96,6 +96,26 @@ if [ "${HOST_FINAL:-0}" = 1 ]; then
   grep -h "policy path\|batch 1:\| 32 \|view(s),\|passed\|failed" "$LOG" | cut -c1-300
   exit 0
 fi
+if [ "${GROOT_PROFILE:-0}" = 1 ]; then
+  # GR00T's shapes in the operator profile (issue 23): the GR00T GPU tests (the AdaLayerNorm fold, the gathered
+  # embodiment weights), one view batch 1 on the shipped profile (no GR00T entries: the defaults) with the eager
+  # kernel profile and the loop's kernel timeline, profile_ops over both GR00T checkpoints merged into a copy of
+  # the shipped profile, then one and two views on it, batch 1 and 32.
+  cp profiles/h200.json "$PROFILE"
+  ( python3 scripts/bench_groot.py --root /tmp/groot --views "" --skip-startup --out "$OUT/ckpt.json" \
+      > "$OUT/ckpt.log" 2>&1 ) &
+  step gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_groot_n17_gpu.py \
+    test/test_kernels_gpu.py -k "groot or layer_norm or capture"
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  step groot_shipped 120 python3 scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint --skip-startup \
+    --views 1 --batches 1 --iters 200 --out "$OUT/groot_shipped.json"
+  step profile 200 python3 scripts/profile_ops.py --groot /tmp/groot/checkpoint_1view \
+    --groot /tmp/groot/checkpoint_2views --merge --out "$PROFILE"
+  PHYAI_OP_PROFILE=$PROFILE step groot_profiled 150 python3 scripts/bench_groot.py --root /tmp/groot \
+    --reuse-checkpoint --skip-startup --views 1,2 --batches 1,32 --iters 200 --out "$OUT/groot_profiled.json"
+  grep -h "passed\|failed\|view(s),\|^loop\|^backbone\|^context\|written to\|^ 32 " "$LOG" | cut -c1-300
+  exit 0
+fi
 if [ "${GROOT_FOLD:-0}" = 1 ]; then
   # GR00T's AdaLayerNorm modulation as the LayerNorm's affine: the GPU tests, then one view batch 1.
   step gpu_tests 80 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_groot_n17_gpu.py

@@ -14,6 +14,10 @@ target (Jetson Thor, or the H200 for benchmarks):
 
 Without --checkpoint a random full-size pi0.5 is built in memory; give --checkpoint once per model
 (pi0.5 and pi0 differ in prompt length and suffix rows, hence in shapes) to profile both into one file.
+--groot DIR adds a GR00T N1.7 checkpoint folder (LeRobot layout, e.g. what scripts/bench_groot.py writes) and
+--merge keeps the file's other tables, so one model's shapes can be added to a shipped profile:
+
+    python scripts/profile_ops.py --groot /tmp/groot/checkpoint_1view --merge --out profiles/h200.json
 The timing core is the package's (phyai_ros.layers.profiling), which the node's model.op_autotune also runs; a
 file written to profiles/ ships with the package and is found by device name (phyai_ros.layers.profiles).
 """
@@ -41,7 +45,10 @@ def record_model_calls(args) -> dict:
     """Every (op, shape) the models dispatch over one observation and one chunk: each --checkpoint (pi0.5
     or pi0, by its config.json) or, without one, a random full-size pi0.5 built in memory."""
     rec = {}
-    for ckpt in args.checkpoint or [None]:
+    for ckpt in args.groot or []:
+        rec.update(record_groot_calls(ckpt, args.batch))
+        torch.cuda.empty_cache()
+    for ckpt in args.checkpoint or ([] if args.groot else [None]):
         model, cfg = load_model(ckpt, args.tokenizer)
         rec.update(record_calls(model, cfg, args.batch, args.cameras))
         del model
@@ -74,10 +81,31 @@ def record_calls(model, cfg, b: int, s: int) -> dict:
     return rec
 
 
+def record_groot_calls(ckpt: Path, batch: int, device: str = "cuda", dtype=torch.bfloat16) -> dict:
+    """GR00T's (op, shape) calls over one observation and one chunk (backbone, context, the 4-step loop), run
+    eagerly through its runner on 480x640 frames of every camera the checkpoint uses, through its own processor
+    (the prompt's length sets the backbone's shapes: a 14-word task, about the 40 text tokens timed elsewhere)."""
+    import numpy as np
+    from phyai_ros.models.groot_n17 import GrootAdapter
+    policy = GrootAdapter.from_files(ckpt, device=device, dtype=dtype)
+    runner = policy.use_runner(use_graphs=False)
+    rng = np.random.default_rng(0)
+    images = {c: rng.integers(0, 256, (batch, 480, 640, 3), dtype=np.uint8) for c in policy.camera_names}
+    state = rng.standard_normal((batch, policy.state_dim)).astype(np.float32)
+    task = "pick up the red block and place it in the blue bowl on the left side"
+    obs = runner.model.observation(policy.prepare(images, state, [task] * batch))
+    noise = policy.make_noise(batch)
+    return record(SELECTOR, lambda: runner.run(obs, noise))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", type=Path, action="append",
                     help="a pi0.5 or pi0 checkpoint folder; repeat to profile both models into one file")
+    ap.add_argument("--groot", type=Path, action="append",
+                    help="a GR00T N1.7 checkpoint folder (LeRobot layout); repeatable; alone, no pi0.5 is built")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the file's tables for other shapes and devices (default: replace the file)")
     ap.add_argument("--tokenizer", type=Path)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--cameras", type=int, default=3)
@@ -101,7 +129,7 @@ def main() -> None:
 
     table, timings = profile_calls(SELECTOR, calls, device, args.tolerance, reps=args.reps, replays=args.replays,
                                    report=show)
-    write_profile(args.out, signature, table, timings, merge=False)
+    write_profile(args.out, signature, table, timings, merge=args.merge)
     print(f"profile for {signature} written to {args.out} ({len(calls)} (op, shape) calls: recorded in "
           f"{t1 - t0:.1f} s, profiled in {time.perf_counter() - t1:.1f} s)")
 

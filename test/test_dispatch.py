@@ -67,7 +67,7 @@ def test_profiled_only_candidates_run_only_where_a_profile_names_them():
     sel.profile = {"cpu": {"op": {"k": "fused"}}}
     assert sel.call("op", "k", cpu, 1) == 2 and sel.call("op", "other", cpu, 1) == 3
     # the pi family's skinny tilings stay defaults; GR00T's bias-epilogue candidate is profiled-only
-    assert [c.name for c in dispatch.SELECTOR.candidates["linear"] if c.profiled_only] == ["triton_auto"]
+    assert [c.name for c in dispatch.SELECTOR.candidates["linear"] if c.profiled_only] == ["triton_depth"]
     assert dispatch.SELECTOR.candidates["rope_attention_with_prefix"][-1].name == "unfused"
 
 

@@ -672,17 +672,18 @@ def test_qkv_rope_qwen3_vision_fp32_tables_bf16():
 
 
 @needs_triton
-@pytest.mark.parametrize("n", [DIT_W, 96])
-def test_auto_tiling_of_the_dit_candidates(n):
-    """The selector's default for the DiT GEMMs (no profile entry): one K split where the N blocks fill the
-    device, split-K otherwise (here 4 'SMs': N = 1536 and N = 96); both agree with fp32 torch."""
+@pytest.mark.parametrize("n", [DIT_W, 32])
+def test_depth_tiling_of_the_dit_candidates(n):
+    """The DiT GEMMs' launch where no profile has an entry (depth_tiling, one rule with the pi family's): one K
+    split where the N blocks fill half the device, split-K otherwise (here 4 'SMs': N = 1536 and N = 32); both
+    agree with fp32 torch."""
     from phyai_ros.layers import dispatch
     x, w = _gemm(DIT_ROWS, DIT_W, n, seed=n)
     b, h = _rand(n, scale=0.5, seed=2), _rand(1, DIT_ROWS, n, scale=3.0, seed=3)
-    torch.testing.assert_close(dispatch._auto_tiling(dispatch._triton_linear_gelu_tanh, x, w, b),
+    torch.testing.assert_close(dispatch._depth_tiling(dispatch._triton_linear_gelu_tanh, x, w, b),
                                sl.linear_ref(x, w, b, "gelu_tanh"), **TOL)
-    torch.testing.assert_close(dispatch._auto_tiling(dispatch._triton_linear, x, w, b), sl.linear_ref(x, w, b), **TOL)
+    torch.testing.assert_close(dispatch._depth_tiling(dispatch._triton_linear, x, w, b), sl.linear_ref(x, w, b), **TOL)
     one, zero = torch.ones(n, device=DEVICE), torch.zeros(n, device=DEVICE)
-    got = dispatch._auto_tiling(dispatch._triton_skinny_add_layer_norm, h, x, w, b, one, zero, 1e-5)
+    got = dispatch._depth_tiling(dispatch._triton_skinny_add_layer_norm, h, x, w, b, one, zero, 1e-5)
     for a, e in zip(got, se.linear_add_layer_norm_ref(h, x, w, b, one, zero, 1e-5)):
         torch.testing.assert_close(a, e, **TOL)

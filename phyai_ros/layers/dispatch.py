@@ -231,19 +231,6 @@ SKINNY_TILINGS = {
 }
 
 
-def _auto_tiling(fn, *args, **kw):
-    """Launch shape from (N, SMs), for GR00T's DiT GEMMs (41 rows) where no profile has an entry yet: on the
-    H200 pi0.5's profile picked block_n 32 at every analogous shape, one K split where the N blocks alone fill
-    the GPU (N >= 32 x SMs), else 256-wide K blocks split over the SMs. Not measured on GR00T itself."""
-    from phyai_ros.kernels.common import num_sms
-    x, weight = args[0], args[1]
-    if fn is _triton_skinny_add_layer_norm:
-        x, weight = args[1], args[2]
-    wide = -(-weight.shape[0] // 32) >= num_sms(x.device)
-    tiling = {"block_n": 32, "splits": 1, "num_stages": 4} if wide else {"block_n": 32, "block_k": 256}
-    return fn(*args, **kw, **tiling)
-
-
 def depth_tiling(n: int, k: int, sms: int) -> str:
     """The skinny tiling an unprofiled device starts from, by the GEMM's shape (the name of a SKINNY_TILINGS
     entry). From the H200 profile's timings of the pi expert's GEMMs (profiles/h200.json; test_dispatch checks
@@ -257,23 +244,19 @@ def depth_tiling(n: int, k: int, sms: int) -> str:
 
 def _depth_tiling(fn, *args, **kw):
     from phyai_ros.kernels.common import num_sms
-    weight = args[1]
-    name = depth_tiling(weight.shape[0], weight.shape[1], num_sms(args[0].device))
+    x, weight = (args[1], args[2]) if fn is _triton_skinny_add_layer_norm else (args[0], args[1])
+    name = depth_tiling(weight.shape[0], weight.shape[1], num_sms(x.device))
     return fn(*args, **kw, **SKINNY_TILINGS[name])
 
 
-def _depth_candidate(fn, supports, prefix: str = "triton") -> Candidate:
-    """The default of the pi family's skinny GEMMs where no profile has an entry (``depth_tiling``): on the H200
-    the kernels' own default launch shape ran those GEMMs 10-90% slower than the profile's choice."""
+def _depth_candidate(fn, supports, prefix: str = "triton", profiled_only: bool = False) -> Candidate:
+    """A skinny GEMM launched with ``depth_tiling``'s shape, where no profile has an entry. The pi family's are
+    the default (on the H200 the kernels' own default launch shape ran those GEMMs 10-90% slower than the
+    profile's choice). GR00T's bias-epilogue ones are profiled-only: as the default (2026-12-01, same call) its
+    4-step loop ran 7.24 ms against 6.91 ms on the library GEMM (docs/benchmarks.md), so a device profile must
+    show them faster."""
     return Candidate(prefix + "_depth", functools.partial(_depth_tiling, fn), _CUDA, available=triton_ok,
-                     supports=supports)
-
-
-def _auto_candidate(fn, supports, prefix: str = "triton") -> Candidate:
-    """Profiled-only: on the H200 (2026-12-01, same call) GR00T's 4-step loop ran 7.24 ms with these as the
-    default and 6.91 ms on the library GEMM (docs/benchmarks.md), so a device profile must show them faster."""
-    return Candidate(prefix + "_auto", functools.partial(_auto_tiling, fn), _CUDA, available=triton_ok,
-                     supports=supports, profiled_only=True)
+                     supports=supports, profiled_only=profiled_only)
 
 
 def _skinny_with_bias(x, weight, bias=None):
@@ -365,7 +348,7 @@ PREFIX_ATTENTION_TILINGS = {"triton": {}, "triton_s1": {"num_splits": 1},
 
 _REGISTRY = {
     # Few-row GEMMs (the action expert's tokens): a weight-streaming kernel; the library GEMM otherwise.
-    "linear": [_auto_candidate(_triton_linear, _skinny_with_bias),
+    "linear": [_depth_candidate(_triton_linear, _skinny_with_bias, profiled_only=True),
                _depth_candidate(_triton_linear, _skinny_without_bias),
                *_skinny_candidates(_triton_linear, _skinny_without_bias),
                Candidate("torch", ops.linear)],
@@ -373,12 +356,13 @@ _REGISTRY = {
                    Candidate("torch", ops.layer_norm)],
     # Few rows (GR00T's DiT): the GEMM streams its weights and a row kernel adds bias + residual and normalises;
     # many rows (SigLIP): the library GEMM, then the fused add + LayerNorm kernel.
-    "linear_add_layer_norm": [_auto_candidate(_triton_skinny_add_layer_norm, _skinny_add_layer_norm, "skinny"),
+    "linear_add_layer_norm": [_depth_candidate(_triton_skinny_add_layer_norm, _skinny_add_layer_norm, "skinny",
+                                                               profiled_only=True),
                               *_skinny_candidates(_triton_skinny_add_layer_norm, _skinny_add_layer_norm, "skinny",
                                                   profiled_only=True),
                               Candidate("triton", _triton_linear_add_layer_norm, _CUDA, available=triton_ok),
                               Candidate("torch", _torch_linear_add_layer_norm)],
-    "linear_gelu_tanh": [_auto_candidate(_triton_linear_gelu_tanh, _skinny_shape),
+    "linear_gelu_tanh": [_depth_candidate(_triton_linear_gelu_tanh, _skinny_shape, profiled_only=True),
                          *_skinny_candidates(_triton_linear_gelu_tanh, _skinny_shape, profiled_only=True),
                          Candidate("torch", _torch_linear_gelu_tanh)],
     "rms_norm": [Candidate("triton", _triton_rms, _CUDA, available=triton_ok), Candidate("torch", ops.rms_norm)],
