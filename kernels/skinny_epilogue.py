@@ -109,7 +109,7 @@ if HAVE_TRITON:
             tl.store(Y + offs_m[:, None] * sym + offs_n[None, :], out.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _sum_splits_geglu_kernel(P, Y, M, I, SPLITS, spk, spm, sym, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    def _sum_splits_geglu_kernel(P, Y, M, I, SPLITS: tl.constexpr, spk, spm, sym, BLOCK: tl.constexpr, PDL: tl.constexpr):
         wait_for_producer(PDL)
         pid = tl.program_id(0)
         offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -118,14 +118,14 @@ if HAVE_TRITON:
         mask = offs < M * I
         g = tl.zeros((BLOCK,), dtype=tl.float32)
         u = tl.zeros((BLOCK,), dtype=tl.float32)
-        for s in range(0, SPLITS):
+        for s in tl.static_range(SPLITS):   # unrolled: every split's load in flight at once
             src = P + s * spk + m * spm + n
             g += tl.load(src, mask=mask, other=0.0)
             u += tl.load(src + I, mask=mask, other=0.0)
         tl.store(Y + m * sym + n, (gelu_tanh_f32(g) * u).to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _sum_splits_norm_kernel(P, R, G, SC, SH, RO, Y, N, SPLITS, tokens, spk, spm, sr, sg, ssc, ssh, sro, sy, eps,
+    def _sum_splits_norm_kernel(P, R, G, SC, SH, RO, Y, N, SPLITS: tl.constexpr, tokens, spk, spm, sr, sg, ssc, ssh, sro, sy, eps,
                                 ADA: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
         """One row: y = sum of the partials; r = residual + y (* gate); norm of r rounded to RO's dtype.
         Plain RMSNorm passes its weight as SC with item stride 0."""
@@ -135,7 +135,7 @@ if HAVE_TRITON:
         cols = tl.arange(0, BLOCK_N)
         mask = cols < N
         y = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for s in range(0, SPLITS):
+        for s in tl.static_range(SPLITS):   # unrolled: every split's load in flight at once
             y += tl.load(P + s * spk + row * spm + cols, mask=mask, other=0.0)
         r = tl.load(R + row * sr + cols, mask=mask, other=0.0).to(tl.float32)
         if ADA:
@@ -153,7 +153,7 @@ if HAVE_TRITON:
 
 
     @triton.jit
-    def _sum_splits_layer_norm_kernel(P, C, H, W, B, HO, Y, N, SPLITS, spk, spm, sh, sho, sy, eps,
+    def _sum_splits_layer_norm_kernel(P, C, H, W, B, HO, Y, N, SPLITS: tl.constexpr, spk, spm, sh, sho, sy, eps,
                                       BLOCK_N: tl.constexpr, PDL: tl.constexpr):
         """One row: h_new = h + (sum of the partials + bias) rounded to HO's dtype; y = LayerNorm(h_new)."""
         wait_for_producer(PDL)
@@ -161,7 +161,7 @@ if HAVE_TRITON:
         cols = tl.arange(0, BLOCK_N)
         mask = cols < N
         y = tl.load(C + cols, mask=mask, other=0.0).to(tl.float32)
-        for s in range(0, SPLITS):
+        for s in tl.static_range(SPLITS):   # unrolled: every split's load in flight at once
             y += tl.load(P + s * spk + row * spm + cols, mask=mask, other=0.0)
         h = tl.load(H + row * sh + cols, mask=mask, other=0.0).to(tl.float32)
         h = (h + y).to(HO.dtype.element_ty)

@@ -81,7 +81,7 @@ if HAVE_TRITON:
         tl.store(dst, acc.to(P.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
     @triton.jit
-    def sum_splits_kernel(P, Y, B, M, N, SPLITS, spk, spm, sym, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    def sum_splits_kernel(P, Y, B, M, N, SPLITS: tl.constexpr, spk, spm, sym, BLOCK: tl.constexpr, PDL: tl.constexpr,
                            HAS_BIAS: tl.constexpr = False, ACT: tl.constexpr = 0):
         wait_for_producer(PDL)
         pid = tl.program_id(0)
@@ -90,7 +90,7 @@ if HAVE_TRITON:
         n = offs % N
         mask = offs < M * N
         acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        for s in range(0, SPLITS):
+        for s in tl.static_range(SPLITS):   # unrolled: every split's load in flight at once
             acc += tl.load(P + s * spk + m * spm + n, mask=mask, other=0.0)
         acc = tl.reshape(bias_act(acc[None, :], B, n, mask, HAS_BIAS, ACT), (BLOCK,))
         tl.store(Y + m * sym + n, acc.to(Y.dtype.element_ty), mask=mask)

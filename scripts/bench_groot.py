@@ -238,6 +238,17 @@ def bench_views(root: Path, views: int, args, res: dict) -> dict:
         policy.predict(images, state, task, noise1)
         whole.append(1e3 * (time.perf_counter() - t))
     host, whole = host[5:], whole[5:]
+    if args.host_profile:   # where host prepare's time goes (cProfile, the GPU drained before each call)
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        for images, state in frames:
+            sync()
+            prof.enable()
+            stages.observation(policy.prepare(images, state[None], [task]))
+            sync()
+            prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     out["host_prepare_ms"] = statistics.median(host)   # processor + stages.observation, not in batch1
     out["image_to_chunk_ms"] = {"median": statistics.median(whole), "p99": pct(whole, 99)}
     bucket = runner.set_observation(obs)
@@ -330,6 +341,7 @@ def main() -> None:
     ap.add_argument("--reuse-checkpoint", action="store_true")
     ap.add_argument("--skip-startup", action="store_true")
     ap.add_argument("--no-profile", dest="profile", action="store_false")
+    ap.add_argument("--host-profile", action="store_true", help="print where host prepare's time goes (cProfile)")
     ap.add_argument("--drop-candidates", default="", metavar="OP:PREFIX,...",
                     help="A/B of single kernels: remove the selector candidates of OP whose name starts with PREFIX "
                          "(e.g. linear_gelu_tanh:triton,linear_add_layer_norm:skinny)")

@@ -66,8 +66,10 @@ def test_profiled_only_candidates_run_only_where_a_profile_names_them():
     assert sel.call("op", "k", cpu, 1) == 3
     sel.profile = {"cpu": {"op": {"k": "fused"}}}
     assert sel.call("op", "k", cpu, 1) == 2 and sel.call("op", "other", cpu, 1) == 3
-    # the pi family's skinny tilings stay defaults; GR00T's bias-epilogue candidate is profiled-only
-    assert [c.name for c in dispatch.SELECTOR.candidates["linear"] if c.profiled_only] == ["triton_depth"]
+    # the pi family's skinny tilings stay defaults; GR00T's bias-epilogue ones (the same tilings) are profiled-only
+    linear = dispatch.SELECTOR.candidates["linear"]
+    assert [c.name for c in linear if c.profiled_only] == ["triton_depth"] + list(dispatch.SKINNY_TILINGS)
+    assert not any(c.profiled_only for c in linear if c.supports is dispatch._skinny_without_bias)
     assert dispatch.SELECTOR.candidates["rope_attention_with_prefix"][-1].name == "unfused"
 
 
@@ -457,3 +459,28 @@ def test_every_expert_attention_tiling_matches_fp32(name):
     q, k, v = dispatch._torch_qkv_rope(qkv.float(), cos.float(), sin.float(), 8, 1, 256)
     want = dispatch._torch_attention_with_prefix(q, kp.float(), vp.float(), k, v, mask)
     assert ((got.float() - want).norm() / want.norm()).item() < 8e-3
+
+
+def test_a_shape_the_profile_lacks_takes_the_nearest_profiled_length():
+    """GR00T's prompt is not padded, so its token count follows the instruction: a length the profile was not
+    made at takes the choice profiled at the nearest length (one length differing, within a factor of 2), never
+    that of another width, rank or dtype."""
+    from phyai_ros.layers.selector import nearest_key
+    table = {"1x32x41x48,1x32x93x48|bfloat16": "a", "1x32x41x48,1x32x159x48|bfloat16": "b",
+             "1x93x2048,6144x2048|bfloat16": "c", "1x93x2048,6144x2048|float32": "d"}
+    assert nearest_key(table, "1x32x41x48,1x32x103x48|bfloat16") == "1x32x41x48,1x32x93x48|bfloat16"
+    assert nearest_key(table, "1x32x41x48,1x32x150x48|bfloat16") == "1x32x41x48,1x32x159x48|bfloat16"
+    assert nearest_key(table, "1x32x41x48,1x32x400x48|bfloat16") is None        # beyond a factor of 2
+    assert nearest_key(table, "1x32x41x64,1x32x93x64|bfloat16") is None         # head width: another kernel shape
+    assert nearest_key(table, "1x103x2048,6144x2048|bfloat16") == "1x93x2048,6144x2048|bfloat16"
+    assert nearest_key(table, "1x103x2048,4096x2048|bfloat16") is None          # a weight's shape differs too
+    assert nearest_key(table, "1x93x2048,4096x2048|bfloat16") is None           # another weight: not a length
+    assert nearest_key(table, "1x103x2048|bfloat16") is None and nearest_key(table, "junk|x") is None
+    sel = OperatorSelector()
+    sel.register("op", Candidate("fast", lambda x: x + 1, profiled_only=True))
+    sel.register("op", Candidate("torch", lambda x: x + 2))
+    cpu = torch.device("cpu")
+    sel.profile = {"cpu": {"op": {"1x93x2048|bfloat16": "fast"}}}
+    assert sel.call("op", "1x93x2048|bfloat16", cpu, 1) == 2
+    assert sel.call("op", "1x103x2048|bfloat16", cpu, 1) == 2       # nearest profiled length
+    assert sel.call("op", "1x300x2048|bfloat16", cpu, 1) == 3       # too far: the default

@@ -687,3 +687,26 @@ def test_depth_tiling_of_the_dit_candidates(n):
     got = dispatch._depth_tiling(dispatch._triton_skinny_add_layer_norm, h, x, w, b, one, zero, 1e-5)
     for a, e in zip(got, se.linear_add_layer_norm_ref(h, x, w, b, one, zero, 1e-5)):
         torch.testing.assert_close(a, e, **TOL)
+
+
+@needs_triton
+@pytest.mark.parametrize("splits", [None, 1])
+def test_dit_attention_through_the_selector_is_token_major(splits):
+    """GR00T's DiT attention through the selector's Triton candidate: q / k / v as views of one fused QKV
+    projection (head width 48), cross-attention with the additive pad mask; the output is written token-major,
+    so the [B, T, H*d] the output projection reads is a view (no copy kernel), and equals the fp32 reference."""
+    from phyai_ros.layers import dispatch, ops
+    b, h, t, d, keys = 2, 4, 9, 48, 13
+    qkv = _rand(b, t, 3 * h * d, seed=11)
+    q, k, v = (x.view(b, t, h, d).transpose(1, 2) for x in qkv.chunk(3, dim=-1))
+    tiling = {} if splits is None else {"num_splits": splits}
+    out = dispatch._triton_attention(q, k, v, None, **tiling)
+    assert out.transpose(1, 2).is_contiguous()
+    torch.testing.assert_close(out, ops.attention(q, k, v, None), rtol=1e-4, atol=1e-4)
+    kv = _rand(b, h, keys, d, seed=12), _rand(b, h, keys, d, seed=13)
+    allowed = torch.ones(b, 1, keys, dtype=torch.bool, device=DEVICE)
+    allowed[1, :, 9:] = False
+    mask = ops.bool_to_additive_mask(allowed, torch.float32)
+    out = dispatch._triton_attention(q, *kv, mask, **tiling)
+    assert out.transpose(1, 2).is_contiguous()
+    torch.testing.assert_close(out, ops.attention(q, *kv, mask), rtol=1e-4, atol=1e-4)

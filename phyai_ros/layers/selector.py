@@ -6,8 +6,8 @@ tensor's device, and, while a CUDA graph is being captured, only if it is
 capture-safe. Which usable candidate runs comes from a per-device profile
 (written by ``scripts/profile_ops.py`` on the target, e.g. a Jetson Thor, or by the
 node's ``model.op_autotune``; found per device by ``phyai_ros.layers.profiles``) keyed by
-op and shape; without an entry the first usable candidate in preference order
-runs. A candidate that raises is disabled for that key and the call falls back
+op and shape (a shape the profile lacks takes the entry of the nearest profiled one that differs in a single
+length, ``nearest_key``); without an entry the first usable candidate in preference order runs. A candidate that raises is disabled for that key and the call falls back
 to the next one, so a platform whose Triton cannot build a kernel still runs
 (the warm-up before graph capture meets any such failure first). Each op's
 last candidate is its reference and always usable: "torch", or, for a fused op,
@@ -62,6 +62,47 @@ def shape_key(*tensors: torch.Tensor) -> str:
     """Shapes and dtype of the op's main operands, e.g. '1x50x1024|bfloat16'."""
     dims = ",".join("x".join(str(d) for d in t.shape) for t in tensors)
     return f"{dims}|{str(tensors[0].dtype).replace('torch.', '')}"
+
+
+NEAREST_RATIO = 2.0   # how far one length may be from the profiled one for its choice to stand in
+
+
+def _key_dims(key: str):
+    """'1x103x2048,6144x2048|bfloat16' -> ((1, 103, 2048, 6144, 2048), which of those are lengths, (3, 2),
+    '|bfloat16'), or None. A length is a dimension of an activation-like operand (rank >= 3) other than its last:
+    the kernels are specialised by widths (last dimensions, weight shapes), not by lengths."""
+    dims, bar, tail = key.partition("|")
+    try:
+        parts = [tuple(int(d) for d in t.split("x")) for t in dims.split(",")]
+    except ValueError:
+        return None
+    lengths = tuple(len(p) >= 3 and i < len(p) - 1 for p in parts for i in range(len(p)))
+    return tuple(d for p in parts for d in p), lengths, tuple(len(p) for p in parts), bar + tail
+
+
+def nearest_key(table: dict, key: str) -> Optional[str]:
+    """The profiled key that stands in for ``key`` when the profile has no entry of its own: the same operands,
+    widths, ranks and dtype, differing only in one length (every differing dimension a length with the same pair
+    of values, e.g. a prompt's token count in the rows and in the keys) by at most NEAREST_RATIO; the closest
+    such, else None. A policy whose sequence length follows its instruction (GR00T's unpadded prompt) then runs
+    with the choices profiled at a nearby length instead of the defaults (the candidates' ``supports`` still
+    check the call)."""
+    want = _key_dims(key)
+    if want is None:
+        return None
+    best = None
+    for other in table:
+        have = _key_dims(other)
+        if have is None or have[1:] != want[1:]:
+            continue
+        diff = [(a, b) for a, b, length in zip(want[0], have[0], want[1]) if a != b and length]
+        if len(set(diff)) != 1 or sum(a != b for a, b in zip(want[0], have[0])) != len(diff):
+            continue
+        a, b = diff[0]
+        ratio = max(a, b) / max(min(a, b), 1)
+        if ratio <= NEAREST_RATIO and (best is None or (ratio, other) < best):
+            best = (ratio, other)
+    return best[1] if best else None
 
 
 class ProfileError(ValueError):
@@ -163,7 +204,13 @@ class OperatorSelector:
         usable = [c for c in self.usable(op, key, device) if c.supports is None or c.supports(*args)]
         if not usable:
             raise RuntimeError(f"no usable candidate for {op} on {device}")
-        wanted = self.forced or self.profile.get(device_signature(device), {}).get(op, {}).get(key)
+        wanted = self.forced
+        if not wanted:
+            table = self.profile.get(device_signature(device), {}).get(op, {})
+            wanted = table.get(key)
+            if wanted is None and table:
+                near = nearest_key(table, key)
+                wanted = table[near] if near else None
         for c in usable:
             if c.name == wanted:
                 return c
