@@ -96,26 +96,28 @@ if [ "${HOST_FINAL:-0}" = 1 ]; then
   grep -h "policy path\|batch 1:\| 32 \|view(s),\|passed\|failed" "$LOG" | cut -c1-300
   exit 0
 fi
-if [ "${REPROFILE:-0}" = 1 ]; then
-  # After the reduce kernels' unrolled split loops, the token-major Triton attention and the bias GEMMs' skinny
-  # tilings: their GPU tests, a fresh profile of pi0.5, pi0 and GR00T (one and two views) into one file, GR00T on
-  # it (with where host prepare goes), pi0.5 on the shipped profile and on the new one, pi0 on the new one.
+if [ "${GROOT_FINAL:-0}" = 1 ]; then
+  # Issue 23's profile round, final: GR00T's shapes profiled (the reduce kernels' unrolled split loops, the
+  # token-major Triton attention, the bias GEMMs' skinny tilings) into a copy of the shipped profile (the file
+  # committed as profiles/h200.json), GR00T on it (one and two views, batch 1 and 32, where host prepare goes),
+  # pi0.5 and pi0 on it, then the GPU tests of the selector, the profile and the runners.
+  cp profiles/h200.json "$PROFILE"
   ( python3 scripts/bench_groot.py --root /tmp/groot --views "" --skip-startup --out "$OUT/ckpt.json"
     $B --checkpoint /tmp/ck05 --checkpoint-only; $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only ) \
     > "$OUT/ckpt.log" 2>&1 &
-  step gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_gpu.py \
-    test/test_groot_n17_gpu.py
-  wait; cat "$OUT/ckpt.log" >> "$LOG"
-  step profile 240 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 --tokenizer "$TOK" \
-    --groot /tmp/groot/checkpoint_1view --groot /tmp/groot/checkpoint_2views --out "$PROFILE"
+  sleep 45   # the GR00T checkpoint first (written in ~30 s)
+  for _ in $(seq 90); do grep -q "^checkpoint" "$OUT/ckpt.log" && break; sleep 2; done
+  step profile 150 python3 scripts/profile_ops.py --groot /tmp/groot/checkpoint_1view \
+    --groot /tmp/groot/checkpoint_2views --merge --out "$PROFILE"
   PHYAI_OP_PROFILE=$PROFILE step groot 150 python3 scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint \
     --skip-startup --views 1,2 --batches 1,32 --iters 200 --host-profile --out "$OUT/groot.json"
-  step pi05_shipped 90 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup --iters 200 --batches 1 \
-    --out "$OUT/pi05_shipped.json"
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
   PHYAI_OP_PROFILE=$PROFILE step pi05 100 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup --iters 200 \
     --batches 1,32 --batch-iters 10 --out "$OUT/pi05.json"
   PHYAI_OP_PROFILE=$PROFILE step pi0 90 $B --model pi0 --checkpoint /tmp/ck0 --reuse-checkpoint --skip-startup \
     --iters 200 --batches 1 --out "$OUT/pi0.json"
+  step gpu_tests $((570 - SECONDS)) python3 -m pytest -q -m gpu -p no:cacheprovider \
+    test/test_dispatch.py test/test_profile_ops.py test/test_runner.py test/test_groot_n17_gpu.py
   grep -h "passed\|failed\|view(s),\|^loop\|^backbone\|^context\|written to\|^ 32 \|batch 1:\|policy path" "$LOG" \
     | cut -c1-300
   exit 0
