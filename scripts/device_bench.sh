@@ -96,6 +96,23 @@ if [ "${HOST_FINAL:-0}" = 1 ]; then
   grep -h "policy path\|batch 1:\| 32 \|view(s),\|passed\|failed" "$LOG" | cut -c1-300
   exit 0
 fi
+if [ "${SHIPPED:-0}" = 1 ]; then
+  # After committing the profile: GR00T's start-up to the first chunk in a fresh process (Triton's cache empty,
+  # then filled), one view batch 1 on the shipped file as a node finds it (no PHYAI_OP_PROFILE), then the GPU
+  # suite, the tests that the reduce kernels and the selector touch first.
+  step ckpt 120 python3 scripts/bench_groot.py --root /tmp/groot --views "" --skip-startup --out "$OUT/ckpt.json"
+  for cache in cold warm; do
+    TRITON_CACHE_DIR=/tmp/triton_startup step "startup_$cache" 90 python3 scripts/bench_groot.py --first-chunk \
+      --root /tmp/groot
+  done
+  step groot 120 python3 scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint --skip-startup --views 1 \
+    --batches 1 --iters 300 --no-profile --out "$OUT/groot_shipped.json"
+  step gpu_tests $((570 - SECONDS)) python3 -m pytest -q -m gpu -p no:cacheprovider test/test_pi05_parity.py \
+    test/test_pi0_parity.py test/test_quant_gpu.py test/test_expert_layer_gpu.py test/test_transfer_gpu.py test/
+  grep -h "passed\|failed\|view(s),\|^loop\|^backbone\|^context\|operator profile\|first_chunk\|^FAILED\|^ERROR" \
+    "$LOG" | cut -c1-400
+  exit 0
+fi
 if [ "${GROOT_FINAL:-0}" = 1 ]; then
   # Issue 23's profile round, final: GR00T's shapes profiled (the reduce kernels' unrolled split loops, the
   # token-major Triton attention, the bias GEMMs' skinny tilings) into a copy of the shipped profile (the file

@@ -389,9 +389,15 @@ def _candidate(op, name):
     return next(c for c in dispatch.SELECTOR.candidates[op] if c.name == name)
 
 
+PI_EXPERT_ROWS = (50, 51)   # the action chunk's tokens (pi0.5), with pi0's state token
+
+
 def test_the_unprofiled_skinny_tiling_is_within_a_tenth_of_the_h200_profiles_best():
     """depth_tiling (the default where no profile has an entry) against what the shipped H200 profile timed for
-    each candidate at the pi expert's GEMM shapes: never more than 10% over the fastest skinny tiling there."""
+    each candidate at the pi expert's GEMM shapes: never more than 10% over the fastest skinny tiling there. Only
+    there: the rule is the default of the pi family's bias-free GEMMs alone (GR00T's DiT GEMMs carry a bias and
+    run their skinny tilings only where a profile names them), so the profile's other few-row keys (GR00T's 41
+    rows, its one-row timestep MLP) are not held to it."""
     import json
     from pathlib import Path
     profile = json.loads((Path(__file__).resolve().parents[1] / "profiles" / "h200.json").read_text())
@@ -403,7 +409,7 @@ def test_the_unprofiled_skinny_tiling_is_within_a_tenth_of_the_h200_profiles_bes
                   if name.startswith("triton") and isinstance(r, dict) and r.get("ok")}
             dims = [[int(d) for d in part.split("x")] for part in key.split("|")[0].split(",")]
             rows, (n, k) = dims[0][0] * dims[0][1], dims[1]
-            if rows > 64 or not us:
+            if rows not in PI_EXPERT_ROWS or not us:
                 continue
             pick = dispatch.depth_tiling(n, k, sms=132)
             assert us[pick] <= 1.10 * min(us.values()), (op, key, pick, us[pick], min(us.values()))
