@@ -37,9 +37,9 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weigh
 
 
 def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                     eps: float = 1e-6) -> Tuple[torch.Tensor, torch.Tensor]:
+                     eps: float = 1e-6, weight_offset: float = 1.0) -> Tuple[torch.Tensor, torch.Tensor]:
     new_residual = x + residual  # in the activation dtype, like the unfused path
-    return rms_norm_ref(new_residual, weight, eps), new_residual
+    return rms_norm_ref(new_residual, weight, eps, weight_offset), new_residual
 
 
 # --------------------------------------------------------------------------- kernel
@@ -142,13 +142,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float = 1e-6, *, out: Optional[torch.Tensor] = None,
-                 residual_out: Optional[torch.Tensor] = None
+                 residual_out: Optional[torch.Tensor] = None, weight_offset: float = 1.0
                  ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Fused ``new_residual = x + residual``; ``normed = rms_norm(new_residual)``.
 
     Returns ``(normed, new_residual)``, both in x.dtype (x and residual must share
     shape and dtype).  new_residual is rounded to x.dtype before the norm, like
     the unfused eager path.  ``residual_out`` may alias ``residual`` (in-place
-    update of the residual stream); ``out`` may alias x.
+    update of the residual stream); ``out`` may alias x. ``weight_offset`` as rms_norm's (0: Qwen).
     """
-    return _run(x, residual, weight, eps, out, residual_out)
+    return _run(x, residual, weight, eps, out, residual_out, weight_offset)

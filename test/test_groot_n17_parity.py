@@ -254,3 +254,46 @@ def test_predict_cli_cases(tmp_path, capsys, ckpt, case):
     key = "actions.unnormalized" if case == "plain" else f"{case}.actions.unnormalized"
     assert rc == 0, out
     assert f"max-abs actions vs {key}: " in out
+
+
+def test_language_model_norms_ride_on_the_residual_adds(policy):
+    """The decoder layers hand the next layer its input norm from the residual add (add_rms_norm with Qwen's
+    plain weight) except where a DeepStack merge comes between: the fixture keeps two layers with a merge after
+    the first, so that path is checked here against the plain per-op order (add, then norm) on the fixture's
+    weights, with and without a merge, with a left-pad row."""
+    from phyai_ros.layers import ops
+    from phyai_ros.models.groot_n17 import qwen3vl as q
+    t = policy.model.config.text
+    g = torch.Generator().manual_seed(0)
+    # every norm its own weights (a checkpoint's may all be ones), so a norm taken from the wrong layer shows
+    w = {k: (1 + 0.5 * torch.randn(v.shape, generator=g)).to(v.dtype) if k.endswith("layernorm.weight") else v
+         for k, v in policy.model.weights.items()}
+    b, length = 2, 7
+    embeds = torch.randn(b, length, t.width, generator=g)
+    valid = torch.ones(b, length, dtype=torch.long)
+    valid[1, :2] = 0
+    positions = torch.arange(length).expand(3, b, length)
+    cos, sin = q.mrope_cos_sin(t, positions)
+    image_index = torch.tensor([3, 4, length + 5])
+    deep = [torch.randn(3, t.width, generator=g)]
+
+    def reference(tc, deepstack):
+        mask = q.additive_mask(q.causal_padding_mask(valid)[:, 0], embeds.dtype)
+        qv = valid.bool()[..., None].to(embeds.dtype)
+        x = embeds
+        for i in range(tc.depth):
+            p = f"{q.LLM}layers.{i}."
+            a = q.text_attention(ops.rms_norm(x, w[p + "input_layernorm.weight"], t.rms_eps, 0.0), w,
+                                 p + "self_attn.", tc, cos, sin, mask)
+            x = x + a * qv
+            gate, up = q.linear(ops.rms_norm(x, w[p + "post_attention_layernorm.weight"], t.rms_eps, 0.0), w,
+                                p + "mlp.gate_up_proj").chunk(2, dim=-1)
+            x = x + q.linear(torch.nn.functional.silu(gate) * up, w, p + "mlp.down_proj")
+            if i < len(deepstack) and i < tc.depth - 1:
+                x = x.reshape(-1, x.shape[-1]).index_add(0, image_index, deepstack[i]).view_as(x)
+        return x
+
+    for deepstack in (deep, []):      # with the fixture's merge after layer 0, and without (layer 1's norm fused)
+        got = q.language_model(w, t, embeds, cos, sin, valid, image_index, deepstack)
+        torch.testing.assert_close(got, reference(t, deepstack), rtol=1e-5, atol=1e-5)
+    assert t.depth == 2

@@ -111,6 +111,18 @@ def test_add_rms_norm(rows, width):
 
 
 @needs_triton
+def test_add_rms_norm_with_qwens_plain_weight():
+    """weight_offset 0 (Qwen3's RMSNorm: times w, not 1 + w), as GR00T's backbone fuses its residual adds."""
+    x, r, w = _rand(9, 128, scale=2.0), _rand(9, 128, scale=5.0), _rand(128)
+    y, new_r = rn.add_rms_norm(x, r, w, 1e-6, weight_offset=0.0)
+    y_ref, r_ref = rn.add_rms_norm_ref(x, r, w, 1e-6, weight_offset=0.0)
+    torch.testing.assert_close(new_r, r_ref, rtol=0, atol=0)
+    torch.testing.assert_close(y, y_ref, **TOL)
+    torch.testing.assert_close(y, rn.rms_norm_ref(x + r, w, 1e-6, 0.0), **TOL)
+    assert not torch.allclose(y, rn.add_rms_norm_ref(x, r, w, 1e-6)[0], atol=1e-3)   # the offset matters
+
+
+@needs_triton
 def test_add_rms_norm_in_place_residual():
     x, r, w = _rand(12, 96), _rand(12, 96, scale=4.0), _rand(96)
     y_ref, r_ref = rn.add_rms_norm_ref(x, r, w)

@@ -73,15 +73,17 @@ def test_rms_norm_real_shapes(rows, width, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,width", [(968, 2048), (50, 1024), (1600, 1024)])
-def test_add_rms_norm_real_shapes(rows, width, dtype):
+@pytest.mark.parametrize("rows,width,offset", [(968, 2048, 1.0), (50, 1024, 1.0), (1600, 1024, 1.0),
+                                               (103, 2048, 0.0)])   # GR00T's Qwen3 layers: plain weight
+def test_add_rms_norm_real_shapes(rows, width, offset, dtype):
     x = _rand(rows, width, dtype=dtype, scale=2.0)
     r = _rand(rows, width, dtype=dtype, scale=8.0, seed=2)
     w = _rand(width, dtype=dtype, seed=1)
-    y, new_r = rn.add_rms_norm(x, r, w, out=_nan((rows, width), dtype), residual_out=_nan((rows, width), dtype))
-    y_eager, r_eager = rn.add_rms_norm_ref(x, r, w)            # unfused path in the same dtype
+    y, new_r = rn.add_rms_norm(x, r, w, out=_nan((rows, width), dtype), residual_out=_nan((rows, width), dtype),
+                               weight_offset=offset)
+    y_eager, r_eager = rn.add_rms_norm_ref(x, r, w, weight_offset=offset)   # unfused path in the same dtype
     assert torch.equal(new_r, r_eager)
-    _check_vs_fp32(y, rn.rms_norm_ref(r_eager.float(), w.float()), dtype)
+    _check_vs_fp32(y, rn.rms_norm_ref(r_eager.float(), w.float(), weight_offset=offset), dtype)
 
 
 # --------------------------------------------------------------------------- LayerNorm (SigLIP)

@@ -42,9 +42,9 @@ def triton_ok() -> bool:
 
 
 # ----------------------------------------------------------------------------- torch references
-def _torch_add_rms_norm(x, residual, weight, eps):
+def _torch_add_rms_norm(x, residual, weight, eps, weight_offset=1.0):
     r = x + residual
-    return ops.rms_norm(r, weight, eps), r
+    return ops.rms_norm(r, weight, eps, weight_offset), r
 
 
 def _torch_linear_add_layer_norm(h, x, weight, bias, ln_weight, ln_bias, eps):
@@ -144,9 +144,9 @@ def _triton_rms(x, weight, eps, weight_offset=1.0):
     return rms_norm(x if x.is_contiguous() else x.contiguous(), weight, eps, weight_offset=weight_offset)
 
 
-def _triton_add_rms(x, residual, weight, eps):
+def _triton_add_rms(x, residual, weight, eps, weight_offset=1.0):
     from phyai_ros.kernels.rms_norm import add_rms_norm
-    return add_rms_norm(x, residual, weight, eps)
+    return add_rms_norm(x, residual, weight, eps, weight_offset=weight_offset)
 
 
 def _triton_layer_norm(x, weight, bias, eps):
@@ -447,9 +447,10 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, weight_offset: float = 1.0) 
     return _selector().call("rms_norm", shape_key(x), x.device, x, weight, eps, weight_offset)
 
 
-def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Tuple[Tensor, Tensor]:
-    """(rms_norm(x + residual), x + residual)."""
-    return _selector().call("add_rms_norm", shape_key(x), x.device, x, residual, weight, eps)
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float, weight_offset: float = 1.0
+                 ) -> Tuple[Tensor, Tensor]:
+    """(rms_norm(x + residual), x + residual); weight_offset as rms_norm's (0: Qwen's plain weight)."""
+    return _selector().call("add_rms_norm", shape_key(x), x.device, x, residual, weight, eps, weight_offset)
 
 
 def ada_rms_norm(x: Tensor, scale: Tensor, shift: Tensor, eps: float) -> Tensor:

@@ -118,21 +118,30 @@ def vision_rope(v: VisionConfig, grid: Tensor, device) -> Tuple[Tensor, Tensor]:
 
 def vision_attention(x: Tensor, w: Weights, name: str, v: VisionConfig, cos: Tensor, sin: Tensor,
                      n_images: int) -> Tensor:
-    """Self-attention within each image: all images have one size (the processor makes them so), so they run
-    as one batch of n_images."""
+    """Self-attention within each image, before its output projection ([N, width]): all images have one size
+    (the processor makes them so), so they run as one batch of n_images."""
     n, per = x.shape[0], x.shape[0] // n_images
     qkv = linear(x, w, name + ".qkv").view(n_images, per, -1)
     q, k, val = dispatch.qkv_norm_rope(qkv, cos.view(n_images, per, -1), sin.view(n_images, per, -1),
                                        v.num_heads, v.num_heads, v.head_dim)
-    out = attention(q, k, val)
-    return linear(out.reshape(n, v.width), w, name + ".proj")
+    return attention(q, k, val).reshape(n, v.width)
 
 
-def vision_block(x: Tensor, w: Weights, i: int, v: VisionConfig, cos: Tensor, sin: Tensor, n_images: int) -> Tensor:
+def vision_block(x: Tensor, normed: Tensor, w: Weights, i: int, v: VisionConfig, cos: Tensor, sin: Tensor,
+                 n_images: int) -> Tuple[Tensor, Tensor]:
+    """(x, norm1(x)) -> (x after the block, the next block's norm1 of it; for the last block, x again). Each
+    residual add runs with the LayerNorm after it (and the projection's bias) as one selector op,
+    linear_add_layer_norm, as the DiT's do: no separate add kernel."""
     b = f"{VIS}blocks.{i}."
-    x = x + vision_attention(layer_norm(x, w, b + "norm1", v.ln_eps), w, b + "attn", v, cos, sin, n_images)
-    h = F.gelu(linear(layer_norm(x, w, b + "norm2", v.ln_eps), w, b + "mlp.linear_fc1"), approximate="tanh")
-    return x + linear(h, w, b + "mlp.linear_fc2")
+    a = vision_attention(normed, w, b + "attn", v, cos, sin, n_images)
+    x, y = dispatch.linear_add_layer_norm(x, a, w[b + "attn.proj.weight"], w[b + "attn.proj.bias"],
+                                          w[b + "norm2.weight"], w[b + "norm2.bias"], v.ln_eps)
+    h = dispatch.linear_gelu_tanh(y, w[b + "mlp.linear_fc1.weight"], w[b + "mlp.linear_fc1.bias"])
+    if i + 1 == v.depth:
+        return x + linear(h, w, b + "mlp.linear_fc2"), x
+    nb = f"{VIS}blocks.{i + 1}."
+    return dispatch.linear_add_layer_norm(x, h, w[b + "mlp.linear_fc2.weight"], w[b + "mlp.linear_fc2.bias"],
+                                          w[nb + "norm1.weight"], w[nb + "norm1.bias"], v.ln_eps)
 
 
 def patch_merger(x: Tensor, w: Weights, name: str, v: VisionConfig, norm_after_merge: bool) -> Tensor:
@@ -155,8 +164,9 @@ def vision_tower(w: Weights, v: VisionConfig, pixels: Tensor, pos: Tensor, cos: 
     record(trace, "visual_pos_embeds", pos)
     x = x + pos
     deepstack = []
+    normed = layer_norm(x, w, VIS + "blocks.0.norm1", v.ln_eps)
     for i in range(v.depth):
-        x = vision_block(x, w, i, v, cos, sin, n_images)
+        x, normed = vision_block(x, normed, w, i, v, cos, sin, n_images)
         record(trace, f"visual_block_out.{i}", x)
         if i in v.deepstack_indexes:
             j = v.deepstack_indexes.index(i)
@@ -221,14 +231,21 @@ def text_attention(x: Tensor, w: Weights, b: str, t: TextConfig, cos: Tensor, si
     return linear(attention(q, k, v, mask), w, b + "o_proj")
 
 
-def decoder_layer(x: Tensor, w: Weights, i: int, t: TextConfig, cos: Tensor, sin: Tensor, mask: Tensor,
-                  query_valid: Tensor) -> Tensor:
+def decoder_layer(x: Tensor, normed: Tensor, w: Weights, i: int, t: TextConfig, cos: Tensor, sin: Tensor,
+                  mask: Tensor, query_valid: Tensor, norm_next: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """(x, input_layernorm(x)) -> (x after the layer, the next layer's input_layernorm of it where norm_next,
+    else None). Each residual add runs with the RMSNorm after it as one selector op (add_rms_norm, Qwen's
+    plain weight): no separate add kernel."""
     b = f"{LLM}layers.{i}."
-    a = text_attention(rms_norm(x, w[b + "input_layernorm.weight"], t.rms_eps), w, b + "self_attn.", t, cos, sin, mask)
-    x = x + a * query_valid          # a pad row attends to nothing: its attention output is 0
-    h = rms_norm(x, w[b + "post_attention_layernorm.weight"], t.rms_eps)
+    a = text_attention(normed, w, b + "self_attn.", t, cos, sin, mask)
+    # a pad row attends to nothing: its attention output is 0
+    h, x = dispatch.add_rms_norm(a * query_valid, x, w[b + "post_attention_layernorm.weight"], t.rms_eps, 0.0)
     gate, up = linear(h, w, b + "mlp.gate_up_proj").chunk(2, dim=-1)
-    return x + linear(F.silu(gate) * up, w, b + "mlp.down_proj")
+    down = linear(F.silu(gate) * up, w, b + "mlp.down_proj")
+    if not norm_next:
+        return x + down, None
+    normed, x = dispatch.add_rms_norm(down, x, w[f"{LLM}layers.{i + 1}.input_layernorm.weight"], t.rms_eps, 0.0)
+    return x, normed
 
 
 def causal_padding_mask(attention_mask: Tensor) -> Tensor:
@@ -249,10 +266,15 @@ def language_model(w: Weights, t: TextConfig, embeds: Tensor, cos: Tensor, sin: 
     mask = additive_mask(causal_padding_mask(attention_mask)[:, 0], embeds.dtype)
     query_valid = attention_mask.bool()[..., None].to(embeds.dtype)
     x = embeds
+    normed = None
     for i in range(t.depth):
-        x = decoder_layer(x, w, i, t, cos, sin, mask, query_valid)
+        if normed is None:
+            normed = rms_norm(x, w[f"{LLM}layers.{i}.input_layernorm.weight"], t.rms_eps)
+        merge = i < len(deepstack) and i < t.depth - 1
+        # the next layer's norm rides on the residual add, unless a DeepStack merge comes between them
+        x, normed = decoder_layer(x, normed, w, i, t, cos, sin, mask, query_valid, i + 1 < t.depth and not merge)
         record(trace, f"layer_out.{i}", x)
-        if i < len(deepstack) and i < t.depth - 1:
+        if merge:
             x = x.reshape(-1, x.shape[-1]).index_add(0, image_index, deepstack[i].to(x.dtype)).view_as(x)
     return x
 
