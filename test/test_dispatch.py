@@ -490,3 +490,23 @@ def test_a_shape_the_profile_lacks_takes_the_nearest_profiled_length():
     assert sel.call("op", "1x93x2048|bfloat16", cpu, 1) == 2
     assert sel.call("op", "1x103x2048|bfloat16", cpu, 1) == 2       # nearest profiled length
     assert sel.call("op", "1x300x2048|bfloat16", cpu, 1) == 3       # too far: the default
+
+
+def test_the_nearest_profiled_length_is_looked_up_once_per_shape(monkeypatch):
+    """An eager path calls the selector for every op; a shape the profile lacks is matched against its table
+    once, then remembered (and looked up again when the table grows)."""
+    from phyai_ros.layers import selector as sel_mod
+    calls = []
+    real = sel_mod.nearest_key
+    monkeypatch.setattr(sel_mod, "nearest_key", lambda table, key: calls.append(key) or real(table, key))
+    sel = OperatorSelector()
+    sel.register("op", Candidate("fast", lambda x: x + 1, profiled_only=True))
+    sel.register("op", Candidate("torch", lambda x: x + 2))
+    cpu = torch.device("cpu")
+    sel.profile = {"cpu": {"op": {"1x93x2048|bfloat16": "fast"}}}
+    for _ in range(5):
+        assert sel.call("op", "1x103x2048|bfloat16", cpu, 1) == 2
+        assert sel.call("op", "1x999x2048|bfloat16", cpu, 1) == 3
+    assert calls == ["1x103x2048|bfloat16", "1x999x2048|bfloat16"]
+    sel.profile["cpu"]["op"]["1x800x2048|bfloat16"] = "fast"     # the table grew: looked up again
+    assert sel.call("op", "1x999x2048|bfloat16", cpu, 1) == 2

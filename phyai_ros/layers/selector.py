@@ -154,6 +154,9 @@ class OperatorSelector:
     recording: Optional[dict] = None                      # (op, key) -> (args, kwargs) seen, for profiling
     sources: list = field(default_factory=list)           # (path, device signatures) of each profile file loaded
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # (signature, op, key, size of the op's table) -> the nearest profiled key, "" for none: an eager path
+    # (Cosmos3's conditioning, warm-ups) would otherwise scan the op's table on every call the profile lacks
+    _nearest: dict = field(default_factory=dict)
 
     def derive(self, profile_path=None) -> "OperatorSelector":
         """A selector for one policy: these candidates and this forcing, a copy of the profile plus the
@@ -206,10 +209,14 @@ class OperatorSelector:
             raise RuntimeError(f"no usable candidate for {op} on {device}")
         wanted = self.forced
         if not wanted:
-            table = self.profile.get(device_signature(device), {}).get(op, {})
+            signature = device_signature(device)
+            table = self.profile.get(signature, {}).get(op, {})
             wanted = table.get(key)
             if wanted is None and table:
-                near = nearest_key(table, key)
+                memo = (signature, op, key, len(table))
+                near = self._nearest.get(memo)
+                if near is None or (near and near not in table):
+                    near = self._nearest[memo] = nearest_key(table, key) or ""
                 wanted = table[near] if near else None
         for c in usable:
             if c.name == wanted:
