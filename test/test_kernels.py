@@ -289,6 +289,24 @@ def test_geglu(rows, m):
 
 @needs_triton
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+def test_swiglu_strided_and_tails():
+    """SwiGLU (Qwen3's MLP in GR00T's backbone) through the same kernel: silu(gate) * up in fp32, row-strided
+    input, and the exp-overflow tails of the sigmoid form."""
+    base = _rand(9, 300, scale=2.0)
+    gu = base[:, 50:250]
+    torch.testing.assert_close(gg.swiglu(gu, out=_nan(9, 100)), gg.swiglu_ref(gu), **TOL)
+    assert not torch.allclose(gg.swiglu(gu), gg.geglu_ref(gu), atol=1e-3)     # another activation
+    tails = torch.tensor([[-100.0, -12.0, -3.0, 0.0, 3.0, 12.0, 100.0, 1e4,
+                           1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]], device=DEVICE)
+    out = gg.swiglu(tails)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, gg.swiglu_ref(tails), **TOL)
+    with pytest.raises(ValueError, match="act"):
+        gg.geglu(gu, act="relu")
+
+
+@needs_triton
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
 def test_geglu_strided_and_3d_and_tails():
     base = _rand(9, 300, scale=2.0)
     gu = base[:, 50:250]                                        # row-strided [9, 200]

@@ -154,6 +154,14 @@ def test_geglu_real_shapes(rows, m, dtype):
         torch.testing.assert_close(out.float(), gg.geglu_ref(gu).float(), rtol=2 ** -6, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_groot_backbone_shape(dtype):
+    """Qwen3's MLP in GR00T's backbone: 103 prompt rows, 6144 wide."""
+    gu = _rand(103, 2 * 6144, dtype=dtype, scale=2.0)
+    out = gg.swiglu(gu, out=_nan((103, 6144), dtype))
+    _check_vs_fp32(out, gg.swiglu_ref(gu.float()), dtype)
+
+
 # --------------------------------------------------------------------------- skinny GEMM epilogues
 GEMM_FP32 = dict(rtol=1e-4, atol=1e-4)
 GEMM_BF16 = dict(rtol=2 ** -7, atol=1e-4)

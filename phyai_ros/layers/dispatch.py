@@ -87,6 +87,11 @@ def _torch_geglu(gate_up):
     return ops.gelu_tanh_mul(gate_up[..., :m], gate_up[..., m:])
 
 
+def _torch_swiglu(gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
 def _torch_attention_with_prefix(q, k_prefix, v_prefix, k_suffix, v_suffix, mask):
     return ops.attention(q, torch.cat([k_prefix, k_suffix], dim=2), torch.cat([v_prefix, v_suffix], dim=2), mask)
 
@@ -292,6 +297,11 @@ def _triton_geglu(gate_up):
     return geglu(gate_up)
 
 
+def _triton_swiglu(gate_up):
+    from phyai_ros.kernels.geglu import swiglu
+    return swiglu(gate_up)
+
+
 def _triton_attention_with_prefix(q, k_prefix, v_prefix, k_suffix, v_suffix, mask, **tiling):
     from phyai_ros.kernels.split_kv_attention import split_kv_attention
     b, hq, lq, d = q.shape
@@ -382,6 +392,7 @@ _REGISTRY = {
     "qkv_norm_rope": [Candidate("triton", _triton_qkv_rope, _CUDA, available=triton_ok),
                       Candidate("torch", _torch_qkv_norm_rope)],
     "geglu": [Candidate("triton", _triton_geglu, _CUDA, available=triton_ok), Candidate("torch", _torch_geglu)],
+    "swiglu": [Candidate("triton", _triton_swiglu, _CUDA, available=triton_ok), Candidate("torch", _torch_swiglu)],
     # A skinny GEMM with the elementwise op after it as its epilogue; elsewhere the sub-ops one by one.
     "linear_geglu": [_depth_candidate(_triton_linear_geglu, _skinny_shape),
                      *_skinny_candidates(_triton_linear_geglu, _skinny_shape),
@@ -487,6 +498,11 @@ def linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -
 def geglu(gate_up: Tensor) -> Tensor:
     """gelu_tanh(gate) * up for gate_up = [gate | up] along the last dim."""
     return _selector().call("geglu", shape_key(gate_up), gate_up.device, gate_up)
+
+
+def swiglu(gate_up: Tensor) -> Tensor:
+    """silu(gate) * up of a fused [gate | up] projection output (Qwen3's MLP), one kernel where Triton runs."""
+    return _selector().call("swiglu", shape_key(gate_up), gate_up.device, gate_up)
 
 
 def linear_geglu(x: Tensor, gate_up_w: Weight) -> Tensor:

@@ -240,8 +240,7 @@ def decoder_layer(x: Tensor, normed: Tensor, w: Weights, i: int, t: TextConfig, 
     a = text_attention(normed, w, b + "self_attn.", t, cos, sin, mask)
     # a pad row attends to nothing: its attention output is 0
     h, x = dispatch.add_rms_norm(a * query_valid, x, w[b + "post_attention_layernorm.weight"], t.rms_eps, 0.0)
-    gate, up = linear(h, w, b + "mlp.gate_up_proj").chunk(2, dim=-1)
-    down = linear(F.silu(gate) * up, w, b + "mlp.down_proj")
+    down = linear(dispatch.swiglu(linear(h, w, b + "mlp.gate_up_proj")), w, b + "mlp.down_proj")
     if not norm_next:
         return x + down, None
     normed, x = dispatch.add_rms_norm(down, x, w[f"{LLM}layers.{i + 1}.input_layernorm.weight"], t.rms_eps, 0.0)
