@@ -16,6 +16,9 @@
 #   EXPERT_TESTS=1: its GPU tests and those of the ops around it (one device call of its own, ~5 min):
 #                   pytest -m gpu test/test_expert_layer_gpu.py test/test_dispatch.py test/test_runner.py
 #                   test/test_pi05_parity.py test/test_pi0_parity.py
+#   GROOT_PROFILE=1 / GROOT_FINAL=1 / SHIPPED=1: GR00T's operator-profile round (issue 23, 2026-12-02): its
+#                   shapes profiled into the shipped profile, GR00T / pi0.5 / pi0 on it, start-up and the GPU suite
+#                   on the committed file (each block below says what it runs)
 # Expects (carried to the GPU machine): .device_shared/ = a copy of ../shared (tokenizer, parity fixtures) and
 # .whl/ = LeRobot's wheels (see ../shared/device-wheels/README.md).
 set -u
