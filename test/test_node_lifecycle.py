@@ -28,7 +28,9 @@ class Lifecycle:
     def _call(self, client, request, timeout: float = 120.0, resend_s: float = 0.0):
         """One request (a query is sent again every ``resend_s`` until answered: a reply can be lost while the
         client's response reader is still being discovered, which service_is_ready does not cover)."""
-        assert self.robot.spin_until(client.service_is_ready, 60), "lifecycle service not up"
+        # discovery of the node's services can take long on a loaded 2-core CI machine while the node warms up
+        # (a full-suite run once needed more than 60 s; alone it takes about one)
+        assert self.robot.spin_until(client.service_is_ready, 150), "lifecycle service not up"
         deadline = time.monotonic() + timeout
         while True:
             future = client.call_async(request)
