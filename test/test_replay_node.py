@@ -255,11 +255,14 @@ def test_faulty_bag_replays_to_the_end_with_every_event_reported(model, bags, tm
     ckpt, tokenizer = model
     bag = bags[2]
     out, summary_file = tmp_path / "out", tmp_path / "summary.json"
-    rc = main([str(bag.path), "--out", str(out), "--mode", "stepped", "--start-node", "--json", str(summary_file),
+    # --wait-node 180: a node's start can take over a minute on a loaded 2-core CI machine (alone: ~8 s)
+    rc = main([str(bag.path), "--out", str(out), "--mode", "stepped", "--start-node", "--wait-node", "180",
+               "--json", str(summary_file),
                "-p", f"model.checkpoint:={ckpt}", "-p", f"model.tokenizer:={tokenizer}",
                "-p", f"control.horizon:={HORIZON}"])
-    printed = capsys.readouterr().out
-    assert rc == 0, printed
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert rc == 0, printed + captured.err
     s = json.loads(summary_file.read_text())
     assert s["complete"] and s["played"] == s["messages"] == bag.total
     kinds = {e["kind"] for e in s["events"]}
@@ -295,7 +298,8 @@ def test_strict_fails_a_replay_without_chunks_and_says_why(model, tmp_path, caps
     ckpt, tokenizer = model
     bag = make_demo_bag(tmp_path / "no_instruction", DemoBagConfig(duration=1.0, state_rate_hz=20.0,
                                                                    faults=Faults(drop_topics=("/instruction",))))
-    rc = main([str(bag.path), "--out", str(tmp_path / "out"), "--mode", "stepped", "--start-node", "--strict",
+    rc = main([str(bag.path), "--out", str(tmp_path / "out"), "--mode", "stepped", "--start-node", "--wait-node", "180",
+               "--strict",
                "-p", f"model.checkpoint:={ckpt}", "-p", f"model.tokenizer:={tokenizer}",
                "-p", f"control.horizon:={HORIZON}"])
     out, err = capsys.readouterr()
