@@ -109,7 +109,8 @@ if HAVE_TRITON:
             tl.store(Y + offs_m[:, None] * sym + offs_n[None, :], out.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _sum_splits_geglu_kernel(P, Y, M, I, SPLITS: tl.constexpr, spk, spm, sym, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    def _sum_splits_geglu_kernel(P, Y, M, I, SPLITS: tl.constexpr, spk, spm, sym, BLOCK: tl.constexpr,
+                                 PDL: tl.constexpr):
         wait_for_producer(PDL)
         pid = tl.program_id(0)
         offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -125,8 +126,8 @@ if HAVE_TRITON:
         tl.store(Y + m * sym + n, (gelu_tanh_f32(g) * u).to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _sum_splits_norm_kernel(P, R, G, SC, SH, RO, Y, N, SPLITS: tl.constexpr, tokens, spk, spm, sr, sg, ssc, ssh, sro, sy, eps,
-                                ADA: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    def _sum_splits_norm_kernel(P, R, G, SC, SH, RO, Y, N, SPLITS: tl.constexpr, tokens, spk, spm, sr, sg, ssc, ssh,
+                                sro, sy, eps, ADA: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
         """One row: y = sum of the partials; r = residual + y (* gate); norm of r rounded to RO's dtype.
         Plain RMSNorm passes its weight as SC with item stride 0."""
         wait_for_producer(PDL)

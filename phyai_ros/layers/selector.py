@@ -7,11 +7,11 @@ capture-safe. Which usable candidate runs comes from a per-device profile
 (written by ``scripts/profile_ops.py`` on the target, e.g. a Jetson Thor, or by the
 node's ``model.op_autotune``; found per device by ``phyai_ros.layers.profiles``) keyed by
 op and shape (a shape the profile lacks takes the entry of the nearest profiled one that differs in a single
-length, ``nearest_key``); without an entry the first usable candidate in preference order runs. A candidate that raises is disabled for that key and the call falls back
-to the next one, so a platform whose Triton cannot build a kernel still runs
-(the warm-up before graph capture meets any such failure first). Each op's
-last candidate is its reference and always usable: "torch", or, for a fused op,
-"unfused" (its sub-ops, each selected on its own).
+length, ``nearest_key``); without an entry the first usable candidate in preference order runs. A candidate
+that raises is disabled for that key and the call falls back to the next one, so a platform whose Triton
+cannot build a kernel still runs (the warm-up before graph capture meets any such failure first). Each op's
+last candidate is its reference and always usable: "torch", or, for a fused op, "unfused" (its sub-ops, each
+selected on its own).
 
 ``PHYAI_OPS=torch`` forces the torch candidates everywhere (A/B measurements);
 fused ops then run "unfused", i.e. their torch sub-ops. ``PHYAI_OP_PROFILE=FILE`` loads a profile into

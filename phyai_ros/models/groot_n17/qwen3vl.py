@@ -128,8 +128,8 @@ def vision_attention(x: Tensor, w: Weights, name: str, v: VisionConfig, cos: Ten
 
 
 def vision_block(x: Tensor, normed: Tensor, w: Weights, i: int, v: VisionConfig, cos: Tensor, sin: Tensor,
-                 n_images: int) -> Tuple[Tensor, Tensor]:
-    """(x, norm1(x)) -> (x after the block, the next block's norm1 of it; for the last block, x again). Each
+                 n_images: int) -> Tuple[Tensor, Optional[Tensor]]:
+    """(x, norm1(x)) -> (x after the block, the next block's norm1 of it; None after the last block). Each
     residual add runs with the LayerNorm after it (and the projection's bias) as one selector op,
     linear_add_layer_norm, as the DiT's do: no separate add kernel."""
     b = f"{VIS}blocks.{i}."
@@ -138,7 +138,7 @@ def vision_block(x: Tensor, normed: Tensor, w: Weights, i: int, v: VisionConfig,
                                           w[b + "norm2.weight"], w[b + "norm2.bias"], v.ln_eps)
     h = dispatch.linear_gelu_tanh(y, w[b + "mlp.linear_fc1.weight"], w[b + "mlp.linear_fc1.bias"])
     if i + 1 == v.depth:
-        return x + linear(h, w, b + "mlp.linear_fc2"), x
+        return x + linear(h, w, b + "mlp.linear_fc2"), None
     nb = f"{VIS}blocks.{i + 1}."
     return dispatch.linear_add_layer_norm(x, h, w[b + "mlp.linear_fc2.weight"], w[b + "mlp.linear_fc2.bias"],
                                           w[nb + "norm1.weight"], w[nb + "norm1.bias"], v.ln_eps)
