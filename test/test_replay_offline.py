@@ -619,6 +619,23 @@ def test_report_of_an_input_bag_says_it_holds_no_node_outputs(tmp_path, capsys):
     assert "/joint_states" in err  # what the bag does hold
 
 
+def test_an_output_bag_whose_node_produced_nothing_is_reported_error():
+    """The worst case of an overload replay: every snapshot stale, no inference, so the output bag has the node's
+    output topics but no chunk and no margin. Its report is ERROR (it used to be refused as "not an output
+    bag", and the demo's --stress run ended in a traceback); an input bag is still refused."""
+    from phyai_ros.replay.analysis import analyze, margin_session
+    from phyai_ros.replay.verdict import verdict
+    from phyai_ros.replay.runbag import CHUNK_TYPE, MARGIN_TYPE, NotAnOutputBag, Run, require_node_outputs
+    run = Run(path=Path("out"), topics={"/action_chunk": CHUNK_TYPE, "/control_margin": MARGIN_TYPE,
+                                        "/diagnostics": "diagnostic_msgs/msg/DiagnosticArray"})
+    assert require_node_outputs(run) is run
+    num = analyze(run, margin_session(run))
+    v = verdict(num)
+    assert v["level"] == 2 and "ERROR" in v["facts"][0], v      # level 2: ERROR
+    with pytest.raises(NotAnOutputBag, match="none of the node's outputs"):
+        require_node_outputs(Run(path=Path("in"), topics={"/joint_states": "sensor_msgs/msg/JointState"}))
+
+
 def _truncate(bag_dir: Path, fraction: float) -> Path:
     (mcap,) = sorted(bag_dir.glob("*.mcap"))
     data = mcap.read_bytes()

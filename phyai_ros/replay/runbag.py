@@ -192,8 +192,10 @@ class NotAnOutputBag(ValueError):
 
 
 def require_node_outputs(run: Run) -> Run:
-    """``run`` if it holds the node's chunks or margins, else a NotAnOutputBag that says what the bag holds."""
-    if run.chunks or run.margins:
+    """``run`` if it holds the node's chunks or margins, or their topics without a message (a node that produced
+    nothing, e.g. every snapshot stale under overload: the worst case, which its report judges ERROR), else a
+    NotAnOutputBag that says what the bag holds."""
+    if run.chunks or run.margins or {CHUNK_TYPE, MARGIN_TYPE} & set(run.topics.values()):
         return run
     held = ", ".join(f"{t} ({m})" for t, m in sorted(run.topics.items())[:8]) or "no topics"
     more = f" and {len(run.topics) - 8} more" if len(run.topics) > 8 else ""
