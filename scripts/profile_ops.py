@@ -18,6 +18,9 @@ Without --checkpoint a random full-size pi0.5 is built in memory; give --checkpo
 --merge keeps the file's other tables, so one model's shapes can be added to a shipped profile:
 
     python scripts/profile_ops.py --groot /tmp/groot/checkpoint_1view --merge --out profiles/h200.json
+
+--ops NAME[,NAME] times only those ops (e.g. expert_stack after a new form of it; with --merge the other entries
+stay, and the timed op's sub-ops run as they choose).
 The timing core is the package's (phyai_ros.layers.profiling), which the node's model.op_autotune also runs; a
 file written to profiles/ ships with the package and is found by device name (phyai_ros.layers.profiles).
 """
@@ -106,6 +109,9 @@ def main() -> None:
                     help="a GR00T N1.7 checkpoint folder (LeRobot layout); repeatable; alone, no pi0.5 is built")
     ap.add_argument("--merge", action="store_true",
                     help="keep the file's tables for other shapes and devices (default: replace the file)")
+    ap.add_argument("--ops", default=None,
+                    help="comma-separated op names to time (default: every recorded op); with --merge the file keeps "
+                         "the other ops' entries, which the timed ones' sub-ops run with")
     ap.add_argument("--tokenizer", type=Path)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--cameras", type=int, default=3)
@@ -120,6 +126,11 @@ def main() -> None:
     signature = device_signature(device)
     t0 = time.perf_counter()
     calls = record_model_calls(args)
+    if args.ops:
+        wanted = set(args.ops.split(","))
+        calls = {key: call for key, call in calls.items() if key[0] in wanted}
+        if not calls:
+            raise SystemExit(f"profile_ops: the models dispatched none of {sorted(wanted)}")
     t1 = time.perf_counter()
 
     def show(op, key, entry, chosen):

@@ -9,7 +9,10 @@ final norm's output out) do all forms agree. ``layers.dispatch.expert_stack`` se
   fused epilogues, the split-KV attention, ...), bit for bit what the models ran before this op existed;
 * ``kernels``: kernels/expert_layer.py's phases, five kernels per layer, no reducers (up to 64 rows;
   ``kernels_wide`` is the same for more rows, ``kernels_s1`` / ``kernels_n16`` other tilings);
-* ``layer`` / ``step``: the same phases as one persistent kernel per layer / per denoising step.
+* ``layer`` / ``step``: the same phases as one persistent kernel per layer / per denoising step;
+* ``unfused_l2_*``: the reference with each layer's o / gate_up / down weights (and the next layer's qkv)
+  prefetched into L2 on a side branch while its attention runs (layers/prefetch_branch.py): the same kernels,
+  the same values, the GEMMs reading L2 instead of HBM.
 
 Every fused form is profiled-only (``FUSED_FORMS``): without a device profile that measured it faster, the
 reference runs.
@@ -25,6 +28,7 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 from phyai_ros.layers import dispatch
+from phyai_ros.layers import prefetch_branch as branch
 from phyai_ros.layers.ops import attn_tokens
 from phyai_ros.layers.selector import SELECTOR, Candidate
 
@@ -72,9 +76,12 @@ class ExpertNorms(NamedTuple):
         return per[0], per[1], per[2][:-1]
 
 
-def unfused(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, eps: float) -> Tensor:
+def unfused(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, eps: float,
+            prefetch: Optional[branch.PrefetchPlan] = None, reach: str = "layer") -> Tensor:
     """The reference: per layer qkv GEMM, RoPE + attention, o-proj with residual and norm, GeGLU GEMM,
-    down-proj with residual and norm, each through its own selected op; returns the final norm's output."""
+    down-proj with residual and norm, each through its own selected op; returns the final norm's output.
+    ``prefetch``: as each layer's attention starts, its GEMMs' weights go into L2 on a side branch (``reach``:
+    see ``prefetched_weights``); the values are the same."""
     n = len(layers)
     if norms.adaptive:
         x = dispatch.ada_rms_norm(h, norms.scale(0), norms.shift(0), eps)
@@ -82,6 +89,8 @@ def unfused(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, 
         x = dispatch.rms_norm(h, norms.scale(0), eps)
     for i, layer in enumerate(layers):
         qkv = dispatch.linear(x, layer.qkv_w)
+        if prefetch is not None:
+            branch.fork(layer, prefetched_weights(layers, i, reach), prefetch)
         a = attn_tokens(dispatch.rope_attention_with_prefix(qkv, ctx.cos, ctx.sin, *kv[i], ctx.mask))
         if norms.adaptive:
             h, x = dispatch.linear_gated_ada_rms_norm(a, layer.o_w, h, norms.gate(2 * i), norms.scale(2 * i + 1),
@@ -97,7 +106,30 @@ def unfused(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, 
             else:
                 h = h + dispatch.linear(m, layer.down_w)
                 x = dispatch.rms_norm(h, norms.scale(2 * n), eps)
+    if prefetch is not None:
+        branch.join(h.device)
     return x
+
+
+REACHES = ("mlp", "layer")
+
+
+def prefetched_weights(layers: Sequence, i: int, reach: str) -> list:
+    """What layer i's attention overlaps: the weights read after it, in the order read. ``"mlp"``: gate_up and
+    down; ``"layer"``: o, gate_up, down, and the next layer's qkv."""
+    if reach not in REACHES:
+        raise ValueError(f"reach must be one of {REACHES}, got {reach!r}")
+    la = layers[i]
+    if reach == "mlp":
+        return [la.gate_up_w, la.down_w]
+    return [la.o_w, la.gate_up_w, la.down_w] + ([layers[i + 1].qkv_w] if i + 1 < len(layers) else [])
+
+
+def prefetch_fits(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, eps: float, *,
+                  plan: branch.PrefetchPlan) -> bool:
+    """The prefetching reference takes any call whose every layer's weights are contiguous CUDA tensors of one
+    device its mode runs on (a quantized weight is the quantized ops' job: left to the plain reference)."""
+    return bool(layers) and all(branch.usable([la.qkv_w, la.o_w, la.gate_up_w, la.down_w], plan) for la in layers)
 
 
 def fused(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, eps: float, *, launch: str,
@@ -158,6 +190,18 @@ FUSED_FORMS = (
 )
 
 
+# The prefetching reference in the variants a profile may pick: (name, plan, reach). Profiled-only: on the H200
+# (2026-12-02, docs/benchmarks.md) the GEMMs are latency-bound, so L2-resident weights save ~2.5 us of a 38 us
+# layer-step at most, and the prefetch itself competes with the attention; where weights stream slowly (Thor's
+# 273 GB/s) the overlap is worth more. Bulk forms need sm_90+; "lines" is the portable one.
+PREFETCH_FORMS = (
+    ("unfused_l2_bulk16", branch.PrefetchPlan("bulk", 16), "layer"),
+    ("unfused_l2_bulk64", branch.PrefetchPlan("bulk", 64), "layer"),
+    ("unfused_l2_bulk16_mlp", branch.PrefetchPlan("bulk", 16), "mlp"),
+    ("unfused_l2_lines64", branch.PrefetchPlan("lines", 64), "layer"),
+)
+
+
 def candidates() -> list:
     """The selector's candidates for "expert_stack", the reference last."""
     out = []
@@ -165,6 +209,10 @@ def candidates() -> list:
         out.append(Candidate(name, functools.partial(fused, launch=launch, tiling=tiling), ("cuda",),
                              available=dispatch.triton_ok,
                              supports=functools.partial(fits, min_rows=lo, max_rows=hi), profiled_only=True))
+    for name, plan, reach in PREFETCH_FORMS:
+        out.append(Candidate(name, functools.partial(unfused, prefetch=plan, reach=reach), ("cuda",),
+                             available=dispatch.triton_ok, supports=functools.partial(prefetch_fits, plan=plan),
+                             profiled_only=True))
     out.append(Candidate("unfused", unfused))
     return out
 
