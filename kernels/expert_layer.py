@@ -1,6 +1,6 @@
 """The pi0 / pi0.5 action expert's layer stack in few kernels: five per layer, one per layer, or one per step.
 
-Per layer the work is five phases (design.md §7), each a tile function shared by every launch form:
+Per layer the work is five phases (design.md §8), each a tile function shared by every launch form:
 
     QKV     x = norm(h) (from h and its row statistics) -> q | k | v, RoPE on q and k   (expert_gemm ROPE)
     ATTN    attention over [prefix cache; suffix], the split merge by the last tile  (expert_attention)

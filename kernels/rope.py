@@ -22,7 +22,7 @@ import torch
 from .common import HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, tl, triton, wait_for_producer
 from .rms_norm import rms_norm_ref
 
-__all__ = ["available", "qkv_rope", "qkv_rope_ref"]
+__all__ = ["available", "qkv_rope", "qkv_rope_ref", "rope_plan"]
 
 
 def split_heads(qkv: torch.Tensor, hq: int, hkv: int, d: int):
@@ -51,52 +51,71 @@ def qkv_rope_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: in
 if HAVE_TRITON:
 
     @triton.jit
-    def _qkv_rope_kernel(QKV, COS, SIN, Q, K, T, HQ, HKV, sqb, sqt, scb, sct, sob_q, soh_q, sot_q,
+    def _qkv_rope_kernel(QKV, COS, SIN, Q, K, n_rows, T, HQ, HKV, sqb, sqt, scb, sct, sob_q, soh_q, sot_q,
                          sob_k, soh_k, sot_k, QN, KN, eps, HALF: tl.constexpr, BLOCK: tl.constexpr,
-                         PDL: tl.constexpr, NORM: tl.constexpr = False):
+                         ROWS: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr = False):
         wait_for_producer(PDL)
-        pid = tl.program_id(0)              # one program per (b, t, head) of q and k
+        # ROWS rows of the flattened (b, t, head) index of q and k heads per program: one (b, t, head) each
+        r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        live = r < n_rows
         heads = HQ + HKV
-        h = pid % heads
-        bt = pid // heads
+        h = r % heads
+        bt = r // heads
         b = (bt // T).to(tl.int64)
         t = (bt % T).to(tl.int64)
+        is_q = h < HQ
         offs = tl.arange(0, BLOCK)
-        m = offs < HALF
-        src = QKV + b * sqb + t * sqt + h * (2 * HALF)
-        x1 = tl.load(src + offs, mask=m, other=0.0).to(tl.float32)
-        x2 = tl.load(src + HALF + offs, mask=m, other=0.0).to(tl.float32)
+        m = live[:, None] & (offs < HALF)[None, :]
+        src = (QKV + b * sqb + t * sqt + h * (2 * HALF))[:, None] + offs[None, :]
+        x1 = tl.load(src, mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=m, other=0.0).to(tl.float32)
         if NORM:  # Qwen3 q / k RMSNorm of the head (plain weight), fp32
-            rstd = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
-            if h < HQ:
-                w1 = tl.load(QN + offs, mask=m, other=0.0).to(tl.float32)
-                w2 = tl.load(QN + HALF + offs, mask=m, other=0.0).to(tl.float32)
-            else:
-                w1 = tl.load(KN + offs, mask=m, other=0.0).to(tl.float32)
-                w2 = tl.load(KN + HALF + offs, mask=m, other=0.0).to(tl.float32)
-            x1 = x1 * rstd * w1
-            x2 = x2 * rstd * w2
-        cs = COS + b * scb + t * sct
-        sn = SIN + b * scb + t * sct
-        c1 = tl.load(cs + offs, mask=m, other=0.0).to(tl.float32)
-        c2 = tl.load(cs + HALF + offs, mask=m, other=0.0).to(tl.float32)
-        s1 = tl.load(sn + offs, mask=m, other=0.0).to(tl.float32)
-        s2 = tl.load(sn + HALF + offs, mask=m, other=0.0).to(tl.float32)
-        o1 = x1 * c1 - x2 * s1
-        o2 = x2 * c2 + x1 * s2
-        if h < HQ:
-            dst = Q + b * sob_q + h * soh_q + t * sot_q
-        else:
-            dst = K + b * sob_k + (h - HQ) * soh_k + t * sot_k
-        tl.store(dst + offs, o1.to(Q.dtype.element_ty), mask=m)
-        tl.store(dst + HALF + offs, o2.to(Q.dtype.element_ty), mask=m)
+            rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+            hm = offs < HALF
+            q1 = tl.load(QN + offs, mask=hm, other=0.0).to(tl.float32)[None, :]
+            q2 = tl.load(QN + HALF + offs, mask=hm, other=0.0).to(tl.float32)[None, :]
+            k1 = tl.load(KN + offs, mask=hm, other=0.0).to(tl.float32)[None, :]
+            k2 = tl.load(KN + HALF + offs, mask=hm, other=0.0).to(tl.float32)[None, :]
+            x1 = x1 * rstd[:, None] * tl.where(is_q[:, None], q1, k1)
+            x2 = x2 * rstd[:, None] * tl.where(is_q[:, None], q2, k2)
+        tab = (b * scb + t * sct)[:, None] + offs[None, :]
+        c1 = tl.load(COS + tab, mask=m, other=0.0).to(tl.float32)
+        c2 = tl.load(COS + HALF + tab, mask=m, other=0.0).to(tl.float32)
+        s1 = tl.load(SIN + tab, mask=m, other=0.0).to(tl.float32)
+        s2 = tl.load(SIN + HALF + tab, mask=m, other=0.0).to(tl.float32)
+        o1 = (x1 * c1 - x2 * s1).to(Q.dtype.element_ty)
+        o2 = (x2 * c2 + x1 * s2).to(Q.dtype.element_ty)
+        q_dst = (Q + b * sob_q + h.to(tl.int64) * soh_q + t * sot_q)[:, None] + offs[None, :]
+        k_dst = (K + b * sob_k + (h - HQ).to(tl.int64) * soh_k + t * sot_k)[:, None] + offs[None, :]
+        tl.store(q_dst, o1, mask=m & is_q[:, None])
+        tl.store(q_dst + HALF, o2, mask=m & is_q[:, None])
+        tl.store(k_dst, o1, mask=m & ~is_q[:, None])
+        tl.store(k_dst + HALF, o2, mask=m & ~is_q[:, None])
+
+
+# One (b, t, head) row per program made ~8K programs of one warp at GR00T's vision tower (256 patches x 32 heads):
+# ~10.6 us per call for 1.5 MB on an H200, 11.2 us at pi0.5's 968-token prefix. Blocks of rows of about 512 elements
+# per half-head measured best at every large shape (H200, 2026-12-02, `bench_kernels.py --rope-sweep`: 1.45, 3.0-3.3
+# and 1.56 us at the vision tower, the prefix and Qwen3's LLM); below _BLOCKED_FROM rows (pi0.5's 450 expert rows)
+# a row per program stays: the blocked launch was ~1 us faster alone but slower inside the expert's PDL chain.
+_TILE = 512
+_BLOCKED_FROM = 2048
+
+
+def rope_plan(n_rows: int, block: int) -> Tuple[int, int]:
+    """(rows per program, warps) for ``n_rows`` (token, head) rows of ``block`` elements per half."""
+    if n_rows < _BLOCKED_FROM:
+        return 1, 1 if block <= 64 else 2
+    return max(1, _TILE // block), 4
 
 
 def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, hkv: int, d: int,
-             q_norm: Optional[torch.Tensor] = None, k_norm: Optional[torch.Tensor] = None, eps: float = 1e-6
+             q_norm: Optional[torch.Tensor] = None, k_norm: Optional[torch.Tensor] = None, eps: float = 1e-6, *,
+             rows: Optional[int] = None, num_warps: Optional[int] = None
              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One launch: q, k (RMS-normalised per head first when q_norm / k_norm [D] are given) rotated into new
-    [B, H, T, D] tensors; v returned as a view of qkv. cos / sin may be float32 for a bf16 qkv."""
+    [B, H, T, D] tensors; v returned as a view of qkv. cos / sin may be float32 for a bf16 qkv. ``rows`` (a power
+    of two: (token, head) rows per program) and ``num_warps`` override the launch plan (``rope_plan``)."""
     check_tensors(("qkv", qkv), ("cos", cos), ("sin", sin), ("q_norm", q_norm), ("k_norm", k_norm))
     if (q_norm is None) != (k_norm is None) or (q_norm is not None and (q_norm.shape != (d,)
                                                                         or k_norm.shape != (d,))):
@@ -113,10 +132,15 @@ def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, hq: int, h
     q = torch.empty(b, hq, t, d, dtype=qkv.dtype, device=qkv.device)
     k = torch.empty(b, hkv, t, d, dtype=qkv.dtype, device=qkv.device)
     half = d // 2
-    _qkv_rope_kernel[(b * t * (hq + hkv),)](
-        qkv, cos, sin, q, k, t, hq, hkv, qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1),
+    block = max(16, next_power_of_2(half))
+    n_rows = b * t * (hq + hkv)
+    if n_rows == 0:
+        return q, k, split_heads(qkv, hq, hkv, d)[2]
+    plan_rows, plan_warps = rope_plan(n_rows, block)
+    rows, num_warps = rows or plan_rows, num_warps or plan_warps
+    _qkv_rope_kernel[(triton.cdiv(n_rows, rows),)](
+        qkv, cos, sin, q, k, n_rows, t, hq, hkv, qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         cos if q_norm is None else q_norm, cos if k_norm is None else k_norm, float(eps), NORM=q_norm is not None,
-        HALF=half, BLOCK=max(16, next_power_of_2(half)), num_warps=1 if half <= 64 else 2,
-        **pdl(qkv.device))
+        HALF=half, BLOCK=block, ROWS=rows, num_warps=num_warps, **pdl(qkv.device))
     return q, k, split_heads(qkv, hq, hkv, d)[2]

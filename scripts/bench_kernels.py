@@ -23,10 +23,47 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 
+def rope_sweep(torch, do_bench_cudagraph) -> int:
+    """qkv_rope at pi0.5's expert (50 tokens) and prefix (968), GR00T's vision tower (256 patches, fp32 tables)
+    and LLM (103 tokens, q / k norm): every rows-per-program x warps, the launch plan's choice marked."""
+    from phyai_ros.kernels import rope
+    cases = [("pi05 expert", 50, 8, 1, 256, False, torch.bfloat16), ("pi05 prefix", 968, 8, 1, 256, False, torch.bfloat16),
+             ("groot vision", 256, 16, 16, 64, False, torch.float32), ("groot llm", 103, 16, 8, 128, True, torch.bfloat16)]
+    for name, t, hq, hkv, d, norm, tables in cases:
+        qkv = torch.randn(1, t, (hq + 2 * hkv) * d, device="cuda").bfloat16()
+        ang = torch.randn(1, t, d // 2, device="cuda")
+        cos, sin = (f(torch.cat([ang, ang], -1)).to(tables) for f in (torch.cos, torch.sin))
+        qn, kn = (torch.ones(d, device="cuda").bfloat16() if norm else None for _ in range(2))
+        block = max(16, triton_next_pow2(d // 2))
+        plan = rope.rope_plan(t * (hq + hkv), block)
+        res = []
+        rows = 1
+        while rows * block <= 16 * rope._TILE:
+            for warps in (1, 2, 4, 8):
+                fn = lambda r=rows, w=warps: rope.qkv_rope(qkv, cos, sin, hq, hkv, d, qn, kn, rows=r, num_warps=w)  # noqa: E731
+                fn()
+                us = do_bench_cudagraph(fn, rep=30, return_mode="median") * 1e3
+                res.append((us, rows, warps))
+            rows *= 2
+        best = min(res)
+        planned = [u for u, r, w in res if (r, w) == plan]
+        print(f"rope {name:13} rows {t * (hq + hkv):5d}: plan {plan} {planned[0]:.2f} us; best {best[1:]} "
+              f"{best[0]:.2f} us; one row per program: "
+              + " ".join(f"w{w}={u:.2f}" for u, r, w in res if r == 1), flush=True)
+        print("   " + " ".join(f"{r}x{w}={u:.2f}" for u, r, w in res), flush=True)
+    return 0
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--sweep", action="store_true", help="sweep attention launch configs")
+    ap.add_argument("--rope-sweep", action="store_true",
+                    help="only: qkv_rope's rows per program x warps at the models' shapes (CUDA graph, us)")
     ap.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph column")
     ap.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
     args = ap.parse_args(argv)
@@ -48,6 +85,8 @@ def main(argv=None) -> int:
     from phyai_ros.kernels import rms_norm as rn
     from phyai_ros.kernels import split_kv_attention as ska
 
+    if args.rope_sweep:
+        return rope_sweep(torch, do_bench_cudagraph)
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     es = torch.tensor([], dtype=dt).element_size()
     dev = "cuda"

@@ -83,11 +83,15 @@ SPECS = [
           BLOCK_D=256, BLOCK_H=128, PDL=True), dict(num_warps=8, num_stages=1)),   # fp32 expert attention
     ("split_kv_attention", "_attn_combine_kernel", {"WS": "*fp32"},
      dict(SPLIT_BLOCK=32, BLOCK_D=256, PDL=True), dict(num_warps=4)),
-    ("rope", "_qkv_rope_kernel", {"K": "*bf16"}, dict(HALF=128, BLOCK=128, PDL=True, NORM=False), dict(num_warps=2)),
+    ("rope", "_qkv_rope_kernel", {"K": "*bf16"}, dict(HALF=128, BLOCK=128, ROWS=4, PDL=True, NORM=False),
+     dict(num_warps=4)),
+    ("rope", "_qkv_rope_kernel", {"K": "*bf16"}, dict(HALF=128, BLOCK=128, ROWS=1, PDL=True, NORM=False),
+     dict(num_warps=2)),                                               # the expert's 450 rows: a row per program
     # Qwen3-VL: the LLM's q / k norm + mRoPE (bf16 tables), the vision tower's 2-D RoPE (fp32 tables)
-    ("rope", "_qkv_rope_kernel", {"K": "*bf16"}, dict(HALF=64, BLOCK=64, PDL=True, NORM=True), dict(num_warps=1)),
-    ("rope", "_qkv_rope_kernel", {"K": "*bf16", "COS": "*fp32", "SIN": "*fp32"}, dict(HALF=32, BLOCK=32, PDL=True, NORM=False),
-     dict(num_warps=1)),
+    ("rope", "_qkv_rope_kernel", {"K": "*bf16"}, dict(HALF=64, BLOCK=64, ROWS=8, PDL=True, NORM=True),
+     dict(num_warps=4)),
+    ("rope", "_qkv_rope_kernel", {"K": "*bf16", "COS": "*fp32", "SIN": "*fp32"},
+     dict(HALF=32, BLOCK=32, ROWS=16, PDL=True, NORM=False), dict(num_warps=4)),
     ("rms_norm", "_rms_norm_kernel", {"W": "*fp32"},
      dict(HAS_RES=True, BLOCK_M=2, BLOCK_N=2048, PDL=True, UNIT_OFFSET=True), dict(num_warps=8)),
     ("rms_norm", "_rms_norm_kernel", {}, dict(HAS_RES=False, BLOCK_M=1, BLOCK_N=2048, PDL=True, UNIT_OFFSET=False),
@@ -111,6 +115,9 @@ SPECS = [
           DIRECT=True, HAS_BIAS=True, ACT=1, PDL=True), dict(num_warps=4, num_stages=4)),
     ("quant_linear", "_quantize_rows_kernel", {"XS": "*fp32", "Y": "*fp8e4nv", "S": "*fp32"},
      dict(BLOCK=16384, STATIC=False, PDL=True), dict(num_warps=8)),
+    # weights into L2 from a side branch: one line per lane, one bulk prefetch per segment (sm_90 and newer)
+    ("l2_prefetch", "_l2_prefetch_kernel", {"TABLE": "*i64"}, dict(BULK=False, BLOCK=512), dict(num_warps=4)),
+    ("l2_prefetch", "_l2_prefetch_kernel", {"TABLE": "*i64"}, dict(BULK=True, BLOCK=32), dict(num_warps=1)),
     # the expert layer stack (kernels/expert_layer.py): each phase as its own kernel (pi0.5's adaRMS, split K and
     # split keys with last-arriving merges), pi0's plain norm, the wide tiling, and the persistent step kernel
     *(("expert_layer", "_expert_kernel", _EXPERT_TYPES, dict(_EXPERT, PHASES=phase, PREFETCH=prefetch), {})
@@ -168,9 +175,10 @@ def compile_all(archs) -> int:
                 problems = []
                 if kernel.metadata.shared > SHARED_LIMIT:
                     problems.append(f"shared memory {kernel.metadata.shared} B > {SHARED_LIMIT}")
-                if "griddepcontrol.wait" not in ptx:
+                if any(p.name == "PDL" for p in fn.params) and "griddepcontrol.wait" not in ptx:
                     problems.append("no griddepcontrol.wait (PDL would race)")
-                if constexprs.get("PREFETCH") and "prefetch.global.L2" not in ptx:
+                if (constexprs.get("PREFETCH") or module == "l2_prefetch") and "prefetch.global.L2" not in ptx \
+                        and "cp.async.bulk.prefetch.L2" not in ptx:
                     problems.append("no L2 prefetch")
             except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
                 problems = [f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"]

@@ -16,6 +16,24 @@
 #   EXPERT_TESTS=1: its GPU tests and those of the ops around it (one device call of its own, ~5 min):
 #                   pytest -m gpu test/test_expert_layer_gpu.py test/test_dispatch.py test/test_runner.py
 #                   test/test_pi05_parity.py test/test_pi0_parity.py
+#   PREFETCH=1:     the expert stack with its GEMMs' weights prefetched into L2 during attention (issue 21,
+#                   2026-12-02): its GPU tests, bench_expert_layer's check + time of every prefetching form against
+#                   today's path (pi0.5 and pi0, batch 1 and 32), expert_stack profiled into a copy of the shipped
+#                   profile, then pi0.5 and pi0 batch 1 on the shipped profile and on that copy
+#   L2_GROOT=1:     the second round of it (the bulk prefetch with more programs; pi0.5 batch 1 check, time and
+#                   the runner's loop with the stack forced to each form) beside GR00T one and two views, batch 1
+#                   and 32, on the shipped profile (the backbone's residual adds fused into its norms, SwiGLU fused)
+#   ROPE_GELU=1:    RoPE over row blocks (one program per 16-64 (token, head) rows, not one per row) and the
+#                   library GEMM's GELU epilogue for many rows: their GPU tests; linear_gelu_tanh profiled into a
+#                   copy of the shipped profile; GR00T (one and two views, batch 1 and 32) before (.before/ = the
+#                   tree before) and after (on that copy); pi0.5 batch 1 likewise (pi0's profile entries are
+#                   made too)
+#   ROPE_SWEEP=1:   qkv_rope's rows per program x warps at the four models' shapes (bench_kernels.py --rope-sweep),
+#                   then pi0.5 batch 1 and GR00T one and two views batch 1, before (.before/) and after, on the
+#                   shipped profile (its many-row linear_gelu_tanh entries from ROPE_GELU's call)
+#   ROPE_FINAL=1:   the RoPE launch plan as committed (blocks of rows from 2048 rows up): the GPU tests it and the
+#                   many-row GELU epilogue touch, pi0.5 and pi0 batch 1 before (.before/) and after, GR00T one and
+#                   two views batch 1 and 32 on the shipped profile
 #   GROOT_PROFILE=1 / GROOT_FINAL=1 / SHIPPED=1: GR00T's operator-profile round (issue 23, 2026-12-02): its
 #                   shapes profiled into the shipped profile, GR00T / pi0.5 / pi0 on it, start-up and the GPU suite
 #                   on the committed file (each block below says what it runs)
@@ -35,6 +53,101 @@ LR="python3 scripts/lerobot_reference.py --policy pi0"
 lerobot() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl/*.whl >> "$LOG" 2>&1; PYTHONPATH=/tmp/site step "$@"; }
 PROFILE=$OUT/profile_h200.json
+if [ "${PREFETCH:-0}" = 1 ]; then
+  ( $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1
+    $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only >> "$OUT/ckpt.log" 2>&1 ) &
+  step gpu_tests 100 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_l2_prefetch_gpu.py \
+    test/test_kernels_gpu.py -k "prefetch or add_rms_norm_real_shapes or swiglu_groot"
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  forms=unfused,$(python3 -c "from phyai_ros.layers.expert_stack import PREFETCH_FORMS as F; print(','.join(f[0] for f in F))")
+  step bench_expert 170 python3 scripts/bench_expert_layer.py --parts check,time --models pi05,pi0 --batches 1,32 \
+    --variants "$forms" --budget-s 160 --out "$OUT/bench_expert_layer.json"
+  cp profiles/h200.json "$PROFILE"
+  step profile_stack 100 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 \
+    --tokenizer "$TOK" --ops expert_stack --merge --out "$PROFILE"
+  for m in pi05 pi0; do ck=/tmp/ck05; [ $m = pi0 ] && ck=/tmp/ck0
+    step "${m}_shipped" 45 $B --model $m --checkpoint $ck --reuse-checkpoint --skip-startup --iters 200 --batches 1 \
+      --out "$OUT/${m}_shipped.json"
+    PHYAI_OP_PROFILE=$PROFILE step "${m}_l2" 45 $B --model $m --checkpoint $ck --reuse-checkpoint --skip-startup \
+      --iters 200 --batches 1 --out "$OUT/${m}_l2.json"
+  done
+  grep -h "^time \|expert_stack \|batch 1:\|passed\|failed" "$LOG" | cut -c1-300
+  exit 0
+fi
+if [ "${L2_GROOT:-0}" = 1 ]; then
+  ( $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1 ) &
+  step gpu_tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_l2_prefetch_gpu.py
+  wait; cat "$OUT/ckpt.log" >> "$LOG"; ln -sfn /tmp/ck05 /tmp/bench_expert_pi05
+  step bench_expert 200 python3 scripts/bench_expert_layer.py --parts check,time,runner --models pi05 --batches 1 \
+    --variants unfused,unfused_l2_bulk16,unfused_l2_bulk64,unfused_l2_lines64 --budget-s 190 --runner-reserve-s 120 \
+    --runner-iters 100 --ckpt-dir /tmp --out "$OUT/bench_expert_layer.json"
+  step groot 220 python3 scripts/bench_groot.py --root /tmp/groot --views 1,2 --batches 1,32 --iters 200 \
+    --skip-startup --out "$OUT/groot.json"
+  grep -h "^time \|^runner \|passed\|failed\|view(s),\|^loop\|^backbone\|^context\|^ 32 " "$LOG" | cut -c1-300
+  exit 0
+fi
+if [ "${ROPE_GELU:-0}" = 1 ]; then
+  ( $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1
+    $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only >> "$OUT/ckpt.log" 2>&1
+    python3 scripts/bench_groot.py --root /tmp/groot --views "" --skip-startup --out /tmp/groot_ckpt.json \
+      >> "$OUT/ckpt.log" 2>&1 ) &
+  step gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_gpu.py test/test_dispatch.py \
+    test/test_groot_n17_gpu.py -k "rope or qwen or cublaslt or groot or capture"
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  cp profiles/h200.json "$PROFILE"
+  step profile_gelu 110 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 --tokenizer "$TOK" \
+    --groot /tmp/groot/checkpoint_1view --groot /tmp/groot/checkpoint_2views --ops linear_gelu_tanh --merge \
+    --out "$PROFILE"
+  G="python3 scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint --skip-startup --iters 200"
+  (cd .before && step groot_before 60 $G --views 1 --batches 1 --out "$OUT/groot_before.json")
+  PHYAI_OP_PROFILE=$PROFILE step groot_rope_gelu 100 $G --views 1,2 --batches 1,32 --out "$OUT/groot_rope_gelu.json"
+  for m in pi05; do ck=/tmp/ck05
+    (cd .before && step "${m}_before" 30 python3 scripts/bench_runtime.py --tokenizer "$TOK" --model $m \
+      --checkpoint $ck --reuse-checkpoint --skip-startup --iters 200 --batches 1 --out "$OUT/${m}_before.json")
+    PHYAI_OP_PROFILE=$PROFILE step "${m}_after" 30 $B --model $m --checkpoint $ck --reuse-checkpoint --skip-startup \
+      --iters 200 --batches 1 --out "$OUT/${m}_after.json"
+  done
+  grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|^context\|^ 32 \|batch 1: median\|^vision\|^prefix\|linear_gelu_tanh " \
+    "$LOG" | cut -c1-300
+  exit 0
+fi
+if [ "${ROPE_SWEEP:-0}" = 1 ]; then
+  ( $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1
+    python3 scripts/bench_groot.py --root /tmp/groot --views "" --skip-startup --out /tmp/groot_ckpt.json \
+      >> "$OUT/ckpt.log" 2>&1 ) &
+  step rope_sweep 200 python3 scripts/bench_kernels.py --rope-sweep
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  G="python3 scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint --skip-startup --iters 200 --batches 1"
+  R="python3 scripts/bench_runtime.py --tokenizer $TOK --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup \
+    --iters 200 --batches 1"
+  (cd .before && step pi05_before 35 $R --out "$OUT/pi05_before.json")
+  step pi05_after 35 $R --out "$OUT/pi05_after.json"
+  (cd .before && step groot_before 60 $G --views 1,2 --out "$OUT/groot_before.json")
+  step groot_after 60 $G --views 1,2 --out "$OUT/groot_after.json"
+  grep -h "=== \|^rope \|view(s),\|^loop\|^backbone\|^context\|batch 1: median\|^vision\|^prefix" "$LOG" | cut -c1-300
+  exit 0
+fi
+if [ "${ROPE_FINAL:-0}" = 1 ]; then
+  ( $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1
+    $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only >> "$OUT/ckpt.log" 2>&1
+    python3 scripts/bench_groot.py --root /tmp/groot --views "" --skip-startup --out /tmp/groot_ckpt.json \
+      >> "$OUT/ckpt.log" 2>&1 ) &
+  step gpu_tests 230 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_gpu.py test/test_dispatch.py \
+    test/test_groot_n17_gpu.py test/test_op_profiles_gpu.py test/test_pi05_parity.py test/test_pi0_parity.py \
+    -k "rope or qwen or groot or cublaslt or dispatch or profile or parity or capture"
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  for m in pi05 pi0; do ck=/tmp/ck05; [ $m = pi0 ] && ck=/tmp/ck0
+    R="python3 scripts/bench_runtime.py --tokenizer $TOK --model $m --checkpoint $ck --reuse-checkpoint --skip-startup \
+      --iters 200 --batches 1"
+    (cd .before && step "${m}_before" 35 $R --out "$OUT/${m}_before.json")
+    step "${m}_after" 35 $R --out "$OUT/${m}_after.json"
+  done
+  step groot 100 python3 scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint --skip-startup --iters 200 \
+    --views 1,2 --batches 1,32 --out "$OUT/groot.json"
+  grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|^context\|^ 32 \|batch 1: median\|^vision\|^prefix" \
+    "$LOG" | cut -c1-300
+  exit 0
+fi
 if [ "${QUICK:-0}" = 1 ]; then
   ( $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only > "$OUT/ckpt.log" 2>&1
     $B --checkpoint /tmp/ck05 --checkpoint-only >> "$OUT/ckpt.log" 2>&1 ) &

@@ -283,6 +283,40 @@ def test_linear_add_layer_norm_bf16_on_the_device(k):
         assert rel(a) < 8e-3 and rel(a) <= 1.5 * rel(e) + 1e-3
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,k,n", [(3 * 256, 1152, 4304), (256, 1024, 4096), (93, 2048, 8192)])
+def test_cublaslt_gelu_epilogue_is_the_tanh_gelu_on_the_device(rows, k, n):
+    """The library GEMM with its GELU epilogue (SigLIP's fc1, Qwen3-VL's vision fc1, GR00T's VL MLP):
+    in bf16 as close to fp32 GELU-tanh as the eager GEMM + GELU; and its GELU is the tanh form, not the exact one
+    that torch's CPU path of the same call applies (told apart in fp32, where bf16's rounding does not hide the
+    ~5e-4 between them)."""
+    g = torch.Generator(device="cuda").manual_seed(n)
+    r = lambda *s, sc=1.0: torch.randn(*s, device="cuda", generator=g) * sc  # noqa: E731
+    x, w, b = r(rows, k), r(n, k, sc=2 * k ** -0.5), r(n)
+    cand = {c.name: c for c in dispatch.SELECTOR.candidates["linear_gelu_tanh"]}["cublaslt"]
+    xb, wb, bb = x.bfloat16(), w.bfloat16(), b.bfloat16()
+    assert cand.supports(xb, wb, bb) and not cand.supports(xb, wb, None) and not cand.supports(x, w, b)
+    assert not cand.supports(xb[:41], wb, bb)            # few rows: the skinny kernels' (PDL-chained in the DiT)
+    got = cand.fn(xb, wb, bb)
+    eager = dispatch._torch_linear_gelu_tanh(xb, wb, bb)
+    pre = torch.nn.functional.linear(xb.float(), wb.float(), bb.float())
+    tanh = torch.nn.functional.gelu(pre, approximate="tanh")
+    rel = lambda u, f: ((u.float() - f).norm() / f.norm()).item()  # noqa: E731
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+    assert rel(got, tanh) <= 1.5 * rel(eager, tanh) + 1e-3
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        got32 = cand.fn(x, w, b)
+        pre32 = torch.nn.functional.linear(x, w, b)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    tanh32, exact32 = (torch.nn.functional.gelu(pre32, approximate=a) for a in ("tanh", "none"))
+    near = (tanh32 - exact32).abs() > 1e-4                       # where the two forms differ
+    assert near.sum() > 100
+    assert (got32 - tanh32)[near].abs().max() < 0.25 * (got32 - exact32)[near].abs().mean()
+
+
 # ----------------------------------------------------------------------------- GEMMs with fused epilogues
 def _epilogue_case(dtype, per_token=False, seed=0):
     """pi0.5-expert-like operands at toy width: x [2, 5, 48] -> [2, 5, 32], modulation sliced as the model

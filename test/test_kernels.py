@@ -685,6 +685,32 @@ def test_qkv_norm_rope_qwen3_llm(b, t):
 
 
 @needs_triton
+@pytest.mark.parametrize("rows", [1, 4, 64])
+@pytest.mark.parametrize("norm", [False, True])
+def test_qkv_rope_programs_span_tokens_batches_and_strides(norm, rows):
+    """Each program rotates a block of (batch, token, head) rows: blocks that end mid-token and mid-batch, a
+    strided qkv (a slice of a wider buffer) and per-batch tables land every head where the reference puts it."""
+    b, t, hq, hkv, d = 3, 11, 4, 2, 64                      # 198 rows: 64-row blocks end inside tokens and items
+    wide = _rand(b, t, (hq + 2 * hkv) * d + 24, seed=21)
+    qkv = wide[..., 8:8 + (hq + 2 * hkv) * d]
+    ang = _rand(b, t, d // 2, scale=3.0, seed=22)
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+    qn, kn = (_rand(d, scale=0.3, seed=s) + 1 for s in (23, 24)) if norm else (None, None)
+    q, k, v = rp.qkv_rope(qkv, cos, sin, hq, hkv, d, qn, kn, 1e-6, rows=rows, num_warps=4)
+    rq, rk, rv = rp.qkv_rope_ref(qkv, cos, sin, hq, hkv, d, qn, kn, 1e-6)
+    torch.testing.assert_close(q, rq, **TOL)
+    torch.testing.assert_close(k, rk, **TOL)
+    assert torch.equal(v, rv)
+
+
+def test_rope_plan_blocks_rows_only_where_there_are_many():
+    assert rp.rope_plan(450, 128) == (1, 2)                  # pi0.5's expert: a row per program, as measured
+    assert rp.rope_plan(968 * 9, 128) == (4, 4)              # its prefix
+    assert rp.rope_plan(256 * 32, 32) == (16, 4)             # GR00T's vision tower
+    assert rp.rope_plan(103 * 24, 64) == (8, 4)              # Qwen3's LLM
+
+
+@needs_triton
 def test_qkv_rope_qwen3_vision_fp32_tables_bf16():
     """The vision tower: 16 heads of 64, no norm, 2-D RoPE tables in float32 for bf16 activations: one
     rounding of the fp32 rotation."""

@@ -18,7 +18,7 @@ Every fused form is profiled-only (``FUSED_FORMS``): without a device profile th
 reference runs.
 
 Training-time RTC (modulation per token), quantized weights and anything the kernels do not take run the
-reference. Design: design.md §7.
+reference. Design: design.md §8.
 """
 from __future__ import annotations
 
