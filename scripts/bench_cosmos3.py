@@ -13,6 +13,7 @@ does not (9 x 11 x 20, 540 tokens); both are measured (--images), batching and d
 
     python scripts/bench_cosmos3.py --out /tmp/cosmos3.json                 # full size, cuda, bf16
     python scripts/bench_cosmos3.py --device cpu --config tiny --iters 2    # fp32 smoke run of the same code
+    python scripts/bench_cosmos3.py --vae-only --iters 5                    # the VAE stage: clip vs frame 0
 
 Timing as every benchmark here (scripts/call_timing.py): warm-up calls, then CUDA events per call. Batch 1 is
 timed from prepared inputs (tokens, canvas: host side, reported apart) to the action chunk, as diffusers' call
@@ -265,6 +266,36 @@ def run(args, res: dict, save) -> dict:
     return res
 
 
+def vae_only(args) -> dict:
+    """The VAE stage alone, fast to set up (random encoder weights, no transformer): the clip the pipeline encodes
+    (the frame repeated over (T - 1) x 4 + 1 frames) against frame 0 alone, which the policy encodes (the encoder
+    is causal in time), on the first --images size's canvas; and their latent frame 0 compared."""
+    from phyai_ros.models.cosmos3 import vae
+    dev, dtype = args.device, (torch.bfloat16 if args.device == "cuda" else torch.float32)
+    _, vcfg = configs(args.config)
+    g = torch.Generator(device=dev).manual_seed(0)
+    w = {k: (torch.randn(*shape, generator=g, device=dev) * (0.02 if len(shape) > 1 else 1.0)).to(dtype)
+         for k, shape in vae.key_shapes(vcfg).items()}
+    h, wd = (int(v) for v in args.images.split(",")[0].split("x"))
+    sf = vcfg.scale_factor_spatial
+    h, wd = -(-h // sf) * sf, -(-wd // sf) * sf
+    frames = 1 + ((args.chunk + 1 - 1) // vcfg.scale_factor_temporal) * vcfg.scale_factor_temporal
+    frame = torch.rand(1, 3, 1, h, wd, generator=g, device=dev).mul(2).sub(1).to(dtype)
+    clip = frame.expand(-1, -1, frames, -1, -1)
+    out = {"canvas": [h, wd], "clip_frames": frames}
+    lat = {}
+    for name, x in (("clip", clip), ("frame0", frame)):
+        lat[name] = vae.encode(w, vcfg, x)
+        out[name + "_ms"] = statistics.median(call_ms(lambda x=x: vae.encode(w, vcfg, x), args.iters, 2, dev))
+    ref = lat["clip"][:, :, :1].float()
+    out["frame0_maxabs_vs_clip"] = (lat["frame0"].float() - ref).abs().max().item()
+    out["clip_latent_maxabs"] = ref.abs().max().item()
+    print(f"VAE on a {h}x{wd} canvas: clip of {frames} frames {out['clip_ms']:.1f} ms, frame 0 alone "
+          f"{out['frame0_ms']:.1f} ms; latent frame 0 max-abs difference {out['frame0_maxabs_vs_clip']:.3g} "
+          f"(of max {out['clip_latent_maxabs']:.3g})", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="full", choices=("full", "tiny"))
@@ -290,6 +321,8 @@ def main() -> None:
     ap.add_argument("--root", type=Path, default=Path("/tmp/phyai_cosmos3_bench"))
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "bench_cosmos3.json")
     ap.add_argument("--first-chunk", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--vae-only", action="store_true",
+                    help="only the VAE stage: the pipeline's repeated clip against frame 0 alone (random weights)")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_cosmos3: no CUDA device; nothing to measure (try --device cpu --config tiny)")
@@ -299,6 +332,10 @@ def main() -> None:
             print(json.dumps(first_chunk(args)))
         return
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.vae_only:
+        with torch.no_grad():
+            args.out.write_text(json.dumps(vae_only(args), indent=1))
+        return
     res: dict = {}
     with torch.no_grad():
         run(args, res, lambda: args.out.write_text(json.dumps(res, indent=1)))

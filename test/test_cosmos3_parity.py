@@ -97,8 +97,27 @@ def test_vae_latent_of_full_canvas(fx, runs, name):
     full_exp = fx["exp"][f"{name}.cond_latent_full"]
     assert maxabs(full, full_exp) <= TOL
     h, w = x.canvas.latent_h, x.canvas.latent_w        # the content's latent crop; frame 0 is the condition
-    assert maxabs(trace["clean_latent"], full_exp[..., :h, :w]) <= TOL
-    assert maxabs(trace["clean_latent"][:, :, :1], fx["exp"][f"{name}.init_vision_latents"][:, :, :1]) <= TOL
+    # the policy encodes frame 0 alone (the encoder is causal in time): the pipeline's latent frame 0
+    assert trace["clean_latent"].shape[2] == 1
+    assert maxabs(trace["clean_latent"], full_exp[:, :, :1, :h, :w]) <= TOL
+    assert maxabs(trace["clean_latent"], fx["exp"][f"{name}.init_vision_latents"][:, :, :1]) <= TOL
+
+
+def test_vae_is_causal_in_time(fx, runs):
+    """Latent frame 0 of any clip (not only a repeated frame) is the latent of video frame 0 alone, and later
+    frames do change later latent frames: what lets the policy encode one frame instead of the clip."""
+    from phyai_ros.models.cosmos3 import vae
+    pol = runs[CASES[0]][0]
+    g = torch.Generator().manual_seed(3)
+    clip = torch.rand(1, 3, 9, 64, 96, generator=g) * 2 - 1
+    full = vae.encode(pol.vae_weights, pol.vae_config, clip)
+    first = vae.encode(pol.vae_weights, pol.vae_config, clip[:, :, :1])
+    assert first.shape[2] == 1 and full.shape[2] == 3
+    assert maxabs(first, full[:, :, :1]) <= 1e-5
+    changed = clip.clone()
+    changed[:, :, 1:] = -changed[:, :, 1:]
+    again = vae.encode(pol.vae_weights, pol.vae_config, changed)
+    assert maxabs(again[:, :, :1], full[:, :, :1]) <= 1e-5 and maxabs(again[:, :, 1:], full[:, :, 1:]) > 1e-3
 
 
 # ------------------------------------------------------------------ denoising

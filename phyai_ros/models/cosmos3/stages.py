@@ -121,10 +121,12 @@ class Cosmos3Stages:
 
     # ---------------------------------------------------------------- capture-safe stages
     def encode(self, frames: Tensor, layout: GenLayout) -> Tensor:
-        """Canvas frames [B, 3, Hc, Wc] -> normalized latent [B, C, T, h, w] cropped to the content."""
-        clip_len = (layout.frames - 1) * self.vcfg.scale_factor_temporal + 1
-        clip = frames.to(self.dtype)[:, :, None].expand(-1, -1, clip_len, -1, -1)
-        mu = vae_mod.encode(self.vw, self.vcfg, clip).float()
+        """Canvas frames [B, 3, Hc, Wc] -> the normalized latent of frame 0 [B, C, 1, h, w], cropped to the
+        content: the one latent frame the denoising reads (``initial_latents``). The pipeline encodes the frame
+        repeated over the whole clip ((T - 1) x 4 + 1 frames); the encoder is causal in time, so latent frame 0
+        depends on video frame 0 alone and encoding that frame gives it with 1 / 33 of the work at 9 latent
+        frames (test_cosmos3_parity checks it against the pipeline's full-clip latent)."""
+        mu = vae_mod.encode(self.vw, self.vcfg, frames.to(self.dtype)[:, :, None]).float()
         latent = (mu - self.latent_mean) * self.latent_inv_std
         return self.parallel.broadcast(latent[..., :layout.height, :layout.width].contiguous())
 
@@ -139,8 +141,8 @@ class Cosmos3Stages:
                        obs["raw_mask"], obs["gen_cos"], obs["gen_sin"])
 
     def initial_latents(self, ctx: Context, vision_noise: Tensor, action_noise: Tensor) -> Tuple[Tensor, Tensor]:
-        """Frame 0 from the conditioning latent, the other frames noise (the pipeline's mask blend); action noise
-        with the columns past the raw width zeroed."""
+        """Frame 0 from the conditioning latent (one frame, broadcast over T by the mask), the other frames
+        noise (the pipeline's mask blend); action noise with the columns past the raw width zeroed."""
         t = vision_noise.shape[2]
         m = torch.zeros(t, 1, 1, device=vision_noise.device)
         m[0] = 1.0
