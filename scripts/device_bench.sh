@@ -53,9 +53,15 @@ LR="python3 scripts/lerobot_reference.py --policy pi0"
 lerobot() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl/*.whl >> "$LOG" 2>&1; PYTHONPATH=/tmp/site step "$@"; }
 PROFILE=$OUT/profile_h200.json
+# Full-size random checkpoints written in the background (pi05 -> /tmp/ck05, pi0 -> /tmp/ck0, groot -> /tmp/groot);
+# `wait; cat "$OUT/ckpt.log" >> "$LOG"` before their first use.
+checkpoints() { ( for what in "$@"; do case $what in
+    pi05) $B --checkpoint /tmp/ck05 --checkpoint-only ;;
+    pi0) $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only ;;
+    groot) python3 scripts/bench_groot.py --root /tmp/groot --views "" --skip-startup --out /tmp/groot_ckpt.json ;;
+  esac; done > "$OUT/ckpt.log" 2>&1 ) & }
 if [ "${PREFETCH:-0}" = 1 ]; then
-  ( $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1
-    $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only >> "$OUT/ckpt.log" 2>&1 ) &
+  checkpoints pi05 pi0
   step gpu_tests 100 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_l2_prefetch_gpu.py \
     test/test_kernels_gpu.py -k "prefetch or add_rms_norm_real_shapes or swiglu_groot"
   wait; cat "$OUT/ckpt.log" >> "$LOG"
@@ -75,7 +81,7 @@ if [ "${PREFETCH:-0}" = 1 ]; then
   exit 0
 fi
 if [ "${L2_GROOT:-0}" = 1 ]; then
-  ( $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1 ) &
+  checkpoints pi05
   step gpu_tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_l2_prefetch_gpu.py
   wait; cat "$OUT/ckpt.log" >> "$LOG"; ln -sfn /tmp/ck05 /tmp/bench_expert_pi05
   step bench_expert 200 python3 scripts/bench_expert_layer.py --parts check,time,runner --models pi05 --batches 1 \
@@ -87,10 +93,7 @@ if [ "${L2_GROOT:-0}" = 1 ]; then
   exit 0
 fi
 if [ "${ROPE_GELU:-0}" = 1 ]; then
-  ( $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1
-    $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only >> "$OUT/ckpt.log" 2>&1
-    python3 scripts/bench_groot.py --root /tmp/groot --views "" --skip-startup --out /tmp/groot_ckpt.json \
-      >> "$OUT/ckpt.log" 2>&1 ) &
+  checkpoints pi05 pi0 groot
   step gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_gpu.py test/test_dispatch.py \
     test/test_groot_n17_gpu.py -k "rope or qwen or cublaslt or groot or capture"
   wait; cat "$OUT/ckpt.log" >> "$LOG"
@@ -112,9 +115,7 @@ if [ "${ROPE_GELU:-0}" = 1 ]; then
   exit 0
 fi
 if [ "${ROPE_SWEEP:-0}" = 1 ]; then
-  ( $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1
-    python3 scripts/bench_groot.py --root /tmp/groot --views "" --skip-startup --out /tmp/groot_ckpt.json \
-      >> "$OUT/ckpt.log" 2>&1 ) &
+  checkpoints pi05 groot
   step rope_sweep 200 python3 scripts/bench_kernels.py --rope-sweep
   wait; cat "$OUT/ckpt.log" >> "$LOG"
   G="python3 scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint --skip-startup --iters 200 --batches 1"
@@ -128,10 +129,7 @@ if [ "${ROPE_SWEEP:-0}" = 1 ]; then
   exit 0
 fi
 if [ "${ROPE_FINAL:-0}" = 1 ]; then
-  ( $B --checkpoint /tmp/ck05 --checkpoint-only > "$OUT/ckpt.log" 2>&1
-    $B --model pi0 --checkpoint /tmp/ck0 --checkpoint-only >> "$OUT/ckpt.log" 2>&1
-    python3 scripts/bench_groot.py --root /tmp/groot --views "" --skip-startup --out /tmp/groot_ckpt.json \
-      >> "$OUT/ckpt.log" 2>&1 ) &
+  checkpoints pi05 pi0 groot
   step gpu_tests 230 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_gpu.py test/test_dispatch.py \
     test/test_groot_n17_gpu.py test/test_op_profiles_gpu.py test/test_pi05_parity.py test/test_pi0_parity.py \
     -k "rope or qwen or groot or cublaslt or dispatch or profile or parity or capture"
