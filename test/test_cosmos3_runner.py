@@ -1,7 +1,7 @@
 """The Cosmos3 runner (phyai_ros/runtime/cosmos3_runner.py) and batching.
 
 CPU (CI): the conditioning is computed once per observation and kept (several chunks from one observation
-equal fresh runs), a new observation invalidates it, prompt padding to a token bucket and batching several
+equal fresh runs), a new observation invalidates it, the text keys / values stay while the instruction does, prompt padding to a token bucket and batching several
 requests (cond + uncond rows of different prompt lengths, masked) leave every item's chunk as it is alone.
 GPU (`gpu` marker): CUDA-graph replay equals the eager loop; fp32 (TF32 off) within 1e-4 of the fixtures.
 """
@@ -69,6 +69,40 @@ def test_conditioning_is_kept_across_chunks(pol, fx):
     assert maxabs(runner.sample(bucket, vis, act)[0], first) > 1e-3
 
 
+def test_text_cache_is_kept_while_the_instruction_stays(fx):
+    """The text pathway's keys / values follow the prompt rows alone: a new image with the same instruction keeps
+    them (not run again) and gives what a runner computing everything gives, bit for bit; another instruction of
+    the same padded length (the same bucket) runs them again; no key always runs them."""
+    from phyai_ros.runtime.cosmos3_runner import Cosmos3Runner
+    pol = policy(fx, token_bucket=64)
+    runner = Cosmos3Runner(pol.stages, use_graphs=False)
+    image, (vis, act) = noise(fx)
+    flipped = np.ascontiguousarray(image.numpy()[::-1])
+    task = fx["case"]["instruction"]
+    other_task = task[:-1] + ("x" if task[-1] != "x" else "y")        # as long (the stand-in tokenizer is bytes)
+
+    def chunk(r, img, t, keyed=True):
+        x = pol.prepare({"image": img}, t)
+        obs = pol.stages.observation(x)
+        return r.run(obs, x.layout, vis, act, text_key=pol.stages.text_key(x) if keyed else None)[0].clone()
+
+    chunk(runner, image, task)
+    assert runner.text_runs == 1
+    kept = chunk(runner, flipped, task)
+    assert runner.text_runs == 1 and len(runner.buckets()) == 1
+    assert torch.equal(kept, chunk(Cosmos3Runner(pol.stages, use_graphs=False), flipped, task))
+    other = chunk(runner, flipped, other_task)
+    assert runner.text_runs == 2 and len(runner.buckets()) == 1          # the same bucket, new rows
+    assert torch.equal(other, chunk(Cosmos3Runner(pol.stages, use_graphs=False), flipped, other_task))
+    assert maxabs(other, kept) > 1e-4
+    chunk(runner, flipped, other_task, keyed=False)
+    assert runner.text_runs == 3
+    pol.runner = runner                  # the adapter passes its key (the unkeyed run left none to match)
+    pol.sample_actions(pol.prepare({"image": image}, other_task), (vis, act))
+    pol.sample_actions(pol.prepare({"image": flipped}, other_task), (vis, act))
+    assert runner.text_runs == 4
+
+
 def test_sample_needs_an_observation(pol, fx):
     from phyai_ros.runtime.cosmos3_runner import Cosmos3Runner
     image, (vis, act) = noise(fx)
@@ -127,10 +161,14 @@ def test_graphs_equal_eager_and_fixture_fp32(fx):
     eager = pol.sample_actions(x, nz)
     pol.use_runner(use_graphs=True)
     graphed = pol.sample_actions(x, nz)
-    again = pol.sample_actions(x, nz)                  # replay
-    assert pol.runner.use_graphs and len(pol.runner.registry.keys()) == 2
+    again = pol.sample_actions(x, nz)                  # replay, the text graph not replayed (same instruction)
+    assert pol.runner.use_graphs and len(pol.runner.registry.keys()) == 3 and pol.runner.text_runs == 1
     assert maxabs(graphed, eager) <= 1e-6 and torch.equal(graphed, again)
     assert maxabs(graphed[0], fx["exp"][f"{CASE}.final_action"]) <= 1e-4
+    y = pol.prepare({"image": np.ascontiguousarray(image.numpy()[::-1])}, fx["case"]["instruction"])
+    kept = pol.sample_actions(y, nz)                   # a new image, the kept text keys / values
+    pol.use_runner(use_graphs=False)
+    assert maxabs(kept, pol.sample_actions(y, nz)) <= 1e-6
 
 
 @pytest.mark.gpu

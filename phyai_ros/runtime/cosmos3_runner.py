@@ -4,10 +4,11 @@ one CUDA graph per shape bucket (bounded: graphs.BucketCache).
 Ownership as in runner.py / groot_runner.py: the stage object (phyai_ros/models/cosmos3/stages.py) says what to
 compute, the runner owns how: one bucket per observation shape (batch, padded prompt length, canvas and
 latent grid, chunk), holding static observation buffers, the conditioning (VAE latent of the conditioning
-frame + the text pathway's keys / values of every guidance pass: computed once per observation by
-`set_observation`) and the noise buffers of the loop. Two graphs per bucket: conditioning and loop. On the
-CPU, with graphs off, or when a trace of intermediates is asked for, the same stage functions run eagerly on
-the same buffers, so every path computes the same thing.
+frame, computed once per observation by `set_observation`; the text pathway's keys / values of every guidance
+pass, computed again only when the prompt rows change: a robot keeps its instruction for many chunks) and the
+noise buffers of the loop. Three graphs per bucket: text, conditioning (reading the text graph's outputs) and
+loop. On the CPU, with graphs off, or when a trace of intermediates is asked for, the same stage functions run
+eagerly on the same buffers, so every path computes the same thing.
 
 Why not GrootRunner: its loop noise has one shape per batch size and it carries RTC tensors; Cosmos3's noise
 (a video latent and an action chunk) takes its shape from the observation's canvas, and it has no RTC.
@@ -35,8 +36,11 @@ class _Bucket:
     obs: Dict[str, Tensor]
     vision_noise: Tensor
     action_noise: Tensor
+    text: Optional[CapturedCall] = None
     condition: Optional[CapturedCall] = None
     loop: Optional[CapturedCall] = None
+    text_out: object = None                 # the text keys / values the conditioning reads
+    text_key: Optional[tuple] = None        # the prompt rows they were computed for; None = recompute
     context: object = None
     observation_for: Optional[int] = None   # id of the observation the conditioning holds; None = invalid
 
@@ -49,8 +53,9 @@ class Cosmos3Runner:
         self.device = torch.device(stages.device)
         self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
         self.registry = GraphRegistry() if self.use_graphs else None
-        self._buckets = BucketCache(self.registry, ("condition", "loop"), max_buckets)
+        self._buckets = BucketCache(self.registry, ("text", "condition", "loop"), max_buckets)
         self._observation_ids = itertools.count(1)
+        self.text_runs = 0          # how often the text pathway ran (a kept instruction does not run it again)
 
     @staticmethod
     def bucket_key(obs: Dict[str, Tensor], layout) -> tuple:
@@ -70,18 +75,32 @@ class Cosmos3Runner:
         return b
 
     @torch.no_grad()
-    def set_observation(self, obs: Dict[str, Tensor], layout) -> _Bucket:
-        """Copy a new observation into its bucket and compute its conditioning, invalidating the one held."""
+    def set_observation(self, obs: Dict[str, Tensor], layout, text_key: Optional[tuple] = None) -> _Bucket:
+        """Copy a new observation into its bucket and compute its conditioning, invalidating the one held.
+        ``text_key`` (``stages.text_key`` of the inputs): where it equals the key the bucket's text keys / values
+        were computed for, they are kept; None recomputes them."""
         b = self._bucket(obs, layout)
         b.observation_for = None
         for k, v in obs.items():
             b.obs[k].copy_(v, non_blocking=True)
+        keep_text = text_key is not None and text_key == b.text_key and b.text_out is not None
+        b.text_key = None
         if self.use_graphs:
+            if b.text is None:
+                b.text = self.registry.capture(("text",) + b.key, self.stages.text, (b.obs,))
+                keep_text = False
+            if not keep_text:
+                b.text_out = b.text.replay()
             if b.condition is None:
-                b.condition = self.registry.capture(("condition",) + b.key, self.stages.condition, (b.obs, layout))
+                b.condition = self.registry.capture(("condition",) + b.key, self.stages.condition,
+                                                    (b.obs, layout, b.text_out))
             b.context = b.condition.replay()
         else:
-            b.context = self.stages.condition(b.obs, layout)
+            if not keep_text:
+                b.text_out = self.stages.text(b.obs)
+            b.context = self.stages.condition(b.obs, layout, b.text_out)
+        self.text_runs += not keep_text
+        b.text_key = text_key
         b.observation_for = next(self._observation_ids)
         return b
 
@@ -102,9 +121,9 @@ class Cosmos3Runner:
         return bucket.loop.replay()
 
     def run(self, obs: Dict[str, Tensor], layout, vision_noise: Tensor, action_noise: Tensor,
-            trace: Optional[dict] = None) -> Tuple[Tensor, Tensor]:
+            trace: Optional[dict] = None, text_key: Optional[tuple] = None) -> Tuple[Tensor, Tensor]:
         """One chunk for a new observation: set_observation, then sample."""
-        return self.sample(self.set_observation(obs, layout), vision_noise, action_noise, trace)
+        return self.sample(self.set_observation(obs, layout, text_key), vision_noise, action_noise, trace)
 
 
 __all__ = ["Cosmos3Runner"]

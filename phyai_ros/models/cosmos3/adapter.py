@@ -256,7 +256,7 @@ class Cosmos3Adapter(PolicyAdapter):
         latent, position ids and per-step latents / raw velocities (an eager run)."""
         vis, act = self._noise(noise, inputs)
         obs = self.stages.observation(inputs)
-        bucket = self.runner.set_observation(obs, inputs.layout)
+        bucket = self.runner.set_observation(obs, inputs.layout, self.stages.text_key(inputs))
         actions, vision = self.runner.sample(bucket, vis, act, trace)
         if trace is not None:
             trace["clean_latent"] = bucket.context.clean.clone()

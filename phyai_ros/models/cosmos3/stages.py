@@ -1,8 +1,11 @@
 """Cosmos3 policy inference as the stage functions a runner drives (phyai_ros/runtime/cosmos3_runner.py).
 
     observation(inputs) -> {name: tensor}    host side: token ids, mRoPE tables, masks, domains (fixed shapes)
-    condition(obs) -> Context                once per observation: the VAE latent of the conditioning frame and
-                                             the text pathway's per-layer keys / values of every pass
+    text(obs) -> (keys, values)              the text pathway's per-layer keys / values of every pass: a
+                                             function of the prompt rows alone (``text_key``), kept while the
+                                             instruction stays
+    condition(obs, text) -> Context          once per observation: the VAE latent of the conditioning frame,
+                                             with the text cache
     loop(ctx, vision_noise, action_noise) -> (actions, vision latents)   all denoising steps (capture-safe)
 
 Rows: a batch of B observations runs each guidance pass this rank computes (cond, uncond: `Parallel.passes`)
@@ -54,7 +57,7 @@ class Context:
     """What one observation's denoising reads: the clean conditioning latent, the text caches, per-item action
     projections and raw-width masks, and the observation's mRoPE tables."""
 
-    clean: Tensor                   # [B, C, T, h, w] float32 (frame 0 is the condition)
+    clean: Tensor                   # [B, C, 1, h, w] float32: latent frame 0, the condition
     cache: tfm.TextCache
     action_in: Tensor
     action_in_bias: Tensor
@@ -130,10 +133,21 @@ class Cosmos3Stages:
         latent = (mu - self.latent_mean) * self.latent_inv_std
         return self.parallel.broadcast(latent[..., :layout.height, :layout.width].contiguous())
 
-    def condition(self, obs: Dict[str, Tensor], layout: GenLayout) -> Context:
+    def text_key(self, inputs: Cosmos3Inputs) -> tuple:
+        """What ``text`` depends on: this rank's prompt rows (their ids; the padding is the bucket's shape). Equal
+        keys in one bucket give equal keys / values, so a runner may keep them."""
+        return tuple(tuple(r) for r in self.rows(inputs))
+
+    def text(self, obs: Dict[str, Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
+        """The text pathway's per-layer keys / values of every row (they never read a generation token)."""
+        return tfm.text_kv(self.w, self.cfg, obs["ids"], obs["text_cos"], obs["text_sin"], obs["causal"],
+                           self.parallel.reduce)
+
+    def condition(self, obs: Dict[str, Tensor], layout: GenLayout,
+                  text: Optional[Tuple[List[Tensor], List[Tensor]]] = None) -> Context:
+        """The observation's context; ``text``: ``self.text(obs)`` when already computed (else computed here)."""
         w = self.w
-        keys, values = tfm.text_kv(w, self.cfg, obs["ids"], obs["text_cos"], obs["text_sin"], obs["causal"],
-                                   self.parallel.reduce)
+        keys, values = text if text is not None else self.text(obs)
         dom = obs["domain"]
         return Context(self.encode(obs["frames"], layout), tfm.TextCache(keys, values, obs.get("gen_mask")),
                        w["action_in"].index_select(0, dom), w["action_in_bias"].index_select(0, dom),
