@@ -4,7 +4,9 @@ Why: in the action expert's layer the attention over the prefix cache is latency
 and values on an H200) and leaves HBM idle, while the GEMMs after it (o-proj, gate_up, down: ~28 MB of weights at
 pi0.5's size) each stream their weights from HBM behind a kernel ramp. A prefetch launched on a second stream
 when the attention starts pulls those weights into L2 meanwhile, so the GEMMs read L2. The prefetch is a hint:
-it changes no value anywhere, only where the following loads hit.
+it changes no value anywhere, only where the following loads hit. Measured on the H200 (2026-12-02,
+docs/benchmarks.md): at 50 rows those GEMMs are bound by their own latency, ~10% faster with every weight in L2,
+and the loop gains nothing; the forms using it are profiled-only, for devices whose HBM is the bottleneck.
 
 A plan is a segment table: one int64 row (address, bytes) per segment of at most ``segment_bytes`` of each tensor,
 built once on the host (the weights do not move) and kept alive with the graph that reads it. The kernel walks
