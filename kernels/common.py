@@ -14,6 +14,12 @@ drained. Every kernel here takes a ``PDL`` constexpr; launched with ``**pdl(devi
 producer still runs, does what does not depend on it (index math, an L2 prefetch of its weights), then
 ``wait_for_producer`` blocks until the producer has finished and its writes are visible, and lets the next
 kernel start in turn. ``PHYAI_PDL=0`` turns it off (plain stream order).
+
+``PHYAI_PDL_TRIGGER=late`` (an A/B option, not measured yet): the GEMM and attention kernels let the next kernel
+in only after their main loop (``release_dependents``), so its programs do not sit waiting on the
+multiprocessors, holding registers and shared memory, through this kernel's whole main loop; kernels without a
+main loop still let it in at once. Either way the next kernel's ``wait_for_producer`` waits for this one's
+completion: the trigger's place changes scheduling, never values.
 """
 from __future__ import annotations
 
@@ -44,7 +50,7 @@ except Exception:
 __all__ = [
     "triton", "tl", "HAVE_TRITON", "available", "interpret_mode", "require_triton",
     "check_tensors", "rows_view", "next_power_of_2", "cdiv", "num_sms", "pdl", "pdl_enabled",
-    "wait_for_producer", "prefetch_l2", "LOG2E",
+    "wait_for_producer", "release_dependents", "late_trigger", "prefetch_l2", "LOG2E",
 ]
 
 # log2(e): the attention kernels' softmax runs on exp2, so the host folds it into the logits' scale. (Inside a
@@ -153,20 +159,38 @@ def pdl_enabled(device: torch.device) -> bool:
     return _PDL_CACHE[idx]
 
 
+def late_trigger() -> bool:
+    """``PHYAI_PDL_TRIGGER=late``: the main-loop kernels release their dependents after the loop (module doc)."""
+    return os.environ.get("PHYAI_PDL_TRIGGER", "early").strip().lower() == "late"
+
+
 def pdl(device: torch.device) -> dict:
-    """Launch keywords for a kernel with a ``PDL`` constexpr: the flag and, when on, Triton's launch_pdl.
-    Both or neither: a kernel launched early must call ``wait_for_producer`` before touching its inputs."""
-    return {"PDL": True, "launch_pdl": True} if pdl_enabled(device) else {"PDL": False}
+    """Launch keywords for a kernel with a ``PDL`` constexpr: the flag (True, or 2 for the late trigger) and, when
+    on, Triton's launch_pdl. Both or neither: a kernel launched early must call ``wait_for_producer`` before
+    touching its inputs."""
+    if not pdl_enabled(device):
+        return {"PDL": False}
+    return {"PDL": 2 if late_trigger() else True, "launch_pdl": True}
 
 
 if HAVE_TRITON:
 
     @triton.jit
-    def wait_for_producer(PDL: tl.constexpr):
+    def wait_for_producer(PDL: tl.constexpr, LATE: tl.constexpr = False):
         """Block until the previous kernel in the stream has finished (its writes visible), then let the
-        next kernel be scheduled. Call before the first load of anything a previous kernel wrote."""
+        next kernel be scheduled, unless this kernel does that later (``LATE``: it calls ``release_dependents``
+        after its main loop) and the late trigger is on (PDL == 2). Call before the first load of anything a
+        previous kernel wrote."""
         if PDL:
             gdc_wait()
+            if not (LATE and PDL == 2):
+                gdc_launch_dependents()
+
+    @triton.jit
+    def release_dependents(PDL: tl.constexpr):
+        """The late trigger (PDL == 2): let the next kernel be scheduled now, after this kernel's main loop (its
+        prologue, a weight prefetch, overlaps this kernel's epilogue rather than the whole loop)."""
+        if PDL == 2:
             gdc_launch_dependents()
 
     @triton.jit
@@ -178,4 +202,4 @@ if HAVE_TRITON:
             tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs.to(tl.int64)],
                                       dtype=tl.int32, is_pure=False, pack=1)
 else:  # device functions exist only where Triton imports
-    wait_for_producer = prefetch_l2 = None
+    wait_for_producer = release_dependents = prefetch_l2 = None

@@ -26,8 +26,8 @@ from typing import Optional
 
 import torch
 
-from .common import (HAVE_TRITON, available, interpret_mode, num_sms, pdl, require_triton, tl, triton,
-                      wait_for_producer)
+from .common import (HAVE_TRITON, available, interpret_mode, num_sms, pdl, release_dependents, require_triton, tl,
+                      triton, wait_for_producer)
 
 __all__ = ["available", "FP8_MAX", "pack_int4", "unpack_int4", "dequantize", "quantize_activations_ref",
            "quant_linear_ref", "quant_partials", "quant_linear", "quant_linear_geglu", "quantize_rows", "ACT_QUANT"]
@@ -166,7 +166,7 @@ if HAVE_TRITON:
         rows = offs_n[:, None].to(tl.int64) * swn
         wsrow = offs_n * sws
         up = N.to(tl.int64) * swn
-        wait_for_producer(PDL)
+        wait_for_producer(PDL, True)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kk in range(0, k_per_split, BLOCK_K):
@@ -175,6 +175,7 @@ if HAVE_TRITON:
             if GEGLU:
                 acc_u = _dequant_tile_dot(acc_u, X, mmask, W + up + rows, nmask, WS, wsrow + N * sws, k0 + kk, K,
                                           sxm, offs_m, BLOCK_K, INT4, CDT, FP8_DOT)
+        release_dependents(PDL)
         if not INT4:
             acc = acc * tl.load(WS + offs_n, mask=nmask, other=0.0)[None, :]
             if GEGLU:

@@ -28,7 +28,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from .common import HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, tl, triton, wait_for_producer
+from .common import (HAVE_TRITON, available, check_tensors, next_power_of_2, pdl, release_dependents, tl, triton,
+                     wait_for_producer)
 from .ada_rms_norm import check_mod, item_tokens, gated_residual_ada_rms_norm_ref
 from .geglu import geglu_ref
 from .layer_norm import add_layer_norm_ref
@@ -87,7 +88,7 @@ if HAVE_TRITON:
             rows = tl.minimum(offs_n, I - 1)
             prefetch_weight_rows(W, rows, swn, k0, k_per_split, K, PDL, BLOCK_K, LINE)
             prefetch_weight_rows(W, rows + I, swn, k0, k_per_split, K, PDL, BLOCK_K, LINE)
-        wait_for_producer(PDL)
+        wait_for_producer(PDL, True)
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kk in range(0, k_per_split, BLOCK_K):
@@ -99,6 +100,7 @@ if HAVE_TRITON:
             wu = tl.load(up_rows + k[None, :], mask=wmask, other=0.0)
             acc_g += tl.dot(a, tl.trans(wg), input_precision="ieee")
             acc_u += tl.dot(a, tl.trans(wu), input_precision="ieee")
+        release_dependents(PDL)
         mask = mmask[:, None] & nmask[None, :]
         if SPLIT:  # workspace [splits, M, 2I]: gate partials, then up partials
             dst = P + pid_k * spk + offs_m[:, None] * spm + offs_n[None, :]

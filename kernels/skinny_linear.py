@@ -15,7 +15,8 @@ from typing import Optional
 
 import torch
 
-from .common import HAVE_TRITON, available, check_tensors, num_sms, pdl, prefetch_l2, tl, triton, wait_for_producer
+from .common import (HAVE_TRITON, available, check_tensors, num_sms, pdl, prefetch_l2, release_dependents, tl,
+                     triton, wait_for_producer)
 
 __all__ = ["available", "skinny_linear", "linear_ref", "MAX_ROWS", "skinny_rows", "split_plan", "skinny_partials",
            "gemm_launch"]
@@ -67,7 +68,7 @@ if HAVE_TRITON:
         k0 = pid_k * k_per_split
         if PREFETCH:
             prefetch_weight_rows(W, tl.minimum(offs_n, N - 1), swn, k0, k_per_split, K, PDL, BLOCK_K, LINE)
-        wait_for_producer(PDL)
+        wait_for_producer(PDL, True)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kk in range(0, k_per_split, BLOCK_K):
             k = k0 + kk + offs_k
@@ -76,6 +77,7 @@ if HAVE_TRITON:
             w = tl.load(W + offs_n[:, None].to(tl.int64) * swn + k[None, :], mask=(offs_n[:, None] < N) & km[None, :],
                         other=0.0)
             acc += tl.dot(a, tl.trans(w), input_precision="ieee")
+        release_dependents(PDL)
         acc = bias_act(acc, B, offs_n, offs_n < N, HAS_BIAS, ACT)
         dst = P + pid_k * spk + offs_m[:, None] * spm + offs_n[None, :]
         tl.store(dst, acc.to(P.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))

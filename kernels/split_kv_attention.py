@@ -43,8 +43,8 @@ from typing import Optional, Tuple
 import torch
 
 from .rope import qkv_rope_ref, split_heads
-from .common import (HAVE_TRITON, LOG2E, available, check_tensors, next_power_of_2, num_sms, pdl, tl, triton,
-                      wait_for_producer)
+from .common import (HAVE_TRITON, LOG2E, available, check_tensors, next_power_of_2, num_sms, pdl,
+                      release_dependents, tl, triton, wait_for_producer)
 
 __all__ = ["available", "split_kv_attention", "split_kv_attention_ref", "rope_split_kv_attention",
            "rope_split_kv_attention_ref"]
@@ -174,7 +174,7 @@ if HAVE_TRITON:
             DIRECT: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
             PDL: tl.constexpr):
-        wait_for_producer(PDL)
+        wait_for_producer(PDL, True)
         pid_m = tl.program_id(0)
         pid_s = tl.program_id(1)
         pid_bh = tl.program_id(2)
@@ -234,6 +234,7 @@ if HAVE_TRITON:
                         mask=nmask[:, None] & dmask[None, :], other=0.0)          # [N, D]
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
             m_i = m_new
+        release_dependents(PDL)
 
         if DIRECT:  # one split: this program saw every key of its rows, so it writes the output itself
             out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]

@@ -44,6 +44,9 @@ SPECS = [
     ("skinny_linear", "_skinny_kernel", {"P": "*fp32"},
      dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, PDL=True, PREFETCH=False, LINE=64, HAS_BIAS=False, ACT=0),
      dict(num_warps=8, num_stages=4)),
+    ("skinny_linear", "_skinny_kernel", {"P": "*fp32"},        # PHYAI_PDL_TRIGGER=late: dependents after the loop
+     dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, PDL=2, PREFETCH=True, LINE=64, HAS_BIAS=False, ACT=0),
+     dict(num_warps=4, num_stages=4)),
     ("skinny_linear", "sum_splits_kernel", {"P": "*fp32"}, dict(BLOCK=1024, PDL=True, HAS_BIAS=False, ACT=0,
                                                                       SPLITS=5), {}),
     # GR00T's DiT (41 rows, bf16 bias): bias + GELU-tanh in the one-split GEMM and in the split-K sum
@@ -58,6 +61,8 @@ SPECS = [
      dict(SPLIT=True, BLOCK_M=64, BLOCK_N=32, BLOCK_K=256, PDL=True, PREFETCH=True, LINE=64), dict(num_stages=3)),
     ("skinny_epilogue", "_gate_up_kernel", {},
      dict(SPLIT=False, BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, PDL=True, PREFETCH=True, LINE=64), dict(num_stages=4)),
+    ("skinny_epilogue", "_gate_up_kernel", {},
+     dict(SPLIT=False, BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, PDL=2, PREFETCH=True, LINE=64), dict(num_stages=4)),
     ("skinny_epilogue", "_sum_splits_geglu_kernel", {"P": "*fp32"}, dict(BLOCK=1024, PDL=True, SPLITS=4), {}),
     ("skinny_epilogue", "_sum_splits_norm_kernel", {"P": "*fp32", "G": "*fp32", "SC": "*fp32", "SH": "*fp32"},
      dict(ADA=True, BLOCK_N=1024, PDL=True, SPLITS=4), dict(num_warps=4)),
@@ -70,6 +75,9 @@ SPECS = [
     ("split_kv_attention", "_attn_partial_kernel", {"WS": "*fp32", "P": "i32"},   # 16-row query tiles (profiled)
      dict(MASK_MODE=2, MASK_PER_KEY=False, DOT_PREC="tf32", ROPE=False, DIRECT=False, BLOCK_M=16, BLOCK_N=32,
           BLOCK_D=256, BLOCK_H=128, PDL=True), dict(num_warps=4, num_stages=2)),
+    ("split_kv_attention", "_attn_partial_kernel", {"WS": "*fp32", "P": "i32"},   # ... with the late trigger
+     dict(MASK_MODE=2, MASK_PER_KEY=False, DOT_PREC="tf32", ROPE=False, DIRECT=False, BLOCK_M=16, BLOCK_N=32,
+          BLOCK_D=256, BLOCK_H=128, PDL=2), dict(num_warps=4, num_stages=2)),
     ("split_kv_attention", "_attn_partial_kernel", {"WS": "*fp32", "P": "i32"},   # the prefix pass, one split
      dict(MASK_MODE=2, MASK_PER_KEY=False, DOT_PREC="tf32", ROPE=False, DIRECT=True, BLOCK_M=128, BLOCK_N=64,
           BLOCK_D=256, BLOCK_H=128, PDL=True), dict(num_warps=8, num_stages=2)),
@@ -177,6 +185,8 @@ def compile_all(archs) -> int:
                     problems.append(f"shared memory {kernel.metadata.shared} B > {SHARED_LIMIT}")
                 if any(p.name == "PDL" for p in fn.params) and "griddepcontrol.wait" not in ptx:
                     problems.append("no griddepcontrol.wait (PDL would race)")
+                if constexprs.get("PDL") and "griddepcontrol.launch_dependents" not in ptx:
+                    problems.append("no griddepcontrol.launch_dependents (the next kernel waits for the exit)")
                 if (constexprs.get("PREFETCH") or module == "l2_prefetch") and "prefetch.global.L2" not in ptx \
                         and "cp.async.bulk.prefetch.L2" not in ptx:
                     problems.append("no L2 prefetch")

@@ -34,6 +34,8 @@
 #   ROPE_FINAL=1:   the RoPE launch plan as committed (blocks of rows from 2048 rows up): the GPU tests it and the
 #                   many-row GELU epilogue touch, pi0.5 and pi0 batch 1 before (.before/) and after, GR00T one and
 #                   two views batch 1 and 32 on the shipped profile
+#   PDL_LATE=1:     the late PDL trigger (PHYAI_PDL_TRIGGER=late: GEMM / attention kernels let the next kernel in
+#                   after their main loop): its GPU test, then pi0.5, pi0 and GR00T batch 1 with each trigger
 #   GROOT_PROFILE=1 / GROOT_FINAL=1 / SHIPPED=1: GR00T's operator-profile round (issue 23, 2026-12-02): its
 #                   shapes profiled into the shipped profile, GR00T / pi0.5 / pi0 on it, start-up and the GPU suite
 #                   on the committed file (each block below says what it runs)
@@ -144,6 +146,21 @@ if [ "${ROPE_FINAL:-0}" = 1 ]; then
     --views 1,2 --batches 1,32 --out "$OUT/groot.json"
   grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|^context\|^ 32 \|batch 1: median\|^vision\|^prefix" \
     "$LOG" | cut -c1-300
+  exit 0
+fi
+if [ "${PDL_LATE:-0}" = 1 ]; then
+  checkpoints pi05 pi0 groot
+  step gpu_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_gpu.py -k "pdl"
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  for trigger in early late; do
+    for m in pi05 pi0; do ck=/tmp/ck05; [ $m = pi0 ] && ck=/tmp/ck0
+      PHYAI_PDL_TRIGGER=$trigger step "${m}_$trigger" 40 $B --model $m --checkpoint $ck --reuse-checkpoint \
+        --skip-startup --iters 200 --batches 1 --out "$OUT/${m}_$trigger.json"
+    done
+    PHYAI_PDL_TRIGGER=$trigger step "groot_$trigger" 60 python3 scripts/bench_groot.py --root /tmp/groot \
+      --reuse-checkpoint --skip-startup --iters 200 --views 1 --batches 1 --out "$OUT/groot_$trigger.json"
+  done
+  grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|batch 1: median\|^vision\|^prefix" "$LOG" | cut -c1-300
   exit 0
 fi
 if [ "${QUICK:-0}" = 1 ]; then

@@ -368,6 +368,55 @@ def test_dependent_chain_under_pdl_in_a_cuda_graph():
         assert _rel(out[1], want[1]) < 1e-2 and _rel(out[0], want[0]) < 2e-2, i
 
 
+def test_late_pdl_trigger_changes_no_value(monkeypatch):
+    """PHYAI_PDL_TRIGGER=late: the GEMM and attention kernels let their dependents in after their main loop. A
+    chain of them (split-K GEMM -> attention over a prefix cache and the suffix -> GeGLU GEMM -> GEMM) captured
+    once with each trigger and replayed on fresh inputs: the late graph equals the early one bit for bit (the
+    trigger moves scheduling only; a dependent that read early would see the previous replay's values)."""
+    from phyai_ros.kernels import skinny_linear as sl
+    from phyai_ros.kernels.common import late_trigger, pdl
+    dt, T, W, I, P = torch.bfloat16, 50, 1024, 4096, 968
+    x_in = torch.zeros(1, T, W, dtype=dt, device="cuda")
+    kp, vp = torch.zeros(1, 1, P, 256, dtype=dt, device="cuda"), torch.zeros(1, 1, P, 256, dtype=dt, device="cuda")
+    w_q, w_kv = _rand(8 * 256, W, dtype=dt, scale=W ** -0.5, seed=2), _rand(512, W, dtype=dt, scale=W ** -0.5, seed=3)
+    w_up = _rand(2 * I, 8 * 256, dtype=dt, scale=2048 ** -0.5, seed=4)
+    w_down = _rand(W, I, dtype=dt, scale=I ** -0.5, seed=5)
+
+    def chain():
+        q = sl.skinny_linear(x_in, w_q, block_n=32, splits=4, prefetch=True).view(1, T, 8, 256).transpose(1, 2)
+        kv = sl.skinny_linear(x_in, w_kv, block_n=32, splits=1, prefetch=True).view(1, T, 2, 256)
+        a = ska.split_kv_attention(q, kp, vp, kv[:, :, :1].transpose(1, 2), kv[:, :, 1:].transpose(1, 2),
+                                   block_m=16, num_splits=8)
+        m = se.linear_geglu(a.transpose(1, 2).reshape(1, T, 8 * 256), w_up, block_n=32, splits=1, num_stages=4,
+                            prefetch=True)
+        return sl.skinny_linear(m, w_down, block_n=32, block_k=256, prefetch=True)
+
+    graphs = {}
+    for trigger in ("early", "late"):
+        monkeypatch.setenv("PHYAI_PDL_TRIGGER", trigger)
+        assert late_trigger() == (trigger == "late")
+        assert pdl(torch.device("cuda")).get("PDL") in ((2,) if trigger == "late" else (True,)) or \
+            torch.cuda.get_device_capability() < (9, 0)
+        chain()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = chain()
+        graphs[trigger] = (g, out)
+    for i in range(10):
+        x_in.copy_(_rand(1, T, W, dtype=dt, seed=100 + i))
+        kp.copy_(_rand(1, 1, P, 256, dtype=dt, seed=200 + i))
+        vp.copy_(_rand(1, 1, P, 256, dtype=dt, seed=300 + i))
+        outs = []
+        for trigger in ("early", "late"):
+            g, out = graphs[trigger]
+            out.fill_(float("nan"))
+            g.replay()
+            outs.append(out.clone())
+        torch.cuda.synchronize()
+        assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1]), i
+
+
 # --------------------------------------------------------------------------- GR00T N1.7 (DiT 41 x 1536; Qwen3-VL)
 GROOT_TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2 ** -7, atol=1e-4)}
 
