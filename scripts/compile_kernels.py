@@ -84,6 +84,9 @@ SPECS = [
     ("split_kv_attention", "_attn_partial_kernel", {"WS": "*fp32", "P": "i32"},
      dict(MASK_MODE=2, MASK_PER_KEY=False, DOT_PREC="tf32", ROPE=False, DIRECT=True, BLOCK_M=64, BLOCK_N=32,
           BLOCK_D=256, BLOCK_H=128, PDL=True), dict(num_warps=4, num_stages=2)),
+    ("split_kv_attention", "_attn_partial_kernel", {"WS": "*fp32", "P": "i32", "MASK": "*i1"},   # the DiT's short
+     dict(MASK_MODE=1, MASK_PER_KEY=True, DOT_PREC="tf32", ROPE=False, DIRECT=True, BLOCK_M=16, BLOCK_N=128,
+          BLOCK_D=64, BLOCK_H=32, PDL=True), dict(num_warps=4, num_stages=2)),
     ("split_kv_attention", "_attn_partial_kernel", {"WS": "*fp32", "P": "i32", "O": "*fp32", "Q": "*fp32",
                                                     "KP": "*fp32", "VP": "*fp32", "KS": "*fp32", "VS": "*fp32",
                                                     "COS": "*fp32", "SIN": "*fp32", "MASK": "*fp32"},

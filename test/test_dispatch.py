@@ -406,18 +406,26 @@ def test_fused_ops_are_chosen_for_expert_rows_only():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(dispatch.PREFIX_ATTENTION_TILINGS))
 def test_every_prefix_attention_tiling_matches_fp32(name):
-    """The prefix pass's self-attention (816 tokens, 8 heads on one KV head, padded prompt) in bf16, each launch
-    shape the profile may pick, on the rows that attend somewhere (padding rows are 0 here, not read)."""
+    """The prefix pass's self-attention (816 tokens, 8 heads on one KV head, padded prompt) and GR00T's DiT
+    cross-attention in bf16, each launch shape the profile may pick, on the rows that attend somewhere (padding
+    rows are 0 here, not read)."""
     g = torch.Generator(device="cuda").manual_seed(2)
     r = lambda *s: torch.randn(*s, device="cuda", generator=g).to(torch.bfloat16)  # noqa: E731
     q, k, v = r(1, 8, 816, 256), r(1, 1, 816, 256), r(1, 1, 816, 256)
     pad = torch.ones(1, 816, dtype=torch.bool, device="cuda")
     pad[:, 800:] = False
     mask = dispatch.ops.bool_to_additive_mask(pad[:, :, None] & pad[:, None, :])
-    got = next(c for c in dispatch.SELECTOR.candidates["attention"] if c.name == name).fn(q, k, v, mask)
+    fn = next(c for c in dispatch.SELECTOR.candidates["attention"] if c.name == name).fn
+    got = fn(q, k, v, mask)
     want = dispatch.ops.attention(q.float(), k.float(), v.float(), mask)
     rows = pad[:, None, :, None]
     assert ((got.float() - want) * rows).norm() / (want * rows).norm() < 8e-3
+    # GR00T's DiT cross-attention: 32 heads of 48, 41 action rows against 103 VL keys, the padded ones masked
+    q, k, v = r(1, 32, 41, 48), r(1, 32, 103, 48), r(1, 32, 103, 48)
+    keys = torch.arange(103, device="cuda")[None, None, None] < 97
+    got = fn(q, k, v, keys)
+    want = dispatch.ops.attention(q.float(), k.float(), v.float(), keys)
+    assert (got.float() - want).norm() / want.norm() < 8e-3
 
 def _candidate(op, name):
     return next(c for c in dispatch.SELECTOR.candidates[op] if c.name == name)

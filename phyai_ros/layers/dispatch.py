@@ -373,8 +373,12 @@ def _triton_attention(q, k, v, mask, **tiling):
 # Long-query attention (the prefix pass: ~800-1000 queries x 8 heads against as many keys): the default splits
 # the keys (~2 programs per SM) and merges the splits in a second kernel; with one split the row tiles alone
 # fill the GPU and each program writes its rows' output directly (no fp32 workspace round trip).
+# Short-query attention (GR00T's DiT: 41 queries per head against 41-170 keys, head_dim 48) runs one 64-row tile per
+# head with the default tiles; 16- or 32-row tiles with every key in one block give more, shorter programs.
 PREFIX_ATTENTION_TILINGS = {"triton": {}, "triton_s1": {"num_splits": 1},
-                            "triton_s1_m128": {"num_splits": 1, "block_m": 128, "block_n": 64, "num_warps": 8}}
+                            "triton_s1_m128": {"num_splits": 1, "block_m": 128, "block_n": 64, "num_warps": 8},
+                            "triton_s1_m16_n128": {"num_splits": 1, "block_m": 16, "block_n": 128},
+                            "triton_s1_m32_n128": {"num_splits": 1, "block_m": 32, "block_n": 128}}
 
 
 _REGISTRY = {
