@@ -36,6 +36,9 @@
 #                   two views batch 1 and 32 on the shipped profile
 #   PDL_LATE=1:     the late PDL trigger (PHYAI_PDL_TRIGGER=late: GEMM / attention kernels let the next kernel in
 #                   after their main loop): its GPU test, then pi0.5, pi0 and GR00T batch 1 with each trigger
+#   ATTN_PROFILE=1: the short-query attention tilings (16 / 32-row tiles) profiled for GR00T into a copy of the
+#                   shipped profile, GR00T one and two views on each; with the GPU tests landed untested on
+#                   2026-12-02 (every attention tiling, the Cosmos3 runner's text-cache graphs)
 #   GROOT_PROFILE=1 / GROOT_FINAL=1 / SHIPPED=1: GR00T's operator-profile round (issue 23, 2026-12-02): its
 #                   shapes profiled into the shipped profile, GR00T / pi0.5 / pi0 on it, start-up and the GPU suite
 #                   on the committed file (each block below says what it runs)
@@ -161,6 +164,20 @@ if [ "${PDL_LATE:-0}" = 1 ]; then
       --reuse-checkpoint --skip-startup --iters 200 --views 1 --batches 1 --out "$OUT/groot_$trigger.json"
   done
   grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|batch 1: median\|^vision\|^prefix" "$LOG" | cut -c1-300
+  exit 0
+fi
+if [ "${ATTN_PROFILE:-0}" = 1 ]; then
+  checkpoints groot
+  step gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_dispatch.py test/test_cosmos3_runner.py \
+    -k "attention_tiling or cosmos3"
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  cp profiles/h200.json "$PROFILE"
+  step profile_attention 120 python3 scripts/profile_ops.py --groot /tmp/groot/checkpoint_1view \
+    --groot /tmp/groot/checkpoint_2views --ops attention --merge --out "$PROFILE"
+  G="python3 scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint --skip-startup --iters 200 --batches 1"
+  step groot_shipped 60 $G --views 1,2 --out "$OUT/groot_shipped.json"
+  PHYAI_OP_PROFILE=$PROFILE step groot_attention 60 $G --views 1,2 --out "$OUT/groot_attention.json"
+  grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|^attention " "$LOG" | cut -c1-300
   exit 0
 fi
 if [ "${QUICK:-0}" = 1 ]; then
