@@ -51,12 +51,14 @@ __all__ = ["PolicyNode", "replay", "make_small_checkpoint", "tokenizer_path", "f
 
 def replay(bag, node: PolicyNodeProcess, *, mode: str = "stepped", out=None, remaps: Optional[Mapping[str, str]] = None,
            topics: Optional[Sequence[str]] = None, exclude: Sequence[str] = (), clock_source: str = "auto",
-           wait_node: float = 60.0, **options) -> ReplayResult:
+           wait_node: float = 180.0, **options) -> ReplayResult:
     """Play ``bag`` into ``node`` and return what happened.
 
     ``mode``: 'stepped' (deterministic) or 'realtime' (``rate=`` to scale); ``out``: output bag folder
     to write (None: results in memory only); ``remaps``: {bag topic: node topic}; ``options``: more
-    ``ReplayOptions`` fields (settle, preroll, tail, ...)."""
+    ``ReplayOptions`` fields (settle, preroll, tail, ...). ``wait_node``: seconds for the node to start and
+    follow /clock; generous, since a test suite on a loaded two-core machine has seen node starts past 60 s
+    (a longer wait only delays the report of a node that never starts)."""
     from phyai_ros.replay.bagtypes import absolute_topic
     from phyai_ros.replay.cli import run_replay
     from phyai_ros.replay.player import ReplayOptions
