@@ -97,7 +97,7 @@ if HAVE_TRITON:
 # ~10.6 us per call for 1.5 MB on an H200, 11.2 us at pi0.5's 968-token prefix. Blocks of rows of about 512 elements
 # per half-head measured best at every large shape (H200, 2026-12-02, `bench_kernels.py --rope-sweep`: 1.45, 3.0-3.3
 # and 1.56 us at the vision tower, the prefix and Qwen3's LLM); below _BLOCKED_FROM rows (pi0.5's 450 expert rows)
-# a row per program stays: the blocked launch was ~1 us faster alone but slower inside the expert's PDL chain.
+# a row per program stays: the blocked launch was ~0.1-0.2 us faster alone but slower inside the expert's PDL chain.
 _TILE = 512
 _BLOCKED_FROM = 2048
 

@@ -25,8 +25,8 @@ def test_the_node_runs_cosmos3_and_the_report_calls_it_inference_bound(tmp_path)
                  "control.dt": 0.01}   # an 8-action chunk lasts 0.08 s: far less than one CPU inference
     with PolicyNode(checkpoint=ckpt, overrides=overrides, stepped=False) as node:
         # its warm-up (two guided steps of the tiny pipeline) can take over a minute on a loaded 2-core CI machine
-        # (alone the whole test takes ~20 s): the replay waits for its first report up to 180 s
-        result = replay(bag.path, node, mode="realtime", out=tmp_path / "out", wait_node=180.0)
+        # (alone the whole test takes ~20 s): replay()'s wait for the first report (180 s) covers it
+        result = replay(bag.path, node, mode="realtime", out=tmp_path / "out")
         log = node.output()
     assert "policy cosmos3-tiny (cosmos3, H = 8)" in log, log[-2000:]
     chunks = result.chunk_data

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Optional, Tuple
 import torch
 
 from phyai_ros.kernels import common as _triton_common
+from phyai_ros.kernels.skinny_linear import MAX_ROWS as SKINNY_ROWS   # the few-row GEMMs' limit (imports anywhere)
 from phyai_ros.layers import flashinfer_backend, ops
 from phyai_ros.layers.quantized import QuantizedWeight, qshape_key
 from phyai_ros.layers.selector import SELECTOR, Candidate, active_selector, shape_key
@@ -96,7 +97,7 @@ def _cublaslt_gelu_fits(x, weight, bias=None):
     loses the overlap with its neighbours in a library kernel (+0.09 ms on GR00T's loop, H200 2026-12-02)."""
     return (bias is not None and bias.dim() == 1 and x.dtype == weight.dtype == bias.dtype
             and x.dtype in (torch.float16, torch.bfloat16) and x.stride(-1) == 1 and weight.is_contiguous()
-            and x.numel() // x.shape[-1] > 64)
+            and x.numel() // x.shape[-1] > SKINNY_ROWS)
 
 
 def _torch_geglu(gate_up):
@@ -200,7 +201,7 @@ def _triton_linear_gelu_tanh(x, weight, bias, **tiling):
 def _skinny_shape(x, weight, bias=None):
     """Few rows (the expert's / DiT's tokens), x's dtype; a bias, if any, one [N] vector (added in the
     epilogue)."""
-    return (x.numel() // x.shape[-1] <= 64 and x.dtype == weight.dtype
+    return (x.numel() // x.shape[-1] <= SKINNY_ROWS and x.dtype == weight.dtype
             and (bias is None or bias.shape == weight.shape[:1]))
 
 

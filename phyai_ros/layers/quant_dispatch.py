@@ -94,7 +94,7 @@ def _unfused_gelu_tanh(x, w, bias):
 # Each adapter imports its kernel module when its candidate first runs: the kernels need Triton (the optional
 # 'gpu' extra), and a machine without it must still import the layers and run the torch candidates.
 def _few_rows(x, w, *rest) -> bool:
-    return x.numel() // x.shape[-1] <= 64 and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return x.numel() // x.shape[-1] <= dispatch.SKINNY_ROWS and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _few_rows_per_item(x, w, h, gate, scale, shift, eps) -> bool:
