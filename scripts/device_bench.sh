@@ -36,6 +36,9 @@
 #                   two views batch 1 and 32 on the shipped profile
 #   PDL_LATE=1:     the late PDL trigger (PHYAI_PDL_TRIGGER=late: GEMM / attention kernels let the next kernel in
 #                   after their main loop): its GPU test, then pi0.5, pi0 and GR00T batch 1 with each trigger
+#   ROUND9=1:       PDL_LATE's and ATTN_PROFILE's measurements in one call, the prefix's eight-warp tilings with them
+#   ROUND9B=1:      ROUND9's profile again with the tests' tracebacks and GR00T's views / batch 32 (one tarball)
+#   ROUND9C=1:      the short-attention default before / after, GR00T's two-view profile, pi0.5 batch 32
 #   ATTN_PROFILE=1: the short-query attention tilings (16 / 32-row tiles) profiled for GR00T into a copy of the
 #                   shipped profile, GR00T one and two views on each; with the GPU tests landed untested on
 #                   2026-12-02 (every attention tiling, the Cosmos3 runner's text-cache graphs)
@@ -164,6 +167,73 @@ if [ "${PDL_LATE:-0}" = 1 ]; then
       --reuse-checkpoint --skip-startup --iters 200 --views 1 --batches 1 --out "$OUT/groot_$trigger.json"
   done
   grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|batch 1: median\|^vision\|^prefix" "$LOG" | cut -c1-300
+  exit 0
+fi
+if [ "${ROUND9:-0}" = 1 ]; then
+  # 2026-12-02, third session: the late PDL trigger and the attention tilings (eight warps for head_dim 256, 16 /
+  # 32-row tiles for the DiT) profiled for pi0.5, pi0 and GR00T into a copy of the shipped profile; each model on
+  # the shipped profile (early and late trigger) and on the copy.
+  checkpoints pi05 pi0 groot
+  step gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider test/test_kernels_gpu.py test/test_dispatch.py \
+    -k "pdl or attention_tiling"
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  cp profiles/h200.json "$PROFILE"
+  step profile_attention 190 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 \
+    --tokenizer "$TOK" --groot /tmp/groot/checkpoint_1view --ops attention,attention_with_prefix --merge --out "$PROFILE"
+  for m in pi05 pi0; do ck=/tmp/ck05; [ $m = pi0 ] && ck=/tmp/ck0
+    step "${m}_shipped" 40 $B --model $m --checkpoint $ck --reuse-checkpoint --skip-startup --iters 200 --batches 1 \
+      --out "$OUT/${m}_shipped.json"
+    PHYAI_OP_PROFILE=$PROFILE step "${m}_attention" 40 $B --model $m --checkpoint $ck --reuse-checkpoint \
+      --skip-startup --iters 200 --batches 1 --out "$OUT/${m}_attention.json"
+  done
+  PHYAI_PDL_TRIGGER=late step pi05_late 40 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup --iters 200 \
+    --batches 1 --out "$OUT/pi05_late.json"
+  G="python3 scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint --skip-startup --iters 200 --batches 1 --views 1"
+  step groot_shipped 45 $G --out "$OUT/groot_shipped.json"
+  PHYAI_OP_PROFILE=$PROFILE step groot_attention 45 $G --out "$OUT/groot_attention.json"
+  PHYAI_PDL_TRIGGER=late step groot_late 45 $G --out "$OUT/groot_late.json"
+  grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|batch 1: median\|^vision\|^prefix\|^attention" "$LOG" \
+    | cut -c1-300
+  exit 0
+fi
+if [ "${ROUND9B:-0}" = 1 ]; then
+  # ROUND9's profile again (its file did not come back), the attention-tiling and Cosmos3 GPU tests with their
+  # tracebacks, GR00T one and two views, batch 1 and 32, on the new profile. Everything under $OUT in one tarball.
+  checkpoints pi05 pi0 groot
+  step gpu_tests 170 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short test/test_dispatch.py \
+    test/test_cosmos3_runner.py -k "prefix_attention_tiling or cosmos3"
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  cp profiles/h200.json "$PROFILE"
+  step profile_attention 190 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 \
+    --tokenizer "$TOK" --groot /tmp/groot/checkpoint_1view --ops attention,attention_with_prefix --merge --out "$PROFILE"
+  PHYAI_OP_PROFILE=$PROFILE step groot_attention 120 python3 scripts/bench_groot.py --root /tmp/groot \
+    --reuse-checkpoint --skip-startup --iters 200 --batches 1,32 --views 1,2 --out "$OUT/groot_attention.json"
+  grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|batch 32" "$LOG" | cut -c1-300
+  tar -C "$OUT" -czf /tmp/round9b.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/round9b.tgz "$OUT/"
+  exit 0
+fi
+if [ "${ROUND9C:-0}" = 1 ]; then
+  # The short-attention default (no profile: GR00T's attention on 16-row tiles, not SDPA) before (.before/) and
+  # after; GR00T's two-view attention shapes profiled; pi0.5 at batch 1 and 32 on the new shipped profile and
+  # unprofiled; the fixed prefix-tiling test and GR00T's GPU tests. One tarball.
+  checkpoints pi05 groot
+  step gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short test/test_dispatch.py \
+    test/test_groot_n17_gpu.py -k "prefix_attention_tiling or groot"
+  wait; cat "$OUT/ckpt.log" >> "$LOG"
+  cp profiles/h200.json "$PROFILE"
+  step profile_2views 120 python3 scripts/profile_ops.py --groot /tmp/groot/checkpoint_2views --ops attention --merge \
+    --out "$PROFILE"
+  G="scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint --skip-startup --iters 200 --batches 1"
+  (cd .before && PHYAI_OP_PROFILE=none step groot_none_before 50 python3 $G --views 1 --out "$OUT/groot_none_before.json")
+  PHYAI_OP_PROFILE=none step groot_none_after 50 python3 $G --views 1 --out "$OUT/groot_none_after.json"
+  PHYAI_OP_PROFILE=$PROFILE step groot_profiled 70 python3 $G --views 1,2 --out "$OUT/groot_profiled.json"
+  step pi05_shipped 60 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup --iters 200 --batches 1,32 \
+    --out "$OUT/pi05_shipped.json"
+  PHYAI_OP_PROFILE=none step pi05_none 40 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup --iters 200 \
+    --batches 1 --out "$OUT/pi05_none.json"
+  grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|batch 32\|batch 1: median\|^prefix\|chunks/s" "$LOG" \
+    | cut -c1-300
+  tar -C "$OUT" -czf /tmp/round9c.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/round9c.tgz "$OUT/"
   exit 0
 fi
 if [ "${ATTN_PROFILE:-0}" = 1 ]; then

@@ -404,7 +404,7 @@ def test_fused_ops_are_chosen_for_expert_rows_only():
 
 # ----------------------------------------------------------------------------- every profiled tiling is correct
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", list(dispatch.PREFIX_ATTENTION_TILINGS))
+@pytest.mark.parametrize("name", [*dispatch.PREFIX_ATTENTION_TILINGS, "triton_short"])
 def test_every_prefix_attention_tiling_matches_fp32(name):
     """The prefix pass's self-attention (816 tokens, 8 heads on one KV head, padded prompt) and GR00T's DiT
     cross-attention in bf16, each launch shape the profile may pick, on the rows that attend somewhere (padding
@@ -422,7 +422,7 @@ def test_every_prefix_attention_tiling_matches_fp32(name):
     assert ((got.float() - want) * rows).norm() / (want * rows).norm() < 8e-3
     # GR00T's DiT cross-attention: 32 heads of 48, 41 action rows against 103 VL keys, the padded ones masked
     q, k, v = r(1, 32, 41, 48), r(1, 32, 103, 48), r(1, 32, 103, 48)
-    keys = torch.arange(103, device="cuda")[None, None, None] < 97
+    keys = dispatch.ops.bool_to_additive_mask(torch.arange(103, device="cuda")[None, None] < 97)  # [1, 1, 1, 103]
     got = fn(q, k, v, keys)
     want = dispatch.ops.attention(q.float(), k.float(), v.float(), keys)
     assert (got.float() - want).norm() / want.norm() < 8e-3
@@ -457,6 +457,30 @@ def test_the_unprofiled_skinny_tiling_is_within_a_tenth_of_the_h200_profiles_bes
             assert us[pick] <= 1.10 * min(us.values()), (op, key, pick, us[pick], min(us.values()))
             checked += 1
     assert checked >= 10
+
+
+def test_the_unprofiled_short_attention_beats_sdpa_at_every_profiled_short_shape():
+    """The default where no profile has an entry (``triton_short``, short_attention_tiling's rule): at every
+    short attention shape the shipped H200 profile timed (<= 256 keys, head_dim <= 128: GR00T's DiT and
+    backbone), faster than SDPA and within 15% of the fastest tiling; the pi prefix's shapes (968 / 816 keys of
+    256) are not taken by it."""
+    import json
+    from pathlib import Path
+    profile = json.loads((Path(__file__).resolve().parents[1] / "profiles" / "h200.json").read_text())
+    timings = profile["timings"]["cuda:sm90:NVIDIA H200"]["attention"]
+    checked = 0
+    for key, results in timings.items():
+        us = {name: r["us"] for name, r in results.items() if isinstance(r, dict) and r.get("ok")}
+        (b, hq, lq, d), (_, hkv, lk, _) = ([int(x) for x in part.split("x")] for part in key.split("|")[0].split(","))
+        q, k = torch.empty(b, hq, lq, d, device="meta"), torch.empty(b, hkv, lk, d, device="meta")
+        short = dispatch._short_attention(q, k, k)
+        assert short == (lk <= 256 and d <= 128), key
+        if not short:
+            continue
+        pick = us[dispatch.short_attention_tiling(b * hkv, hq // hkv * lq, sms=132)]
+        assert pick < us["sdpa"] and pick <= 1.15 * min(us.values()), (key, pick, us)
+        checked += 1
+    assert checked >= 8
 
 
 @pytest.mark.gpu

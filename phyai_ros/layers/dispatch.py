@@ -334,7 +334,9 @@ def _triton_attention_with_prefix(q, k_prefix, v_prefix, k_suffix, v_suffix, mas
 ATTENTION_TILINGS = {"triton": {}, "triton_s8": {"num_splits": 8}, "triton_m32": {"block_m": 32},
                      "triton_s4": {"num_splits": 4}, "triton_m32_s4": {"block_m": 32, "num_splits": 4},
                      "triton_m16_s4": {"block_m": 16, "num_splits": 4},
-                     "triton_m16_s8": {"block_m": 16, "num_splits": 8}}
+                     "triton_m16_s8": {"block_m": 16, "num_splits": 8},
+                     # eight warps: half the registers per thread for the [64, 256] fp32 accumulator (batch 8-32)
+                     "triton_w8": {"num_warps": 8}}
 
 
 def _qkv_heads(qkv, k_prefix):
@@ -379,7 +381,40 @@ def _triton_attention(q, k, v, mask, **tiling):
 PREFIX_ATTENTION_TILINGS = {"triton": {}, "triton_s1": {"num_splits": 1},
                             "triton_s1_m128": {"num_splits": 1, "block_m": 128, "block_n": 64, "num_warps": 8},
                             "triton_s1_m16_n128": {"num_splits": 1, "block_m": 16, "block_n": 128},
-                            "triton_s1_m32_n128": {"num_splits": 1, "block_m": 32, "block_n": 128}}
+                            "triton_s1_m32_n128": {"num_splits": 1, "block_m": 32, "block_n": 128},
+                            # head_dim 256 (the pi prefix): a [64, 256] fp32 accumulator on eight warps, not four
+                            "triton_w8": {"num_warps": 8}, "triton_s1_w8": {"num_splits": 1, "num_warps": 8},
+                            "triton_s1_n64_w8": {"num_splits": 1, "block_n": 64, "num_warps": 8}}
+
+
+# Where no profile has an entry (Jetson Thor ships none), short attention (<= 256 keys, head_dim <= 128: GR00T's
+# DiT and backbone) takes the split-KV kernel with every key of a row in one program and the smallest row tile
+# that keeps the programs within ~1.5 per multiprocessor, SDPA otherwise. On the H200 that rule's pick beat SDPA
+# by 1.1-4.3x at every such profiled shape and was within 15% of the best tiling (profiles/h200.json, 2026-12-02;
+# test_dispatch checks it against those timings); at the pi prefix's 968 keys of 256 SDPA stays first.
+SHORT_ATTENTION_KEYS = 256
+
+
+def short_attention_tiling(programs_per_row_tile: int, rows: int, sms: int) -> str:
+    """The PREFIX_ATTENTION_TILINGS entry for a short attention of ``rows`` query rows per KV head (GQA-packed)
+    and ``programs_per_row_tile`` = batch x KV heads: 16-, then 32-row tiles while they give at most ~1.5
+    programs per multiprocessor, else the 64-row default."""
+    for name, block_m in (("triton_s1_m16_n128", 16), ("triton_s1_m32_n128", 32)):
+        if programs_per_row_tile * -(-rows // block_m) <= 1.5 * sms:
+            return name
+    return "triton_s1"
+
+
+def _short_attention(q, k, v, mask=None) -> bool:
+    return k.shape[2] <= SHORT_ATTENTION_KEYS and q.shape[-1] <= 128
+
+
+def _triton_short_attention(q, k, v, mask=None):
+    from phyai_ros.kernels.common import num_sms
+    b, hq, lq, _ = q.shape
+    hkv = k.shape[1]
+    name = short_attention_tiling(b * hkv, hq // hkv * lq, num_sms(q.device))
+    return _triton_attention(q, k, v, mask, **PREFIX_ATTENTION_TILINGS[name])
 
 
 _REGISTRY = {
@@ -437,7 +472,9 @@ _REGISTRY = {
                     supports=_rope_attention_fits, profiled_only=True) for name, tiling in ATTENTION_TILINGS.items()),
         Candidate("unfused", _unfused_rope_attention)],
     # Long-query attention (SigLIP, the prefix): SDPA first; the split-KV kernel is a profiled option.
-    "attention": [Candidate("sdpa", sdpa, _CUDA),
+    "attention": [Candidate("triton_short", _triton_short_attention, _CUDA, available=triton_ok,
+                            supports=_short_attention),
+                  Candidate("sdpa", sdpa, _CUDA),
                   *(Candidate(name, functools.partial(_triton_attention, **tiling), _CUDA, available=triton_ok)
                     for name, tiling in PREFIX_ATTENTION_TILINGS.items()),
                   Candidate("torch", ops.attention)],
