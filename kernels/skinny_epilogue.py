@@ -34,7 +34,7 @@ from .ada_rms_norm import check_mod, item_tokens, gated_residual_ada_rms_norm_re
 from .geglu import geglu_ref
 from .layer_norm import add_layer_norm_ref
 from .rms_norm import add_rms_norm_ref
-from .skinny_linear import gemm_launch, linear_ref, skinny_partials, skinny_rows, split_plan
+from .skinny_linear import fit_stages, gemm_launch, linear_ref, skinny_partials, skinny_rows, split_plan
 
 __all__ = ["available", "norm_from_partials", "geglu_from_partials", "linear_geglu", "linear_add_rms_norm", "linear_gated_ada_rms_norm", "linear_add_layer_norm",
            "linear_geglu_ref", "linear_add_rms_norm_ref", "linear_gated_ada_rms_norm_ref",
@@ -193,6 +193,7 @@ def linear_geglu(x: torch.Tensor, gate_up_w: torch.Tensor, *, block_n: int = 64,
     block_m, s, k_per = split_plan(m, n_blocks, k, block_k, x.device, splits)
     y = torch.empty(m, i, dtype=x.dtype, device=x.device)
     part = y if s == 1 else torch.empty(s, m, two_i, dtype=torch.float32, device=x.device)
+    num_stages = fit_stages(num_stages, block_m, 2 * block_n, block_k, gate_up_w.element_size())
     _gate_up_kernel[(n_blocks, s)](x2, gate_up_w, part, y, m, i, k, k_per, x2.stride(0), gate_up_w.stride(0),
                                    part.stride(0) if s > 1 else 0, two_i, i, SPLIT=s > 1, BLOCK_M=block_m,
                                    BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,

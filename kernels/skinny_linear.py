@@ -126,6 +126,17 @@ def split_plan(m: int, n_blocks: int, k: int, block_k: int, device: torch.device
     return max(16, triton.next_power_of_2(m)), triton.cdiv(k, k_per), k_per
 
 
+SHARED_BUDGET = 200 * 1024   # bytes of shared memory the pipeline stages may take (227 KB per block on sm_90 / Thor)
+
+
+def fit_stages(num_stages: int, block_m: int, weight_rows: int, block_k: int, element_size: int) -> int:
+    """Pipeline stages that fit the shared-memory budget: each holds an activation tile [block_m, block_k] and
+    ``weight_rows`` weight rows of block_k (two blocks' worth for the gate / up pair), so that a deep tiling
+    asked of a wide kernel runs shallower instead of failing to launch."""
+    per_stage = (block_m + weight_rows) * block_k * element_size
+    return max(1, min(num_stages, SHARED_BUDGET // per_stage))
+
+
 def gemm_launch(weight: torch.Tensor, prefetch: bool) -> dict:
     """PDL keywords of a weight-streaming GEMM: with PDL (and ``prefetch``) its weight slice is prefetched
     into L2 while the producer of x still runs."""
@@ -143,6 +154,7 @@ def skinny_partials(x2: torch.Tensor, weight: torch.Tensor, *, block_n: int = 64
     n_blocks = triton.cdiv(n, block_n)
     block_m, s, k_per = split_plan(m, n_blocks, k, block_k, x2.device, splits)
     part = torch.empty(s, m, n, dtype=torch.float32, device=x2.device)
+    num_stages = fit_stages(num_stages, block_m, block_n, block_k, weight.element_size())
     _skinny_kernel[(n_blocks, s)](x2, weight, part, part, m, n, k, k_per, x2.stride(0), weight.stride(0), part.stride(0),
                                   n, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                                   num_warps=num_warps, num_stages=num_stages, **gemm_launch(weight, prefetch))
@@ -171,6 +183,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     block_m, s, k_per = split_plan(m, n_blocks, k, block_k, x.device, splits)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if s == 1:
+        num_stages = fit_stages(num_stages, block_m, block_n, block_k, weight.element_size())
         _skinny_kernel[(n_blocks, 1)](x2, weight, y, b, m, n, k, k_per, x2.stride(0), weight.stride(0), 0,
                                       n, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                                       num_warps=num_warps, num_stages=num_stages, **gemm_launch(weight, prefetch),

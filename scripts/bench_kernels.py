@@ -54,6 +54,59 @@ def rope_sweep(torch, do_bench_cudagraph) -> int:
     return 0
 
 
+# (name, rows, K, N, bias + GELU-tanh epilogue): the few-row GEMMs of GR00T's DiT block and the pi0.5 expert
+GEMM_SWEEP_SHAPES = (("groot gelu up", 41, 1536, 6144, True), ("groot down", 41, 6144, 1536, False),
+                     ("groot o-proj", 41, 1536, 1536, False), ("pi05 down", 50, 4096, 1024, False),
+                     ("pi05 gate_up", 50, 1024, 8192, False))
+
+
+def gemm_sweep(torch, do_bench_cudagraph, out_path: str) -> int:
+    """The skinny GEMM (kernels/skinny_linear.py) over a grid of launch shapes at the loops' few-row GEMMs, each
+    timed on cold weights: a CUDA graph of calls over as many distinct weight copies as outrun the L2 (the
+    loops read every weight once per step), us per call. The library GEMM and the tilings the profile offers are
+    in the same grid."""
+    import itertools
+    import json
+
+    import torch.nn.functional as F
+    from phyai_ros.kernels.skinny_linear import skinny_linear
+    grid = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=st, splits=sp)
+            for bn, bk, (w, st), sp in itertools.product((16, 32, 64), (64, 128, 256), ((4, 3), (4, 5), (8, 4)),
+                                                         (1, 2, None))]
+    results = {}
+    for name, m, k, n, act in GEMM_SWEEP_SHAPES:
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        bias = torch.randn(n, device="cuda").bfloat16() if act else None
+        copies = max(2, min(16, -(-160 * 2**20 // (n * k * 2))))
+        ws = [torch.randn(n, k, device="cuda").bfloat16() * 0.02 for _ in range(copies)]
+        want = F.linear(x.float(), ws[0].float(), None if bias is None else bias.float())
+        if act:
+            want = F.gelu(want, approximate="tanh")
+
+        def timed(fn):
+            fn(ws[0])
+            return do_bench_cudagraph(lambda: [fn(w) for w in ws], rep=25, return_mode="median") * 1e3 / copies
+
+        rows = [("torch", timed(lambda w: F.gelu(F.linear(x, w, bias), approximate="tanh") if act
+                                else F.linear(x, w)), 0.0)]
+        for cfg in grid:
+            try:
+                fn = lambda w, c=cfg: skinny_linear(x, w, bias, "gelu_tanh" if act else None, **c)  # noqa: E731
+                err = ((fn(ws[0]).float() - want).norm() / want.norm()).item()
+                rows.append((json.dumps(cfg, sort_keys=True), timed(fn), err))
+            except Exception as exc:  # noqa: BLE001 - a launch shape that does not fit is a result too
+                rows.append((json.dumps(cfg, sort_keys=True), float("inf"), str(exc)[:80]))
+        rows.sort(key=lambda r: r[1])
+        results[name] = rows
+        print(f"gemm {name} [{m}x{k}] x [{n}x{k}]^T, {copies} cold copies: torch "
+              f"{next(u for c, u, e in rows if c == 'torch'):.2f} us", flush=True)
+        for cfg, us, err in rows[:8]:
+            print(f"   {us:7.2f} us  err {err}  {cfg}", flush=True)
+    with open(out_path, "w") as f:
+        json.dump(results, f, indent=1)
+    return 0
+
+
 def triton_next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -64,6 +117,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="sweep attention launch configs")
     ap.add_argument("--rope-sweep", action="store_true",
                     help="only: qkv_rope's rows per program x warps at the models' shapes (CUDA graph, us)")
+    ap.add_argument("--gemm-sweep", default=None, metavar="JSON",
+                    help="only: the skinny GEMM's launch shapes at the loops' few-row GEMMs, cold weights (JSON out)")
     ap.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph column")
     ap.add_argument("--rep", type=int, default=200, help="do_bench rep (ms)")
     args = ap.parse_args(argv)
@@ -87,6 +142,8 @@ def main(argv=None) -> int:
 
     if args.rope_sweep:
         return rope_sweep(torch, do_bench_cudagraph)
+    if args.gemm_sweep:
+        return gemm_sweep(torch, do_bench_cudagraph, args.gemm_sweep)
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     es = torch.tensor([], dtype=dt).element_size()
     dev = "cuda"

@@ -39,6 +39,7 @@
 #   ROUND9=1:       PDL_LATE's and ATTN_PROFILE's measurements in one call, the prefix's eight-warp tilings with them
 #   ROUND9B=1:      ROUND9's profile again with the tests' tracebacks and GR00T's views / batch 32 (one tarball)
 #   ROUND9C=1:      the short-attention default before / after, GR00T's two-view profile, pi0.5 batch 32
+#   ROUND9D=1:      the five-stage skinny tilings profiled at the few-row GEMM ops, each model before / after
 #   ATTN_PROFILE=1: the short-query attention tilings (16 / 32-row tiles) profiled for GR00T into a copy of the
 #                   shipped profile, GR00T one and two views on each; with the GPU tests landed untested on
 #                   2026-12-02 (every attention tiling, the Cosmos3 runner's text-cache graphs)
@@ -234,6 +235,30 @@ if [ "${ROUND9C:-0}" = 1 ]; then
   grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|batch 32\|batch 1: median\|^prefix\|chunks/s" "$LOG" \
     | cut -c1-300
   tar -C "$OUT" -czf /tmp/round9c.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/round9c.tgz "$OUT/"
+  exit 0
+fi
+if [ "${ROUND9D:-0}" = 1 ]; then
+  # The five-stage skinny tilings (from --gemm-sweep) profiled at every few-row GEMM op of pi0.5, pi0 and GR00T
+  # into a copy of the shipped profile, each model on the copy and on the shipped profile; the new tilings' GPU
+  # tests. At most 8 files under $OUT (what a call brings back), each written as soon as it is made.
+  checkpoints pi05 pi0 groot
+  step gpu_tests 70 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short test/test_dispatch.py -k "st5"
+  wait; cat "$OUT/ckpt.log" >> "$LOG"; rm -f "$OUT/ckpt.log"
+  cp profiles/h200.json "$PROFILE"
+  step profile_gemms 200 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 \
+    --tokenizer "$TOK" --groot /tmp/groot/checkpoint_1view \
+    --ops linear,linear_geglu,linear_gated_ada_rms_norm,linear_add_rms_norm,linear_add_layer_norm,linear_gelu_tanh \
+    --merge --out "$PROFILE"
+  G="python3 scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint --skip-startup --iters 200 --batches 1 --views 1"
+  PHYAI_OP_PROFILE=$PROFILE step groot_gemms 40 $G --out "$OUT/groot_gemms.json"
+  PHYAI_OP_PROFILE=$PROFILE step pi05_gemms 35 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup \
+    --iters 200 --batches 1 --out "$OUT/pi05_gemms.json"
+  step groot_shipped 40 $G --out "$OUT/groot_shipped.json"
+  step pi05_shipped 35 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup --iters 200 --batches 1 \
+    --out "$OUT/pi05_shipped.json"
+  PHYAI_OP_PROFILE=$PROFILE step pi0_gemms 35 $B --model pi0 --checkpoint /tmp/ck0 --reuse-checkpoint --skip-startup \
+    --iters 200 --batches 1 --out "$OUT/pi0_gemms.json"
+  grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|batch 1: median\|^prefix\|^vision" "$LOG" | cut -c1-300
   exit 0
 fi
 if [ "${ATTN_PROFILE:-0}" = 1 ]; then

@@ -251,6 +251,12 @@ SKINNY_TILINGS = {
     "triton_n32_k256_pf": {"block_n": 32, "block_k": 256, "prefetch": True},
     "triton_n16_s1_pf": {"block_n": 16, "splits": 1, "num_stages": 4, "prefetch": True},
     "triton_n32_s1_pf": {"block_n": 32, "splits": 1, "num_stages": 4, "prefetch": True},
+    # five stages in flight: the best of `bench_kernels.py --gemm-sweep` (H200, cold weights, 2026-12-02) at the
+    # DiT's GELU up / o-proj and the expert's gate_up (one split) and the down projections (K split, 64-wide)
+    "triton_n64_s1_st5": {"block_n": 64, "splits": 1, "num_stages": 5},
+    "triton_n16_s1_st5": {"block_n": 16, "splits": 1, "num_stages": 5},
+    "triton_n64_k64_st5": {"block_n": 64, "block_k": 64, "num_stages": 5},
+    "triton_n32_k64_st5": {"block_n": 32, "block_k": 64, "num_stages": 5},
 }
 
 
