@@ -49,6 +49,17 @@ SPECS = [
      dict(num_warps=4, num_stages=4)),
     ("skinny_linear", "sum_splits_kernel", {"P": "*fp32"}, dict(BLOCK=1024, PDL=True, HAS_BIAS=False, ACT=0,
                                                                       SPLITS=5), {}),
+    # five stages, 64-wide (the GELU up's profiled tiling, `triton_n64_s1_st5`)
+    ("skinny_linear", "_skinny_kernel", {},
+     dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, PDL=True, PREFETCH=False, LINE=64, HAS_BIAS=True, ACT=1),
+     dict(num_warps=4, num_stages=5)),
+    # GR00T's DiT MLP LayerNorm after the up-projection's dot (kernels/post_norm.py): the residual GEMM with its
+    # per-block statistics (16-wide blocks), the up-projection that merges them (96 blocks, 64-wide)
+    ("post_norm", "_residual_stats_kernel", {"STATS": "*fp32"},
+     dict(HAS_BIAS=True, BLOCK_M=64, BLOCK_N=16, BLOCK_K=128, PDL=True), dict(num_warps=4, num_stages=5)),
+    ("post_norm", "_norm_gemm_gelu_kernel", {"CS": "*fp32", "STATS": "*fp32"},
+     dict(HAS_BIAS=True, STATS_BLOCK=128, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, PDL=True),
+     dict(num_warps=4, num_stages=5)),
     # GR00T's DiT (41 rows, bf16 bias): bias + GELU-tanh in the one-split GEMM and in the split-K sum
     ("skinny_linear", "_skinny_kernel", {},
      dict(BLOCK_M=64, BLOCK_N=16, BLOCK_K=128, PDL=True, PREFETCH=True, LINE=64, HAS_BIAS=True, ACT=1),
@@ -84,6 +95,9 @@ SPECS = [
     ("split_kv_attention", "_attn_partial_kernel", {"WS": "*fp32", "P": "i32"},
      dict(MASK_MODE=2, MASK_PER_KEY=False, DOT_PREC="tf32", ROPE=False, DIRECT=True, BLOCK_M=64, BLOCK_N=32,
           BLOCK_D=256, BLOCK_H=128, PDL=True), dict(num_warps=4, num_stages=2)),
+    ("split_kv_attention", "_attn_partial_kernel", {"WS": "*fp32", "P": "i32"},   # pi0.5's prefix (profiled)
+     dict(MASK_MODE=2, MASK_PER_KEY=False, DOT_PREC="tf32", ROPE=False, DIRECT=True, BLOCK_M=64, BLOCK_N=64,
+          BLOCK_D=256, BLOCK_H=128, PDL=True), dict(num_warps=8, num_stages=2)),
     ("split_kv_attention", "_attn_partial_kernel", {"WS": "*fp32", "P": "i32", "MASK": "*i1"},   # the DiT's short
      dict(MASK_MODE=1, MASK_PER_KEY=True, DOT_PREC="tf32", ROPE=False, DIRECT=True, BLOCK_M=16, BLOCK_N=128,
           BLOCK_D=64, BLOCK_H=32, PDL=True), dict(num_warps=4, num_stages=2)),

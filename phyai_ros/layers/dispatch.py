@@ -393,6 +393,26 @@ PREFIX_ATTENTION_TILINGS = {"triton": {}, "triton_s1": {"num_splits": 1},
                             "triton_s1_n64_w8": {"num_splits": 1, "block_n": 64, "num_warps": 8}}
 
 
+def _linear_add_then_norm_gelu(h, x, weight, bias, up_weight, up_bias, up_colsum, eps):
+    """The reference: linear_add_layer_norm with a unit affine, then linear_gelu_tanh, each its own selector op."""
+    one, zero = ops.unit_affine(h.shape[-1], h)
+    h_new, normed = linear_add_layer_norm(h, x, weight, bias, one, zero, eps)
+    return h_new, linear_gelu_tanh(normed, up_weight, up_bias)
+
+
+def _post_norm_fits(h, x, weight, bias, up_weight, up_bias, up_colsum, eps, *, block_n: int) -> bool:
+    from phyai_ros.kernels.skinny_linear import MAX_ROWS
+    rows = x.numel() // x.shape[-1]
+    return (rows <= MAX_ROWS and weight.shape[0] % block_n == 0 and h.dtype == x.dtype == weight.dtype
+            == up_weight.dtype and h.is_contiguous() and x.stride(-1) == 1)
+
+
+def _triton_post_norm(h, x, weight, bias, up_weight, up_bias, up_colsum, eps, *, block_n: int, up_block_n: int):
+    from phyai_ros.kernels.post_norm import norm_linear_gelu, residual_with_stats
+    h_new, stats = residual_with_stats(h, x, weight, bias, block_n=block_n)
+    return h_new, norm_linear_gelu(h_new, stats, block_n, up_weight, up_bias, up_colsum, eps, block_n=up_block_n)
+
+
 # Where no profile has an entry (Jetson Thor ships none), short attention (<= 256 keys, head_dim <= 128: GR00T's
 # DiT and backbone) takes the split-KV kernel with every key of a row in one program and the smallest row tile
 # that keeps the programs within ~1.5 per multiprocessor, SDPA otherwise. On the H200 that rule's pick beat SDPA
@@ -468,6 +488,13 @@ _REGISTRY = {
     "linear_gated_ada_rms_norm": [_depth_candidate(_triton_linear_gated_ada, _skinny_per_item),
                                   *_skinny_candidates(_triton_linear_gated_ada, _skinny_per_item),
                                   Candidate("unfused", _unfused_linear_gated_ada)],
+    # The norm after the next GEMM's dot (kernels/post_norm.py): two kernels where three ran; profiled-only
+    # until a device profile times it (written 2026-12-02 after that day's device time, not yet measured).
+    "linear_add_norm_gelu": [*(Candidate(name, functools.partial(_triton_post_norm, block_n=bn, up_block_n=ubn),
+                                         _CUDA, available=triton_ok, profiled_only=True,
+                                         supports=functools.partial(_post_norm_fits, block_n=bn))
+                               for name, bn, ubn in (("post_norm", 16, 64), ("post_norm_n32", 32, 32))),
+                             Candidate("unfused", _linear_add_then_norm_gelu)],
     "attention_with_prefix": [*(Candidate(name, functools.partial(_triton_attention_with_prefix, **tiling), _CUDA,
                                           available=triton_ok) for name, tiling in ATTENTION_TILINGS.items()),
                               Candidate("torch", _torch_attention_with_prefix)],
@@ -518,6 +545,27 @@ def linear_add_layer_norm(h: Tensor, x: Tensor, weight: Tensor, bias: Tensor, ln
                                 ln_weight, ln_bias, eps)
     return _selector().call("linear_add_layer_norm", shape_key(x, weight), x.device, h, x, weight, bias, ln_weight,
                          ln_bias, eps)
+
+
+def linear_add_norm_gelu(h: Tensor, x: Tensor, weight: Weight, bias: Optional[Tensor], up_weight: Weight,
+                         up_bias: Optional[Tensor], up_colsum: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor]:
+    """(h_new, gelu_tanh(LayerNorm(h_new) @ up_weight^T + up_bias)) for h_new = h + linear(x, weight, bias), the
+    LayerNorm without affine: a transformer block's attention output, residual add, and its MLP's norm and GELU
+    up-projection (GR00T's DiT). ``up_colsum`` (kernels.post_norm.column_sums of up_weight, made at load) lets the
+    fused candidate normalise after the up-projection's dot; without it, or with quantized weights, the two ops."""
+    if up_colsum is None or isinstance(weight, QuantizedWeight) or isinstance(up_weight, QuantizedWeight):
+        return _linear_add_then_norm_gelu(h, x, weight, bias, up_weight, up_bias, up_colsum, eps)
+    return _selector().call("linear_add_norm_gelu", shape_key(x, weight, up_weight), x.device, h, x, weight, bias,
+                            up_weight, up_bias, up_colsum, eps)
+
+
+def up_column_sums(up_weight: Weight) -> Optional[Tensor]:
+    """What linear_add_norm_gelu's fused candidate needs of the up-projection's weight, made once at load: its
+    fp32 column sums (None for a quantized weight, which runs the two ops)."""
+    if isinstance(up_weight, QuantizedWeight):
+        return None
+    from phyai_ros.kernels.post_norm import column_sums
+    return column_sums(up_weight)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, weight_offset: float = 1.0) -> Tensor:

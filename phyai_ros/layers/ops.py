@@ -137,6 +137,19 @@ def patch_embed(pixels: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return F.conv2d(pixels, weight, bias, stride=p).flatten(2).transpose(1, 2)
 
 
+_UNIT: dict = {}
+
+
+def unit_affine(width: int, like: Tensor) -> Tuple[Tensor, Tensor]:
+    """(ones, zeros) [width] on like's device / dtype, made once: a LayerNorm without affine as the selector's
+    affine LayerNorm ops (no tensor is created per call, so a CUDA graph capture allocates nothing here)."""
+    key = (width, like.device, like.dtype)
+    if key not in _UNIT:
+        _UNIT[key] = (torch.ones(width, device=like.device, dtype=like.dtype),
+                      torch.zeros(width, device=like.device, dtype=like.dtype))
+    return _UNIT[key]
+
+
 def bool_to_additive_mask(allowed: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """[B, Tq, Tk] bool (True = may attend) -> additive [B, 1, Tq, Tk] (0 / MASK_VALUE)."""
     zero = torch.zeros((), dtype=dtype, device=allowed.device)

@@ -27,7 +27,7 @@ from phyai_ros.layers import dispatch
 
 from .keys import DIT, HEAD, VLSA
 from .config import HeadConfig
-from .qwen3vl import Trace, Weights, record, additive_mask, attention, fuse, layer_norm, linear, unit_affine
+from .qwen3vl import Trace, Weights, record, additive_mask, attention, fuse, layer_norm, linear
 
 Tensor = torch.Tensor
 ATTN_EPS = 1e-5
@@ -97,6 +97,17 @@ def fuse_projections(w: Weights, h: HeadConfig) -> None:
     blocks += [(f"{DIT}transformer_blocks.{i}.", "kv" if i % 2 == 0 else "qkv") for i in range(h.dit_layers)]
     for b, parts in blocks:
         fuse(w, [f"{b}attn1.to_{n}" for n in parts], f"{b}attn1.to_{parts}")
+
+
+def post_norm_sums(w: Weights, h: HeadConfig) -> None:
+    """In place: every DiT block's GELU up-projection's column sums ("ff.net.0.proj.colsum", fp32), from the
+    weights as the GEMM reads them, so that the MLP's LayerNorm may run after that GEMM's dot
+    (dispatch.linear_add_norm_gelu); none for a quantized projection."""
+    for i in range(h.dit_layers):
+        key = f"{DIT}transformer_blocks.{i}.ff.net.0.proj."
+        sums = dispatch.up_column_sums(w[key + "weight"])
+        if sums is not None:
+            w[key + "colsum"] = sums
 
 
 # ------------------------------------------------------------------ VL adapter and state
@@ -220,8 +231,9 @@ def dit(w: Weights, h: HeadConfig, x: Tensor, table: StepTable, ctx: HeadContext
     output layer then proj_out_2. Each residual add runs with the LayerNorm after it (and the output GEMM's
     bias) as one selector op, linear_add_layer_norm; the LayerNorm before a block's attention (and before the
     output layer) carries that block's AdaLayerNorm modulation as its affine, so no separate modulation kernel
-    runs (one bf16 rounding instead of two)."""
-    one, zero = unit_affine(x.shape[-1], x)
+    runs (one bf16 rounding instead of two). The attention half's output GEMM, residual add, the MLP's LayerNorm
+    and its GELU up-projection are one selector op (linear_add_norm_gelu: where a profile picks it, the
+    LayerNorm is applied after the up-projection's dot, kernels/post_norm.py)."""
     scale, shift = table.mods[0]
     y = dispatch.layer_norm(x, scale, shift, ATTN_EPS)
     for i in range(h.dit_layers):
@@ -231,9 +243,9 @@ def dit(w: Weights, h: HeadConfig, x: Tensor, table: StepTable, ctx: HeadContext
         else:
             q, kv = heads(linear(y, w, b + "attn1.to_q"), h.dit_heads), ctx.cross_kv[i]
         a = attention(q, kv[0], kv[1], ctx.masks.get(i))
-        x, normed = dispatch.linear_add_layer_norm(x, a, w[b + "attn1.to_out.0.weight"], w[b + "attn1.to_out.0.bias"],
-                                                   one, zero, ATTN_EPS)
-        f = gelu_up(normed, w, b)
+        x, f = dispatch.linear_add_norm_gelu(x, a, w[b + "attn1.to_out.0.weight"], w[b + "attn1.to_out.0.bias"],
+                                             w[b + "ff.net.0.proj.weight"], w.get(b + "ff.net.0.proj.bias"),
+                                             w.get(b + "ff.net.0.proj.colsum"), ATTN_EPS)
         last = i + 1 == h.dit_layers
         scale, shift = table.out if last else table.mods[i + 1]
         x, y = dispatch.linear_add_layer_norm(x, f, w[b + "ff.net.2.weight"], w[b + "ff.net.2.bias"], scale, shift,

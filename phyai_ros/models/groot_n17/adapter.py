@@ -85,6 +85,7 @@ class GrootAdapter(PolicyAdapter):
         self.weights = ckpt.weights
         qwen3vl.fuse_projections(self.weights, self.config.text)       # one GEMM where the math allows
         action_head.fuse_projections(self.weights, self.config.head)
+        action_head.post_norm_sums(self.weights, self.config.head)
         self.device = torch.device(device)
         self.dtype = dtype
         self.resize_mode = resolve_resize_mode(resize_mode, self.device)   # "auto": the policy's device

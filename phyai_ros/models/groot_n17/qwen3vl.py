@@ -35,23 +35,10 @@ def linear(x: Tensor, w: Weights, name: str) -> Tensor:
     return dispatch.linear(x, w[name + ".weight"], w.get(name + ".bias"))
 
 
-_UNIT: Dict[tuple, Tuple[Tensor, Tensor]] = {}
-
-
-def unit_affine(width: int, like: Tensor) -> Tuple[Tensor, Tensor]:
-    """(ones, zeros) [width] on like's device / dtype, made once: a LayerNorm without affine as the selector's
-    affine LayerNorm ops (no tensor is created per call, so a CUDA graph capture allocates nothing here)."""
-    key = (width, like.device, like.dtype)
-    if key not in _UNIT:
-        _UNIT[key] = (torch.ones(width, device=like.device, dtype=like.dtype),
-                      torch.zeros(width, device=like.device, dtype=like.dtype))
-    return _UNIT[key]
-
-
 def layer_norm(x: Tensor, w: Optional[Weights], name: Optional[str], eps: float) -> Tensor:
     """LayerNorm over the last dim (statistics in float32), through the operator selector; affine from
     w[name.weight / name.bias] when name is given."""
-    weight, bias = (w[name + ".weight"], w[name + ".bias"]) if name else unit_affine(x.shape[-1], x)
+    weight, bias = (w[name + ".weight"], w[name + ".bias"]) if name else ops.unit_affine(x.shape[-1], x)
     return dispatch.layer_norm(x, weight, bias, eps)
 
 
