@@ -9,6 +9,13 @@ launch shapes the expert loop, the prefix and SigLIP use, with programmatic depe
 
     python scripts/compile_kernels.py                 # sm_90 (H200) and sm_101 (Jetson Thor)
     python scripts/compile_kernels.py --arch 90 --arch 100
+    python scripts/compile_kernels.py --resources     # also registers, spills, pipelining per kernel
+
+--resources compiles as Triton's launcher specialises at run time (pointers and 16-multiple integers hinted)
+and reads the cubin's resource usage with the bundled cuobjdump: registers per thread, spill stack, shared
+memory, and whether the K loop's loads were pipelined (cp.async / bulk copies). Without those hints a compile
+reports an unpipelined, scalar-load kernel that never runs (2026-12-02: the attention showed 2-byte loads and
+1 KB of spills that way).
 
 Thor is sm_110 under CUDA 13 and sm_101 under CUDA 12.8, the ptxas this Triton bundles; the two names are one
 architecture. Exit status 1 if any kernel fails; one line per kernel and architecture otherwise.
@@ -180,7 +187,38 @@ def signature(fn, types: dict, constexprs: dict) -> dict:
     return sig
 
 
-def compile_all(archs) -> int:
+# Integer arguments that take values off a multiple of 16 at the production shapes (row and token counts, head
+# groups, split counts); every other integer (widths, K, strides) is one there, and the launcher hints it so.
+UNALIGNED_INTS = {"M", "n_rows", "P", "S", "Lq", "Hkv", "G", "T", "tokens", "nsp", "n_splits", "n_parts", "chunk",
+                  "n_stats", "n_mt", "rot_heads"}
+
+
+def runtime_hints(fn, sig: dict) -> dict:
+    """tt.divisibility=16 where Triton's launcher finds it at the production shapes: every pointer (torch
+    allocations are 16-byte aligned) and every integer not in UNALIGNED_INTS."""
+    names = list(sig)
+    hinted = [n for n in names if sig[n].startswith("*") or (sig[n] == "i32" and n not in UNALIGNED_INTS)]
+    return {(names.index(n),): [["tt.divisibility", 16]] for n in hinted}
+
+
+def resources(kernel) -> str:
+    """'REG r STACK s' of a compiled kernel's cubin (cuobjdump), and whether its loads were pipelined."""
+    import subprocess
+    import tempfile
+
+    import triton
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    usage = next((ln.split() for ln in out.splitlines() if "REG:" in ln), ["REG:?", "STACK:?"])
+    ptx = kernel.asm["ptx"]
+    piped = "cp.async" in ptx
+    return f"{usage[0]} {usage[1]} {'pipelined' if piped else 'no async copies'}"
+
+
+def compile_all(archs, with_resources: bool = False) -> int:
     import importlib
 
     import triton
@@ -194,7 +232,9 @@ def compile_all(archs) -> int:
             fn = getattr(importlib.import_module(f"phyai_ros.kernels.{module}"), name)
             label = f"sm_{arch} {module}.{name} {constexprs}"
             try:
-                src = ASTSource(fn=fn, signature=signature(fn, types, constexprs), constexprs=constexprs)
+                sig = signature(fn, types, constexprs)
+                src = ASTSource(fn=fn, signature=sig, constexprs=constexprs,
+                                attrs=runtime_hints(fn, sig) if with_resources else None)
                 kernel = triton.compile(src, target=target, options={**options, "launch_pdl": True})
                 ptx = kernel.asm["ptx"]
                 problems = []
@@ -212,6 +252,8 @@ def compile_all(archs) -> int:
                 kernel = None
             failures += bool(problems)
             shared = f"{kernel.metadata.shared:>7} B smem" if kernel is not None else ""
+            if with_resources and kernel is not None:
+                shared += f" {resources(kernel)}"
             print(f"{'FAIL' if problems else 'ok  '} {label} {shared} {'; '.join(problems)}", flush=True)
     return failures
 
@@ -219,9 +261,11 @@ def compile_all(archs) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, action="append", help="compute capability as 90, 101, ... (repeat)")
+    ap.add_argument("--resources", action="store_true",
+                    help="compile with the run-time divisibility hints and print registers / spills / pipelining")
     args = ap.parse_args()
     archs = args.arch or [90, 101]
-    failures = compile_all(archs)
+    failures = compile_all(archs, args.resources)
     print(f"{failures} failed of {len(SPECS) * len(archs)}")
     sys.exit(1 if failures else 0)
 

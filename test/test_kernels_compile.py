@@ -23,3 +23,25 @@ def test_every_kernel_compiles_for_hopper_and_thor():
     assert total >= 2 * 16 and len(ok) == total and "0 failed" in r.stdout, r.stdout
     assert {line.split()[2] for line in ok} >= {"split_kv_attention._attn_partial_kernel",
                                                  "skinny_linear._skinny_kernel", "skinny_epilogue._gate_up_kernel"}
+
+
+def test_the_loop_gemms_compile_pipelined_and_without_spills_as_launched():
+    """With the launcher's run-time hints (--resources), the few-row GEMMs the loops run most (the skinny GEMM,
+    the GeGLU gate_up, the post-norm pair, the split-KV attention's partial kernel) keep their K / key loops
+    pipelined (asynchronous copies) and spill nothing on sm_90: a change that loses either shows here, not only
+    as a slower device profile."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "compile_kernels.py"), "--arch", "90", "--resources"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [line.rstrip() for line in r.stdout.splitlines() if line.startswith("ok")]
+    checked = 0
+    for name in ("skinny_linear._skinny_kernel", "skinny_epilogue._gate_up_kernel", "post_norm._residual_stats_kernel",
+                 "post_norm._norm_gemm_gelu_kernel"):
+        mine = [line for line in lines if line.split()[2] == name]
+        assert mine, name
+        for line in mine:
+            assert "STACK:0 " in line and line.endswith("pipelined"), line
+            checked += 1
+    attention = [line for line in lines if "_attn_partial_kernel" in line and "'tf32'" in line]   # bf16, 2 stages
+    assert attention and all(line.endswith("pipelined") for line in attention), attention
+    assert checked >= 8
