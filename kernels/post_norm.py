@@ -74,6 +74,7 @@ def norm_linear_gelu_ref(h: torch.Tensor, weight: torch.Tensor, bias: Optional[t
 # --------------------------------------------------------------------------- kernels
 if HAVE_TRITON:
     from .geglu import gelu_tanh_f32
+    from .skinny_linear import rows_times_weight
 
     @triton.jit
     def _residual_stats_kernel(X, W, B, H, HOUT, STATS, M, N, K, sxm, swn, shm, sho, n_blocks,
@@ -82,20 +83,14 @@ if HAVE_TRITON:
         pid_n = tl.program_id(0)
         offs_m = tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
         mmask = offs_m < M
+        nmask = offs_n < N
         wait_for_producer(PDL, True)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + offs_k
-            km = k < K
-            a = tl.load(X + offs_m[:, None] * sxm + k[None, :], mask=mmask[:, None] & km[None, :], other=0.0)
-            w = tl.load(W + offs_n[:, None].to(tl.int64) * swn + k[None, :], mask=km[None, :], other=0.0)
-            acc += tl.dot(a, tl.trans(w))
+        acc = rows_times_weight(X, sxm, W, swn, offs_m, mmask, offs_n, nmask, K, BLOCK_M, BLOCK_N, BLOCK_K)
         release_dependents(PDL)
         if HAS_BIAS:
             acc += tl.load(B + offs_n).to(tl.float32)[None, :]
-        mask = mmask[:, None] & (offs_n < N)[None, :]
+        mask = mmask[:, None] & nmask[None, :]
         hv = tl.load(H + offs_m[:, None] * shm + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
         hn = (hv + acc).to(HOUT.dtype.element_ty)
         tl.store(HOUT + offs_m[:, None] * sho + offs_n[None, :], hn, mask=mask)
@@ -112,18 +107,10 @@ if HAVE_TRITON:
         pid_n = tl.program_id(0)
         offs_m = tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
         mmask = offs_m < M
         nmask = offs_n < N
         wait_for_producer(PDL, True)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + offs_k
-            km = k < K
-            a = tl.load(H + offs_m[:, None] * shm + k[None, :], mask=mmask[:, None] & km[None, :], other=0.0)
-            w = tl.load(W + offs_n[:, None].to(tl.int64) * swn + k[None, :], mask=nmask[:, None] & km[None, :],
-                        other=0.0)
-            acc += tl.dot(a, tl.trans(w))
+        acc = rows_times_weight(H, shm, W, swn, offs_m, mmask, offs_n, nmask, K, BLOCK_M, BLOCK_N, BLOCK_K)
         release_dependents(PDL)
         # each row's mean and rstd from the producer's equal-width blocks (Chan's merge)
         q = tl.arange(0, STATS_BLOCK)

@@ -47,6 +47,22 @@ if HAVE_TRITON:
                 prefetch_l2(base + tl.minimum(k0 + kk + lines, K - 1)[None, :], PDL)
 
     @triton.jit
+    def rows_times_weight(X, sxm, W, swn, offs_m, mmask, offs_n, nmask, K, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """fp32 [BLOCK_M, BLOCK_N] = X[offs_m, :K] @ W[offs_n, :K]^T over all of K (one split): the loop of the
+        kernels that own whole output tiles (kernels/post_norm.py)."""
+        offs_k = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs_k
+            km = k < K
+            a = tl.load(X + offs_m[:, None] * sxm + k[None, :], mask=mmask[:, None] & km[None, :], other=0.0)
+            w = tl.load(W + offs_n[:, None].to(tl.int64) * swn + k[None, :], mask=nmask[:, None] & km[None, :],
+                        other=0.0)
+            acc += tl.dot(a, tl.trans(w))
+        return acc
+
+    @triton.jit
     def bias_act(acc, B, offs_n, nmask, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
         """Epilogue on the fp32 sum: + bias[n], then GELU-tanh when ACT == 1."""
         if HAS_BIAS:
