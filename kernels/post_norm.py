@@ -15,9 +15,19 @@ each row's mean and rstd. Two kernels remain:
 * ``norm_linear_gelu``: merges those per-block statistics into each row's mean and rstd, streams Wu against the
   bf16 residual rows, and applies rstd, the mean correction, the bias and GELU-tanh to the accumulator.
 
+The pi family's expert has the same boundary with an (ada)RMSNorm, ``x = h * rstd * (1 + scale) + shift`` with the
+output GEMM's gated residual ``h_new = h + gate * (a @ Wo^T)`` before it and the GeGLU gate_up after it, so
+
+    x @ W^T = rstd * ((h * (1 + scale)) @ W^T) + shift @ W^T
+
+* ``gated_residual_rms``: the gated residual, each block's row sums of squares, and ``xs = h_new * (1 + scale)``
+  rounded once, plus ``shift`` as one more row of xs (the 64-row tile has room beside one item's 50-51 tokens);
+* ``rms_linear_geglu``: gate_up against xs, rstd applied to the real rows' accumulators, the shift row's
+  accumulator (``shift @ W^T``) added to every row, then GeGLU.
+
 Rounding differs from the three-kernel path (the normalised activations are never rounded to bf16 before the
 GEMM); against fp32 it is as close or closer. ``colsum`` is a property of the weight, made once at load (fp32).
-References: ``residual_with_stats_ref``, ``norm_linear_gelu_ref``.
+References: ``residual_with_stats_ref``, ``norm_linear_gelu_ref``, ``gated_residual_rms_ref``, ``rms_linear_geglu_ref``.
 """
 from __future__ import annotations
 
@@ -29,7 +39,8 @@ from .common import HAVE_TRITON, available, check_tensors, pdl, release_dependen
 from .skinny_linear import fit_stages, skinny_rows, split_plan
 
 __all__ = ["available", "residual_with_stats", "norm_linear_gelu", "residual_with_stats_ref", "norm_linear_gelu_ref",
-           "merge_stats_ref", "column_sums"]
+           "merge_stats_ref", "column_sums", "gated_residual_rms", "rms_linear_geglu", "gated_residual_rms_ref",
+           "rms_linear_geglu_ref"]
 
 
 # --------------------------------------------------------------------------- references
@@ -69,6 +80,35 @@ def norm_linear_gelu_ref(h: torch.Tensor, weight: torch.Tensor, bias: Optional[t
     if bias is not None:
         y = y + bias.float()
     return torch.nn.functional.gelu(y, approximate="tanh").to(h.dtype)
+
+
+def gated_residual_rms_ref(h, x, weight, gate, scale, shift, block_n: int):
+    """(h_new, xs, stats) of ``gated_residual_rms`` in fp32 math: h_new = h + (x @ W^T) * gate (or + x @ W^T)
+    rounded once; xs [M (+1), N] = h_new * (1 + scale) rounded once, then shift's row where given; stats
+    [N / block_n, M] the blocks' row sums of squares of the rounded h_new. gate / scale / shift: [N]."""
+    y = x.float().reshape(-1, weight.shape[1]) @ weight.float().T
+    if gate is not None:
+        y = y * gate.float().reshape(-1)
+    h2 = h.reshape(-1, h.shape[-1])
+    h_new = (h2.float() + y).to(h.dtype)
+    xs = (h_new.float() * (1 + scale.float().reshape(-1))).to(h.dtype)
+    if shift is not None:
+        xs = torch.cat([xs, shift.float().reshape(1, -1).to(h.dtype)])
+    m, n = h_new.shape
+    stats = h_new.float().reshape(m, n // block_n, block_n).pow(2).sum(-1).T.contiguous()
+    return h_new.view(h.shape), xs, stats
+
+
+def rms_linear_geglu_ref(h, scale, shift, gate_up_w, eps: float) -> torch.Tensor:
+    """gelu_tanh(x Wg^T) * (x Wu^T) for x = (ada)RMSNorm(h) = h * rstd * (1 + scale) (+ shift), fp32 math."""
+    hf = h.float().reshape(-1, h.shape[-1])
+    x = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * (1 + scale.float().reshape(-1))
+    if shift is not None:
+        x = x + shift.float().reshape(-1)
+    y = x @ gate_up_w.float().T
+    i = gate_up_w.shape[0] // 2
+    out = torch.nn.functional.gelu(y[:, :i], approximate="tanh") * y[:, i:]
+    return out.to(h.dtype).view(*h.shape[:-1], i)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -130,6 +170,70 @@ if HAVE_TRITON:
                  mask=mmask[:, None] & nmask[None, :])
 
 
+    @triton.jit
+    def _gated_residual_rms_kernel(X, W, G, SC, SH, H, HOUT, XS, STATS, M, N, K, sxm, swn, shm, sho, sxs,
+                                   HAS_GATE: tl.constexpr, HAS_SHIFT: tl.constexpr, BLOCK_M: tl.constexpr,
+                                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        pid_n = tl.program_id(0)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mmask = offs_m < M
+        nmask = offs_n < N
+        wait_for_producer(PDL, True)
+        acc = rows_times_weight(X, sxm, W, swn, offs_m, mmask, offs_n, nmask, K, BLOCK_M, BLOCK_N, BLOCK_K)
+        release_dependents(PDL)
+        if HAS_GATE:
+            acc *= tl.load(G + offs_n).to(tl.float32)[None, :]
+        mask = mmask[:, None] & nmask[None, :]
+        hv = tl.load(H + offs_m[:, None] * shm + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        hn = (hv + acc).to(HOUT.dtype.element_ty)
+        tl.store(HOUT + offs_m[:, None] * sho + offs_n[None, :], hn, mask=mask)
+        hf = tl.where(mask, hn.to(tl.float32), 0.0)
+        tl.store(STATS + pid_n * M + offs_m, tl.sum(hf * hf, axis=1), mask=mmask)
+        scale = 1.0 + tl.load(SC + offs_n).to(tl.float32)
+        tl.store(XS + offs_m[:, None] * sxs + offs_n[None, :], (hf * scale[None, :]).to(XS.dtype.element_ty),
+                 mask=mask)
+        if HAS_SHIFT:
+            tl.store(XS + M * sxs + offs_n, tl.load(SH + offs_n).to(XS.dtype.element_ty))
+
+    @triton.jit
+    def _rms_gemm_geglu_kernel(XS, W, STATS, Y, M, I, K, sxs, swn, sym, n_stats, eps, HAS_SHIFT: tl.constexpr,
+                               STATS_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        pid_n = tl.program_id(0)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        amask = offs_m < M + HAS_SHIFT     # the real rows and, where given, shift's row
+        nmask = offs_n < I
+        wait_for_producer(PDL, True)
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs_k
+            km = k < K
+            a = tl.load(XS + offs_m[:, None] * sxs + k[None, :], mask=amask[:, None] & km[None, :], other=0.0)
+            wmask = nmask[:, None] & km[None, :]
+            wg = tl.load(W + offs_n[:, None].to(tl.int64) * swn + k[None, :], mask=wmask, other=0.0)
+            wu = tl.load(W + (offs_n[:, None] + I).to(tl.int64) * swn + k[None, :], mask=wmask, other=0.0)
+            acc_g += tl.dot(a, tl.trans(wg))
+            acc_u += tl.dot(a, tl.trans(wu))
+        release_dependents(PDL)
+        q = tl.arange(0, STATS_BLOCK)
+        ss = tl.load(STATS + q[:, None] * M + offs_m[None, :], mask=(q[:, None] < n_stats) & (offs_m < M)[None, :],
+                     other=0.0)
+        rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)[:, None]
+        g = rstd * acc_g
+        u = rstd * acc_u
+        if HAS_SHIFT:
+            shift_row = (offs_m == M)[:, None]
+            g += tl.sum(tl.where(shift_row, acc_g, 0.0), axis=0)[None, :]
+            u += tl.sum(tl.where(shift_row, acc_u, 0.0), axis=0)[None, :]
+        out = gelu_tanh_f32(g) * u
+        tl.store(Y + offs_m[:, None] * sym + offs_n[None, :], out.to(Y.dtype.element_ty),
+                 mask=(offs_m < M)[:, None] & nmask[None, :])
+
+
 # --------------------------------------------------------------------------- wrappers
 def residual_with_stats(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
                         *, block_n: int = 16, block_k: int = 128, num_warps: int = 4, num_stages: int = 5
@@ -183,3 +287,62 @@ def norm_linear_gelu(h: torch.Tensor, stats: torch.Tensor, stat_width: int, weig
                                                               weight.element_size()),
                                         **pdl(h.device))
     return y.view(*h.shape[:-1], n)
+
+
+def gated_residual_rms(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, gate: Optional[torch.Tensor],
+                       scale: torch.Tensor, shift: Optional[torch.Tensor], *, block_n: int = 16, block_k: int = 128,
+                       num_warps: int = 4, num_stages: int = 5) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(h_new, xs, stats) as ``gated_residual_rms_ref``: one item's rows (x [..., K], at most 63 with a shift),
+    gate / scale / shift one [N] vector each (fp32 or the model dtype), N a multiple of ``block_n``."""
+    n = weight.shape[0]
+    x2 = skinny_rows(x, weight, n)
+    m, k = x2.shape
+    mods = [("scale", scale)] + [(nm, t) for nm, t in (("gate", gate), ("shift", shift)) if t is not None]
+    check_tensors(("h", h), ("x", x), *mods)
+    if n % block_n or h.shape[:-1] != x.shape[:-1] or h.shape[-1] != n or h.dtype != x.dtype:
+        raise ValueError(f"gated_residual_rms needs h [..., {n}] beside x {tuple(x.shape)} in its dtype and N a "
+                         f"multiple of block_n={block_n}; got h {tuple(h.shape)} {h.dtype}")
+    if any(t.numel() != n or not t.is_contiguous() for _, t in mods):
+        raise ValueError(f"gate / scale / shift must be one contiguous [{n}] vector each (one item)")
+    rows = m + (shift is not None)
+    if rows > 64:
+        raise ValueError(f"at most {64 - (shift is not None)} rows here, got {m}")
+    h2 = h.reshape(-1, n)
+    n_blocks = n // block_n
+    block_m = split_plan(rows, n_blocks, k, block_k, x.device, 1)[0]
+    h_new = torch.empty_like(h2)
+    xs = torch.empty(rows, n, dtype=h.dtype, device=h.device)
+    stats = torch.empty(n_blocks, m, dtype=torch.float32, device=x.device)
+    _gated_residual_rms_kernel[(n_blocks,)](x2, weight, scale if gate is None else gate, scale,
+                                            scale if shift is None else shift, h2, h_new, xs, stats, m, n, k,
+                                            x2.stride(0), weight.stride(0), h2.stride(0), h_new.stride(0),
+                                            xs.stride(0), HAS_GATE=gate is not None, HAS_SHIFT=shift is not None,
+                                            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
+                                            num_stages=fit_stages(num_stages, block_m, block_n, block_k,
+                                                                  weight.element_size()),
+                                            **pdl(x.device))
+    return h_new.view(h.shape), xs, stats
+
+
+def rms_linear_geglu(xs: torch.Tensor, stats: torch.Tensor, rows: int, gate_up_w: torch.Tensor, eps: float, *,
+                     block_n: int = 32, block_k: int = 128, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
+    """GeGLU of (ada)RMSNorm(h) @ [Wg; Wu]^T -> [rows, I] from ``gated_residual_rms``'s xs (with shift's row
+    after the ``rows`` real ones when it has one more) and the row sums of squares ``stats``."""
+    two_i, k = gate_up_w.shape
+    i = two_i // 2
+    has_shift = xs.shape[0] == rows + 1
+    if xs.shape[0] not in (rows, rows + 1) or xs.shape[1] != k or stats.shape[1] != rows or stats.dtype != torch.float32:
+        raise ValueError(f"xs must be [{rows}(+1), {k}] and stats [blocks, {rows}] float32; got {tuple(xs.shape)}, "
+                         f"{tuple(stats.shape)}")
+    skinny_rows(xs, gate_up_w, two_i)
+    n_blocks = triton.cdiv(i, block_n)
+    block_m = split_plan(xs.shape[0], n_blocks, k, block_k, xs.device, 1)[0]
+    y = torch.empty(rows, i, dtype=xs.dtype, device=xs.device)
+    _rms_gemm_geglu_kernel[(n_blocks,)](xs, gate_up_w, stats, y, rows, i, k, xs.stride(0), gate_up_w.stride(0),
+                                        y.stride(0), stats.shape[0], eps, HAS_SHIFT=has_shift,
+                                        STATS_BLOCK=triton.next_power_of_2(stats.shape[0]), BLOCK_M=block_m,
+                                        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
+                                        num_stages=fit_stages(num_stages, block_m, 2 * block_n, block_k,
+                                                              gate_up_w.element_size()),
+                                        **pdl(xs.device))
+    return y

@@ -67,6 +67,14 @@ SPECS = [
     ("post_norm", "_norm_gemm_gelu_kernel", {"CS": "*fp32", "STATS": "*fp32"},
      dict(HAS_BIAS=True, STATS_BLOCK=128, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, PDL=True),
      dict(num_warps=4, num_stages=5)),
+    # the pi expert's (ada)RMSNorm after gate_up's dot: o-proj with the gated residual, xs and row sums; gate_up
+    # with rstd, shift's row and GeGLU (pi0.5's adaRMS)
+    ("post_norm", "_gated_residual_rms_kernel", {"STATS": "*fp32", "G": "*fp32", "SC": "*fp32", "SH": "*fp32"},
+     dict(HAS_GATE=True, HAS_SHIFT=True, BLOCK_M=64, BLOCK_N=16, BLOCK_K=128, PDL=True),
+     dict(num_warps=4, num_stages=5)),
+    ("post_norm", "_rms_gemm_geglu_kernel", {"STATS": "*fp32"},
+     dict(HAS_SHIFT=True, STATS_BLOCK=64, BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, PDL=True),
+     dict(num_warps=4, num_stages=4)),
     # GR00T's DiT (41 rows, bf16 bias): bias + GELU-tanh in the one-split GEMM and in the split-K sum
     ("skinny_linear", "_skinny_kernel", {},
      dict(BLOCK_M=64, BLOCK_N=16, BLOCK_K=128, PDL=True, PREFETCH=True, LINE=64, HAS_BIAS=True, ACT=1),

@@ -40,7 +40,7 @@
 #   ROUND9B=1:      ROUND9's profile again with the tests' tracebacks and GR00T's views / batch 32 (one tarball)
 #   ROUND9C=1:      the short-attention default before / after, GR00T's two-view profile, pi0.5 batch 32
 #   ROUND9D=1:      the five-stage skinny tilings profiled at the few-row GEMM ops, each model before / after
-#   POST_NORM=1:    next session: GR00T's MLP LayerNorm after the up-projection's dot, tested, profiled, timed
+#   POST_NORM=1:    next session: the norm after the next GEMM's dot (GR00T's DiT, the pi expert), tested, profiled, timed
 #   ATTN_PROFILE=1: the short-query attention tilings (16 / 32-row tiles) profiled for GR00T into a copy of the
 #                   shipped profile, GR00T one and two views on each; with the GPU tests landed untested on
 #                   2026-12-02 (every attention tiling, the Cosmos3 runner's text-cache graphs)
@@ -263,20 +263,27 @@ if [ "${ROUND9D:-0}" = 1 ]; then
   exit 0
 fi
 if [ "${POST_NORM:-0}" = 1 ]; then
-  # Next session (written 2026-12-02, not yet run): GR00T's MLP LayerNorm after the up-projection's dot
-  # (kernels/post_norm.py, the linear_add_norm_gelu op): its GPU tests, the op profiled for one and two views into a
-  # copy of the shipped profile, GR00T one / two views on each. At most 8 files under $OUT.
-  checkpoints groot
-  step gpu_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short test/test_post_norm.py \
-    test/test_groot_n17_gpu.py
+  # Next session (written 2026-12-02, not yet run): the norm after the next GEMM's dot (kernels/post_norm.py):
+  # GR00T's DiT (linear_add_norm_gelu) and the pi expert (linear_gated_norm_geglu): the GPU tests, both ops
+  # profiled into a copy of the shipped profile, each model on the copy and on the shipped one. At most 8 files.
+  checkpoints pi05 pi0 groot
+  step gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short test/test_post_norm.py \
+    test/test_groot_n17_gpu.py test/test_pi05_parity.py
   wait; cat "$OUT/ckpt.log" >> "$LOG"; rm -f "$OUT/ckpt.log"
   cp profiles/h200.json "$PROFILE"
-  step profile_post_norm 150 python3 scripts/profile_ops.py --groot /tmp/groot/checkpoint_1view \
-    --groot /tmp/groot/checkpoint_2views --ops linear_add_norm_gelu --merge --out "$PROFILE"
+  step profile_post_norm 200 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 \
+    --tokenizer "$TOK" --groot /tmp/groot/checkpoint_1view --ops linear_add_norm_gelu,linear_gated_norm_geglu \
+    --merge --out "$PROFILE"
   G="python3 scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint --skip-startup --iters 200 --batches 1"
-  PHYAI_OP_PROFILE=$PROFILE step groot_post_norm 70 $G --views 1,2 --out "$OUT/groot_post_norm.json"
-  step groot_shipped 70 $G --views 1,2 --out "$OUT/groot_shipped.json"
-  grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|linear_add_norm_gelu" "$LOG" | cut -c1-300
+  PHYAI_OP_PROFILE=$PROFILE step groot_post_norm 50 $G --views 1 --out "$OUT/groot_post_norm.json"
+  step groot_shipped 50 $G --views 1 --out "$OUT/groot_shipped.json"
+  for m in pi05 pi0; do ck=/tmp/ck05; [ $m = pi0 ] && ck=/tmp/ck0
+    PHYAI_OP_PROFILE=$PROFILE step "${m}_post_norm" 35 $B --model $m --checkpoint $ck --reuse-checkpoint \
+      --skip-startup --iters 200 --batches 1 --out "$OUT/${m}_post_norm.json"
+    step "${m}_shipped" 35 $B --model $m --checkpoint $ck --reuse-checkpoint --skip-startup --iters 200 --batches 1 \
+      --out "$OUT/${m}_shipped.json"
+  done
+  grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|batch 1: median\|_norm_ge" "$LOG" | cut -c1-300
   exit 0
 fi
 if [ "${ATTN_PROFILE:-0}" = 1 ]; then

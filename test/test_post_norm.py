@@ -1,7 +1,8 @@
-"""The DiT's MLP LayerNorm applied after the up-projection's dot (kernels/post_norm.py) against fp32 references:
-the residual GEMM's per-block statistics, their merge into each row's mean and rstd, the normalised GELU
-up-projection, and the selector op that chains them (dispatch.linear_add_norm_gelu) against its two-op
-reference. Interpreter on the CPU (fp32, small shapes); GR00T's real shapes in bf16 under the ``gpu`` marker."""
+"""A norm applied after the next GEMM's dot (kernels/post_norm.py) against fp32 references: GR00T's DiT (the
+residual GEMM's per-block statistics, their merge into each row's mean and rstd, the normalised GELU
+up-projection; dispatch.linear_add_norm_gelu) and the pi expert ((ada)RMSNorm between the output GEMM and the
+GeGLU gate_up; dispatch.linear_gated_norm_geglu), each op against its two-op reference. Interpreter on the CPU
+(fp32, small shapes); the models' real shapes in bf16 under the ``gpu`` marker."""
 import os
 
 import pytest
@@ -119,3 +120,83 @@ def test_fused_candidate_at_the_dit_shapes_in_bf16(name):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out_h, got_h) and torch.equal(out_f, got_f)
+
+
+@needs_triton
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_gated_residual_rms_then_geglu_match_their_references(adaptive):
+    """pi0.5's adaRMS (gate, scale, shift: shift rides as one more row of xs) and pi0's plain RMSNorm."""
+    h, x = _rand(1, 50, 64, seed=21), _rand(1, 50, 96, seed=22)
+    w, wgu = _rand(64, 96, scale=0.1, seed=23), _rand(96, 64, scale=0.1, seed=24)
+    gate, scale, shift = _rand(64, seed=25), _rand(64, scale=0.1, seed=26), _rand(64, scale=0.1, seed=27)
+    if not adaptive:
+        gate = shift = None
+    got = pn.gated_residual_rms(h, x, w, gate, scale, shift, block_n=16, block_k=32)
+    want = pn.gated_residual_rms_ref(h, x, w, gate, scale, shift, 16)
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+    assert got[1].shape[0] == 50 + adaptive
+    y = pn.rms_linear_geglu(got[1], got[2], 50, wgu, 1e-6, block_n=16, block_k=32)
+    ref = pn.rms_linear_geglu_ref(want[0], scale, shift, wgu, 1e-6).reshape(50, 48)
+    assert ((y - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@needs_triton
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_the_expert_op_equals_its_two_op_reference_through_the_fused_candidates(adaptive):
+    h, x = _rand(1, 50, 64, seed=28), _rand(1, 50, 96, seed=29)
+    w, wgu = _rand(64, 96, scale=0.1, seed=30), _rand(128, 64, scale=0.1, seed=31)
+    mod = _rand(3, 64, scale=0.1, seed=32)
+    gate, scale, shift = (mod[0][None, None], mod[1][None, None], mod[2][None, None]) if adaptive else \
+        (None, mod[1], None)
+    cands = {c.name: c for c in dispatch.SELECTOR.candidates["linear_gated_norm_geglu"]}
+    assert list(cands)[-1] == "unfused" and all(c.profiled_only for n, c in cands.items() if n != "unfused")
+    want_h, want_m = cands["unfused"].fn(x, w, h, gate, scale, shift, wgu, 1e-6)
+    for name in ("post_norm", "post_norm_n16"):
+        assert cands[name].supports(x, w, h, gate, scale, shift, wgu, 1e-6)
+        got_h, got_m = cands[name].fn(x, w, h, gate, scale, shift, wgu, 1e-6)
+        torch.testing.assert_close(got_h, want_h, rtol=1e-5, atol=1e-5)
+        assert got_m.shape == want_m.shape and ((got_m - want_m).norm() / want_m.norm()).item() < 1e-5, name
+
+
+def test_the_expert_op_leaves_per_token_modulation_and_large_batches_to_the_reference():
+    """Training-time RTC (a modulation per token) and more rows than one item's tile: the fused candidate
+    declines, the reference runs."""
+    fused = next(c for c in dispatch.SELECTOR.candidates["linear_gated_norm_geglu"] if c.name == "post_norm")
+    w, wgu = torch.zeros(64, 96), torch.zeros(128, 64)
+    per_token = torch.zeros(1, 50, 64)
+    assert not fused.supports(torch.zeros(1, 50, 96), w, torch.zeros(1, 50, 64), per_token, per_token, per_token,
+                              wgu, 1e-6)
+    one = torch.zeros(1, 1, 64)
+    assert not fused.supports(torch.zeros(2, 50, 96), w, torch.zeros(2, 50, 64), one, one, one, wgu, 1e-6)
+    assert fused.supports(torch.zeros(1, 50, 96), w, torch.zeros(1, 50, 64), one, one, one, wgu, 1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["post_norm", "post_norm_n16"])
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_expert_fused_candidate_at_the_pi_shapes_in_bf16(name, adaptive):
+    """pi0.5's (adaRMS, 50 rows) and pi0's (plain RMSNorm, 51 rows) o-proj 2048 -> 1024 and gate_up 1024 -> 2 x
+    4096 in bf16: as close to fp32 as the two-op path, graph replay equal to eager."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    r = lambda *s, sc=1.0: (torch.randn(*s, device="cuda", generator=g) * sc).bfloat16()  # noqa: E731
+    rows = 50 if adaptive else 51
+    h, x = r(1, rows, 1024), r(1, rows, 2048)
+    w, wgu = r(1024, 2048, sc=0.02), r(8192, 1024, sc=0.03)
+    mod = torch.randn(3, 1024, device="cuda", generator=g) * 0.1
+    gate, scale, shift = (mod[0][None, None], mod[1][None, None], mod[2][None, None]) if adaptive else \
+        (None, mod[1].bfloat16(), None)
+    cands = {c.name: c for c in dispatch.SELECTOR.candidates["linear_gated_norm_geglu"]}
+    want_h, _, _ = pn.gated_residual_rms_ref(h.float(), x.float(), w.float(), gate, scale, None, 16)
+    want_m = pn.rms_linear_geglu_ref(want_h, scale, shift, wgu.float(), 1e-6)
+    ref_h, ref_m = cands["unfused"].fn(x, w, h, gate, scale, shift, wgu, 1e-6)
+    got_h, got_m = cands[name].fn(x, w, h, gate, scale, shift, wgu, 1e-6)
+    rel = lambda a: ((a.float() - want_m).norm() / want_m.norm()).item()  # noqa: E731
+    assert ((got_h.float() - ref_h.float()).norm() / ref_h.float().norm()).item() < 4e-3
+    assert rel(got_m) < max(1.25 * rel(ref_m), 6e-3), (rel(got_m), rel(ref_m))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_h, out_m = cands[name].fn(x, w, h, gate, scale, shift, wgu, 1e-6)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out_h, got_h) and torch.equal(out_m, got_m)

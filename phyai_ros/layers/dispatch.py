@@ -413,6 +413,34 @@ def _triton_post_norm(h, x, weight, bias, up_weight, up_bias, up_colsum, eps, *,
     return h_new, norm_linear_gelu(h_new, stats, block_n, up_weight, up_bias, up_colsum, eps, block_n=up_block_n)
 
 
+def _linear_then_norm_geglu(x, weight, h, gate, scale, shift, gate_up_w, eps):
+    """The reference: the output GEMM with its (gated) residual and (ada)RMSNorm as one selector op, then the
+    GeGLU gate_up as another (what the expert ran before this op existed)."""
+    if gate is None and shift is None:
+        normed, h_new = linear_add_rms_norm(x, weight, h, scale, eps)
+    else:
+        h_new, normed = linear_gated_ada_rms_norm(x, weight, h, gate, scale, shift, eps)
+    return h_new, linear_geglu(normed, gate_up_w)
+
+
+def _post_rms_fits(x, weight, h, gate, scale, shift, gate_up_w, eps, *, block_n: int) -> bool:
+    """One item (its rows, plus shift's row, within a 64-row tile), modulation one vector each (not per token),
+    adaRMS (gate and shift) or the plain norm (neither), plain weights of h's dtype."""
+    n = weight.shape[0]
+    rows = x.numel() // x.shape[-1] + (shift is not None)
+    mods = [t for t in (gate, scale, shift) if t is not None]
+    return ((gate is None) == (shift is None) and rows <= 64 and n % block_n == 0 and h.is_contiguous()
+            and h.dtype == x.dtype == weight.dtype == gate_up_w.dtype and x.stride(-1) == 1
+            and all(t.numel() == n and t.is_contiguous() for t in mods))
+
+
+def _triton_post_rms(x, weight, h, gate, scale, shift, gate_up_w, eps, *, block_n: int, up_block_n: int):
+    from phyai_ros.kernels.post_norm import gated_residual_rms, rms_linear_geglu
+    h_new, xs, stats = gated_residual_rms(h, x, weight, gate, scale, shift, block_n=block_n)
+    m = rms_linear_geglu(xs, stats, stats.shape[1], gate_up_w, eps, block_n=up_block_n)
+    return h_new, m.view(*x.shape[:-1], m.shape[-1])
+
+
 # Where no profile has an entry (Jetson Thor ships none), short attention (<= 256 keys, head_dim <= 128: GR00T's
 # DiT and backbone) takes the split-KV kernel with every key of a row in one program and the smallest row tile
 # that keeps the programs within ~1.5 per multiprocessor, SDPA otherwise. On the H200 that rule's pick beat SDPA
@@ -495,6 +523,12 @@ _REGISTRY = {
                                          supports=functools.partial(_post_norm_fits, block_n=bn))
                                for name, bn, ubn in (("post_norm", 16, 64), ("post_norm_n32", 32, 32))),
                              Candidate("unfused", _linear_add_then_norm_gelu)],
+    # The same for the pi expert's (ada)RMSNorm between its output GEMM and its GeGLU gate_up (one item).
+    "linear_gated_norm_geglu": [*(Candidate(name, functools.partial(_triton_post_rms, block_n=16, up_block_n=ubn),
+                                            _CUDA, available=triton_ok, profiled_only=True,
+                                            supports=functools.partial(_post_rms_fits, block_n=16))
+                                  for name, ubn in (("post_norm", 32), ("post_norm_n16", 16))),
+                                Candidate("unfused", _linear_then_norm_geglu)],
     "attention_with_prefix": [*(Candidate(name, functools.partial(_triton_attention_with_prefix, **tiling), _CUDA,
                                           available=triton_ok) for name, tiling in ATTENTION_TILINGS.items()),
                               Candidate("torch", _torch_attention_with_prefix)],
@@ -557,6 +591,18 @@ def linear_add_norm_gelu(h: Tensor, x: Tensor, weight: Weight, bias: Optional[Te
         return _linear_add_then_norm_gelu(h, x, weight, bias, up_weight, up_bias, up_colsum, eps)
     return _selector().call("linear_add_norm_gelu", shape_key(x, weight, up_weight), x.device, h, x, weight, bias,
                             up_weight, up_bias, up_colsum, eps)
+
+
+def linear_gated_norm_geglu(x: Tensor, weight: Weight, h: Tensor, gate: Optional[Tensor], scale: Tensor,
+                            shift: Optional[Tensor], gate_up_w: Weight, eps: float) -> Tuple[Tensor, Tensor]:
+    """(h_new, geglu(norm(h_new) @ gate_up_w^T)) for the pi expert's attention output: h_new = h + linear(x,
+    weight) * gate, norm the adaRMSNorm with (scale, shift) (pi0.5), or h + linear(x, weight) and Gemma's RMSNorm
+    with weight ``scale`` (pi0: gate and shift None). Where a profile picks the fused candidate, the norm is
+    applied after gate_up's dot (kernels/post_norm.py); quantized weights run the two ops."""
+    if isinstance(weight, QuantizedWeight) or isinstance(gate_up_w, QuantizedWeight):
+        return _linear_then_norm_geglu(x, weight, h, gate, scale, shift, gate_up_w, eps)
+    return _selector().call("linear_gated_norm_geglu", shape_key(x, weight, gate_up_w, scale), x.device, x, weight,
+                            h, gate, scale, shift, gate_up_w, eps)
 
 
 def up_column_sums(up_weight: Weight) -> Optional[Tensor]:

@@ -78,8 +78,9 @@ class ExpertNorms(NamedTuple):
 
 def unfused(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, eps: float,
             prefetch: Optional[branch.PrefetchPlan] = None, reach: str = "layer") -> Tensor:
-    """The reference: per layer qkv GEMM, RoPE + attention, o-proj with residual and norm, GeGLU GEMM,
-    down-proj with residual and norm, each through its own selected op; returns the final norm's output.
+    """The reference: per layer qkv GEMM, RoPE + attention, o-proj with residual and norm and the GeGLU GEMM
+    (one selected op, linear_gated_norm_geglu), down-proj with residual and norm, each through its own selected
+    op; returns the final norm's output.
     ``prefetch``: as each layer's attention starts, its GEMMs' weights go into L2 on a side branch (``reach``:
     see ``prefetched_weights``); the values are the same."""
     n = len(layers)
@@ -93,14 +94,13 @@ def unfused(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, 
             branch.fork(layer, prefetched_weights(layers, i, reach), prefetch)
         a = attn_tokens(dispatch.rope_attention_with_prefix(qkv, ctx.cos, ctx.sin, *kv[i], ctx.mask))
         if norms.adaptive:
-            h, x = dispatch.linear_gated_ada_rms_norm(a, layer.o_w, h, norms.gate(2 * i), norms.scale(2 * i + 1),
-                                                      norms.shift(2 * i + 1), eps)
-            h, x = dispatch.linear_gated_ada_rms_norm(dispatch.linear_geglu(x, layer.gate_up_w), layer.down_w, h,
-                                                      norms.gate(2 * i + 1), norms.scale(2 * i + 2),
-                                                      norms.shift(2 * i + 2), eps)
+            h, m = dispatch.linear_gated_norm_geglu(a, layer.o_w, h, norms.gate(2 * i), norms.scale(2 * i + 1),
+                                                    norms.shift(2 * i + 1), layer.gate_up_w, eps)
+            h, x = dispatch.linear_gated_ada_rms_norm(m, layer.down_w, h, norms.gate(2 * i + 1),
+                                                      norms.scale(2 * i + 2), norms.shift(2 * i + 2), eps)
         else:
-            x, h = dispatch.linear_add_rms_norm(a, layer.o_w, h, norms.scale(2 * i + 1), eps)
-            m = dispatch.linear_geglu(x, layer.gate_up_w)
+            h, m = dispatch.linear_gated_norm_geglu(a, layer.o_w, h, None, norms.scale(2 * i + 1), None,
+                                                    layer.gate_up_w, eps)
             if i + 1 < n:
                 x, h = dispatch.linear_add_rms_norm(m, layer.down_w, h, norms.scale(2 * i + 2), eps)
             else:
