@@ -401,6 +401,7 @@ def _linear_add_then_norm_gelu(h, x, weight, bias, up_weight, up_bias, up_colsum
 
 
 def _post_norm_fits(h, x, weight, bias, up_weight, up_bias, up_colsum, eps, *, block_n: int) -> bool:
+    """Few rows (one item of the DiT), the output width a multiple of the producer's blocks, one dtype."""
     from phyai_ros.kernels.skinny_linear import MAX_ROWS
     rows = x.numel() // x.shape[-1]
     return (rows <= MAX_ROWS and weight.shape[0] % block_n == 0 and h.dtype == x.dtype == weight.dtype
@@ -538,7 +539,8 @@ _REGISTRY = {
         *(Candidate(name, functools.partial(_triton_rope_attention, **tiling), _CUDA, available=triton_ok,
                     supports=_rope_attention_fits, profiled_only=True) for name, tiling in ATTENTION_TILINGS.items()),
         Candidate("unfused", _unfused_rope_attention)],
-    # Long-query attention (SigLIP, the prefix): SDPA first; the split-KV kernel is a profiled option.
+    # Short attention (GR00T's DiT and backbone) by short_attention_tiling's rule where no profile speaks; long
+    # attention (the pi prefix) SDPA first; every split-KV tiling a profiled option.
     "attention": [Candidate("triton_short", _triton_short_attention, _CUDA, available=triton_ok,
                             supports=_short_attention),
                   Candidate("sdpa", sdpa, _CUDA),
