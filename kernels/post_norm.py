@@ -117,26 +117,38 @@ if HAVE_TRITON:
     from .skinny_linear import rows_times_weight
 
     @triton.jit
-    def _residual_stats_kernel(X, W, B, H, HOUT, STATS, M, N, K, sxm, swn, shm, sho, n_blocks,
-                               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        pid_n = tl.program_id(0)
+    def output_tile(X, sxm, W, swn, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    PDL: tl.constexpr):
+        """This program's output tile of X @ W^T over all of K (column block = program id), after waiting for X's
+        producer: (acc fp32, rows, columns, row mask, column mask)."""
         offs_m = tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         mmask = offs_m < M
         nmask = offs_n < N
         wait_for_producer(PDL, True)
         acc = rows_times_weight(X, sxm, W, swn, offs_m, mmask, offs_n, nmask, K, BLOCK_M, BLOCK_N, BLOCK_K)
         release_dependents(PDL)
-        if HAS_BIAS:
-            acc += tl.load(B + offs_n).to(tl.float32)[None, :]
-        mask = mmask[:, None] & nmask[None, :]
+        return acc, offs_m, offs_n, mmask, nmask
+
+    @triton.jit
+    def add_residual(acc, H, shm, HOUT, sho, offs_m, offs_n, mask):
+        """h_new = h + acc rounded once to HOUT's dtype, stored; returned in fp32 (0 outside ``mask``)."""
         hv = tl.load(H + offs_m[:, None] * shm + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
         hn = (hv + acc).to(HOUT.dtype.element_ty)
         tl.store(HOUT + offs_m[:, None] * sho + offs_n[None, :], hn, mask=mask)
-        hf = hn.to(tl.float32)
+        return tl.where(mask, hn.to(tl.float32), 0.0)
+
+    @triton.jit
+    def _residual_stats_kernel(X, W, B, H, HOUT, STATS, M, N, K, sxm, swn, shm, sho, n_blocks,
+                               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        acc, offs_m, offs_n, mmask, nmask = output_tile(X, sxm, W, swn, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
+        if HAS_BIAS:
+            acc += tl.load(B + offs_n).to(tl.float32)[None, :]
+        hf = add_residual(acc, H, shm, HOUT, sho, offs_m, offs_n, mmask[:, None] & nmask[None, :])
         mean = tl.sum(hf, axis=1) / BLOCK_N
         d = hf - mean[:, None]
+        pid_n = tl.program_id(0)
         tl.store(STATS + pid_n * M + offs_m, mean, mask=mmask)
         tl.store(STATS + (n_blocks + pid_n) * M + offs_m, tl.sum(d * d, axis=1), mask=mmask)
 
@@ -144,14 +156,7 @@ if HAVE_TRITON:
     def _norm_gemm_gelu_kernel(H, W, B, CS, STATS, Y, M, N, K, shm, swn, sym, n_stats, stat_width, eps,
                                HAS_BIAS: tl.constexpr, STATS_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        pid_n = tl.program_id(0)
-        offs_m = tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mmask = offs_m < M
-        nmask = offs_n < N
-        wait_for_producer(PDL, True)
-        acc = rows_times_weight(H, shm, W, swn, offs_m, mmask, offs_n, nmask, K, BLOCK_M, BLOCK_N, BLOCK_K)
-        release_dependents(PDL)
+        acc, offs_m, offs_n, mmask, nmask = output_tile(H, shm, W, swn, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
         # each row's mean and rstd from the producer's equal-width blocks (Chan's merge)
         q = tl.arange(0, STATS_BLOCK)
         smask = (q[:, None] < n_stats) & mmask[None, :]
@@ -169,27 +174,16 @@ if HAVE_TRITON:
         tl.store(Y + offs_m[:, None] * sym + offs_n[None, :], y.to(Y.dtype.element_ty),
                  mask=mmask[:, None] & nmask[None, :])
 
-
     @triton.jit
     def _gated_residual_rms_kernel(X, W, G, SC, SH, H, HOUT, XS, STATS, M, N, K, sxm, swn, shm, sho, sxs,
                                    HAS_GATE: tl.constexpr, HAS_SHIFT: tl.constexpr, BLOCK_M: tl.constexpr,
                                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        pid_n = tl.program_id(0)
-        offs_m = tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mmask = offs_m < M
-        nmask = offs_n < N
-        wait_for_producer(PDL, True)
-        acc = rows_times_weight(X, sxm, W, swn, offs_m, mmask, offs_n, nmask, K, BLOCK_M, BLOCK_N, BLOCK_K)
-        release_dependents(PDL)
+        acc, offs_m, offs_n, mmask, nmask = output_tile(X, sxm, W, swn, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
         if HAS_GATE:
             acc *= tl.load(G + offs_n).to(tl.float32)[None, :]
         mask = mmask[:, None] & nmask[None, :]
-        hv = tl.load(H + offs_m[:, None] * shm + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
-        hn = (hv + acc).to(HOUT.dtype.element_ty)
-        tl.store(HOUT + offs_m[:, None] * sho + offs_n[None, :], hn, mask=mask)
-        hf = tl.where(mask, hn.to(tl.float32), 0.0)
-        tl.store(STATS + pid_n * M + offs_m, tl.sum(hf * hf, axis=1), mask=mmask)
+        hf = add_residual(acc, H, shm, HOUT, sho, offs_m, offs_n, mask)
+        tl.store(STATS + tl.program_id(0) * M + offs_m, tl.sum(hf * hf, axis=1), mask=mmask)
         scale = 1.0 + tl.load(SC + offs_n).to(tl.float32)
         tl.store(XS + offs_m[:, None] * sxs + offs_n[None, :], (hf * scale[None, :]).to(XS.dtype.element_ty),
                  mask=mask)
