@@ -40,6 +40,8 @@ H = 20
 BATCH_WAIT_S = 0.25   # long enough on 2 busy cores that concurrent requests share one batch
 TOKEN = secrets.token_urlsafe(16)
 
+REPLACE_S = 180   # how long a dead replica may take to be replaced (Ray restarts it; slow under load)
+
 
 def _client(url: str, timeout: float = 30) -> HttpPolicyClient:
     return HttpPolicyClient(url, timeout=timeout, token=TOKEN)
@@ -243,15 +245,16 @@ def test_replica_dying_mid_batch_fails_every_request_clearly_then_recovers(endpo
         # never silent, never another robot's chunk: an error, or (if it ran on the restarted replica) its own
         assert isinstance(res, ServeError) or (isinstance(res, Reply) and res.robot_id == robot), res
     assert isinstance(results[0], ServeError) and results[0].status >= 500
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:   # Serve replaces the dead replica
+    # Serve replaces the dead replica; a loaded two-core CI machine saw that take over 60 s (2026-12-02)
+    deadline = time.monotonic() + REPLACE_S
+    while time.monotonic() < deadline:
         try:
             rep = _client(endpoint).infer(victim)
             break
         except ServeError:
             time.sleep(1.0)
     else:
-        pytest.fail("the replica was not replaced within 60 s")
+        pytest.fail(f"the replica was not replaced within {REPLACE_S} s")
     assert rep.robot_id == "robot_v" and np.abs(rep.actions - _alone(engine, victim)).max() <= 1e-5
     assert serve.status().applications[APP_NAME].status == "RUNNING"
 
