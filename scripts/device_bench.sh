@@ -267,20 +267,20 @@ if [ "${POST_NORM:-0}" = 1 ]; then
   # GR00T's DiT (linear_add_norm_gelu) and the pi expert (linear_gated_norm_geglu): the GPU tests, both ops
   # profiled into a copy of the shipped profile, each model on the copy and on the shipped one. At most 8 files.
   checkpoints pi05 pi0 groot
-  step gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short test/test_post_norm.py \
+  step gpu_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short test/test_post_norm.py \
     test/test_groot_n17_gpu.py test/test_pi05_parity.py
   wait; cat "$OUT/ckpt.log" >> "$LOG"; rm -f "$OUT/ckpt.log"
   cp profiles/h200.json "$PROFILE"
-  step profile_post_norm 200 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 \
+  step profile_post_norm 180 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 \
     --tokenizer "$TOK" --groot /tmp/groot/checkpoint_1view --ops linear_add_norm_gelu,linear_gated_norm_geglu \
     --merge --out "$PROFILE"
   G="python3 scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint --skip-startup --iters 200 --batches 1"
-  PHYAI_OP_PROFILE=$PROFILE step groot_post_norm 50 $G --views 1 --out "$OUT/groot_post_norm.json"
-  step groot_shipped 50 $G --views 1 --out "$OUT/groot_shipped.json"
+  PHYAI_OP_PROFILE=$PROFILE step groot_post_norm 45 $G --views 1 --out "$OUT/groot_post_norm.json"
+  step groot_shipped 45 $G --views 1 --out "$OUT/groot_shipped.json"
   for m in pi05 pi0; do ck=/tmp/ck05; [ $m = pi0 ] && ck=/tmp/ck0
-    PHYAI_OP_PROFILE=$PROFILE step "${m}_post_norm" 35 $B --model $m --checkpoint $ck --reuse-checkpoint \
+    PHYAI_OP_PROFILE=$PROFILE step "${m}_post_norm" 30 $B --model $m --checkpoint $ck --reuse-checkpoint \
       --skip-startup --iters 200 --batches 1 --out "$OUT/${m}_post_norm.json"
-    step "${m}_shipped" 35 $B --model $m --checkpoint $ck --reuse-checkpoint --skip-startup --iters 200 --batches 1 \
+    step "${m}_shipped" 30 $B --model $m --checkpoint $ck --reuse-checkpoint --skip-startup --iters 200 --batches 1 \
       --out "$OUT/${m}_shipped.json"
   done
   grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|batch 1: median\|_norm_ge" "$LOG" | cut -c1-300
