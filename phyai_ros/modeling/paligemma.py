@@ -70,7 +70,10 @@ class PaliGemmaPrefix(nn.Module):
         keys after RoPE. The last layer's attention/MLP and the final norm are skipped: nothing reads them."""
         cfg = self.cfg.vlm
         cos, sin = ops.rope_cos_sin(prefix_positions(prefix_pad), self.vlm_inv_freq, prefix_embs.dtype)
-        mask = ops.bool_to_additive_mask(prefix_pad[:, :, None] & prefix_pad[:, None, :])
+        # Keys only: every valid query attends to every valid key (a bidirectional prefix). Padding rows then
+        # attend too, but nothing reads them: their keys are masked for every later query and for the expert.
+        # A per-key mask is one mask row per key block for the attention kernel, not a [rows, keys] tile.
+        mask = ops.bool_to_additive_mask(prefix_pad[:, None, :])
         h = prefix_embs
         layers = self.vlm_layers
         x = dispatch.rms_norm(h, layers[0].in_norm_w, cfg.rms_eps)
