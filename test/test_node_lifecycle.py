@@ -21,16 +21,28 @@ class Lifecycle:
     def __init__(self, robot: FakeRobot, node: str = "/phyai_policy"):
         from lifecycle_msgs.srv import ChangeState, GetState
         self.robot = robot
-        self.get = robot.node.create_client(GetState, f"{node}/get_state")
-        self.change = robot.node.create_client(ChangeState, f"{node}/change_state")
+        self._services = {"get": (GetState, f"{node}/get_state"), "change": (ChangeState, f"{node}/change_state")}
+        self._clients = {key: robot.node.create_client(*spec) for key, spec in self._services.items()}
         self._types = (ChangeState, GetState)
 
-    def _call(self, client, request, timeout: float = 120.0, resend_s: float = 0.0):
+    def _ready(self, key: str):
+        """The service's client once the service is discovered. Discovery can take long on a loaded 2-core CI
+        machine while the node warms up (a full-suite run once needed more than 60 s; alone about one), and one
+        full-suite run never matched a client within 150 s while the node's topics flowed: a client not matched
+        within 30 s is made again (a fresh discovery), for up to 240 s in all."""
+        deadline = time.monotonic() + 240
+        while True:
+            client = self._clients[key]
+            if self.robot.spin_until(client.service_is_ready, min(30.0, max(deadline - time.monotonic(), 0.0))):
+                return client
+            assert time.monotonic() < deadline, f"lifecycle service {self._services[key][1]} not up"
+            self.robot.node.destroy_client(client)
+            self._clients[key] = self.robot.node.create_client(*self._services[key])
+
+    def _call(self, key: str, request, timeout: float = 120.0, resend_s: float = 0.0):
         """One request (a query is sent again every ``resend_s`` until answered: a reply can be lost while the
         client's response reader is still being discovered, which service_is_ready does not cover)."""
-        # discovery of the node's services can take long on a loaded 2-core CI machine while the node warms up
-        # (a full-suite run once needed more than 60 s; alone it takes about one)
-        assert self.robot.spin_until(client.service_is_ready, 150), "lifecycle service not up"
+        client = self._ready(key)
         deadline = time.monotonic() + timeout
         while True:
             future = client.call_async(request)
@@ -40,7 +52,7 @@ class Lifecycle:
             assert time.monotonic() < deadline, "no answer"
 
     def state(self) -> str:
-        return self._call(self.get, self._types[1].Request(), resend_s=5.0).current_state.label
+        return self._call("get", self._types[1].Request(), resend_s=5.0).current_state.label
 
     def transition(self, label: str) -> bool:
         from lifecycle_msgs.msg import Transition
@@ -49,7 +61,7 @@ class Lifecycle:
                "shutdown": Transition.TRANSITION_INACTIVE_SHUTDOWN}
         request = self._types[0].Request()
         request.transition.id = ids[label]
-        return self._call(self.change, request).success
+        return self._call("change", request).success
 
 
 def margin_message(robot: FakeRobot) -> str:
