@@ -36,7 +36,7 @@ from typing import Optional, Tuple
 import torch
 
 from .common import HAVE_TRITON, available, check_tensors, pdl, release_dependents, tl, triton, wait_for_producer
-from .skinny_linear import fit_stages, skinny_rows, split_plan
+from .skinny_linear import MAX_ROWS, fit_stages, skinny_rows, split_plan
 
 __all__ = ["available", "residual_with_stats", "norm_linear_gelu", "residual_with_stats_ref", "norm_linear_gelu_ref",
            "merge_stats_ref", "column_sums", "gated_residual_rms", "rms_linear_geglu", "gated_residual_rms_ref",
@@ -232,7 +232,7 @@ if HAVE_TRITON:
 def residual_with_stats(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
                         *, block_n: int = 16, block_k: int = 128, num_warps: int = 4, num_stages: int = 5
                         ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(h_new, stats) as ``residual_with_stats_ref``: h [..., N] the residual stream, x [..., K] (<= 64 rows),
+    """(h_new, stats) as ``residual_with_stats_ref``: h [..., N] the residual stream, x [..., K] (<= MAX_ROWS rows),
     weight [N, K] with N a multiple of ``block_n``; one program per column block over all of K."""
     n = weight.shape[0]
     x2 = skinny_rows(x, weight, n)
@@ -256,20 +256,21 @@ def residual_with_stats(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, 
     return h_new.view(h.shape), stats
 
 
-def norm_linear_gelu(h: torch.Tensor, stats: torch.Tensor, stat_width: int, weight: torch.Tensor,
+def norm_linear_gelu(h: torch.Tensor, stats: torch.Tensor, weight: torch.Tensor,
                      bias: Optional[torch.Tensor], colsum: torch.Tensor, eps: float, *, block_n: int = 64,
                      block_k: int = 128, num_warps: int = 4, num_stages: int = 5) -> torch.Tensor:
     """gelu_tanh(LayerNorm(h) @ weight^T + bias) -> [..., N], LN without affine, from ``residual_with_stats``'s
-    statistics of h (blocks ``stat_width`` wide) and ``colsum = column_sums(weight)``."""
+    statistics of h (equal blocks: K / stats.shape[1] wide) and ``colsum = column_sums(weight)``."""
     n, k = weight.shape
     h2 = skinny_rows(h, weight, n)
     m = h2.shape[0]
     check_tensors(("colsum", colsum))
-    if stats.shape != (2, k // stat_width, m) or stats.dtype != torch.float32 or k % stat_width:
-        raise ValueError(f"stats must be [2, {k} / {stat_width}, {m}] float32, got {tuple(stats.shape)}")
+    n_stats = stats.shape[1] if stats.dim() == 3 else 0
+    if stats.shape != (2, n_stats, m) or stats.dtype != torch.float32 or not n_stats or k % n_stats:
+        raise ValueError(f"stats must be [2, blocks dividing {k}, {m}] float32, got {tuple(stats.shape)}")
+    stat_width = k // n_stats
     if colsum.shape != (n,) or colsum.dtype != torch.float32:
         raise ValueError(f"colsum must be [{n}] float32 (column_sums(weight)), got {tuple(colsum.shape)}")
-    n_stats = stats.shape[1]
     n_blocks = triton.cdiv(n, block_n)
     block_m = split_plan(m, n_blocks, k, block_k, h.device, 1)[0]
     y = torch.empty(m, n, dtype=h.dtype, device=h.device)
@@ -299,8 +300,8 @@ def gated_residual_rms(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, g
     if any(t.numel() != n or not t.is_contiguous() for _, t in mods):
         raise ValueError(f"gate / scale / shift must be one contiguous [{n}] vector each (one item)")
     rows = m + (shift is not None)
-    if rows > 64:
-        raise ValueError(f"at most {64 - (shift is not None)} rows here, got {m}")
+    if rows > MAX_ROWS:
+        raise ValueError(f"at most {MAX_ROWS - (shift is not None)} rows here, got {m}")
     h2 = h.reshape(-1, n)
     n_blocks = n // block_n
     block_m = split_plan(rows, n_blocks, k, block_k, x.device, 1)[0]
@@ -318,14 +319,15 @@ def gated_residual_rms(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, g
     return h_new.view(h.shape), xs, stats
 
 
-def rms_linear_geglu(xs: torch.Tensor, stats: torch.Tensor, rows: int, gate_up_w: torch.Tensor, eps: float, *,
+def rms_linear_geglu(xs: torch.Tensor, stats: torch.Tensor, gate_up_w: torch.Tensor, eps: float, *,
                      block_n: int = 32, block_k: int = 128, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
     """GeGLU of (ada)RMSNorm(h) @ [Wg; Wu]^T -> [rows, I] from ``gated_residual_rms``'s xs (with shift's row
-    after the ``rows`` real ones when it has one more) and the row sums of squares ``stats``."""
+    after the real ones when it has one more) and the rows' sums of squares ``stats`` [blocks, rows]."""
     two_i, k = gate_up_w.shape
     i = two_i // 2
+    rows = stats.shape[-1]
     has_shift = xs.shape[0] == rows + 1
-    if xs.shape[0] not in (rows, rows + 1) or xs.shape[1] != k or stats.shape[1] != rows or stats.dtype != torch.float32:
+    if xs.shape[0] not in (rows, rows + 1) or xs.shape[1] != k or stats.dim() != 2 or stats.dtype != torch.float32:
         raise ValueError(f"xs must be [{rows}(+1), {k}] and stats [blocks, {rows}] float32; got {tuple(xs.shape)}, "
                          f"{tuple(stats.shape)}")
     skinny_rows(xs, gate_up_w, two_i)

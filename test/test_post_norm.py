@@ -58,11 +58,11 @@ def test_norm_linear_gelu_is_the_layer_norm_then_the_gelu_up_projection(stat_wid
     w, b = _rand(80, 64, scale=0.1, seed=7), _rand(80, seed=8)
     _, stats = pn.residual_with_stats_ref(h, torch.zeros(1, 41, 8, device=DEVICE), torch.zeros(64, 8, device=DEVICE),
                                           None, stat_width)
-    got = pn.norm_linear_gelu(h, stats, stat_width, w, b, pn.column_sums(w), 1e-6, block_n=block_n, block_k=32)
+    got = pn.norm_linear_gelu(h, stats, w, b, pn.column_sums(w), 1e-6, block_n=block_n, block_k=32)
     want = pn.norm_linear_gelu_ref(h, w, b, 1e-6)
     assert ((got - want).norm() / want.norm()).item() < 1e-5
     with pytest.raises(ValueError, match="colsum"):
-        pn.norm_linear_gelu(h, stats, stat_width, w, b, pn.column_sums(w)[:-1], 1e-6)
+        pn.norm_linear_gelu(h, stats, w, b, pn.column_sums(w)[:-1], 1e-6)
 
 
 @needs_triton
@@ -136,7 +136,7 @@ def test_gated_residual_rms_then_geglu_match_their_references(adaptive):
     for g, e in zip(got, want):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
     assert got[1].shape[0] == 50 + adaptive
-    y = pn.rms_linear_geglu(got[1], got[2], 50, wgu, 1e-6, block_n=16, block_k=32)
+    y = pn.rms_linear_geglu(got[1], got[2], wgu, 1e-6, block_n=16, block_k=32)
     ref = pn.rms_linear_geglu_ref(want[0], scale, shift, wgu, 1e-6).reshape(50, 48)
     assert ((y - ref).norm() / ref.norm()).item() < 1e-5
 

@@ -402,16 +402,15 @@ def _linear_add_then_norm_gelu(h, x, weight, bias, up_weight, up_bias, up_colsum
 
 def _post_norm_fits(h, x, weight, bias, up_weight, up_bias, up_colsum, eps, *, block_n: int) -> bool:
     """Few rows (one item of the DiT), the output width a multiple of the producer's blocks, one dtype."""
-    from phyai_ros.kernels.skinny_linear import MAX_ROWS
     rows = x.numel() // x.shape[-1]
-    return (rows <= MAX_ROWS and weight.shape[0] % block_n == 0 and h.dtype == x.dtype == weight.dtype
+    return (rows <= SKINNY_ROWS and weight.shape[0] % block_n == 0 and h.dtype == x.dtype == weight.dtype
             == up_weight.dtype and h.is_contiguous() and x.stride(-1) == 1)
 
 
 def _triton_post_norm(h, x, weight, bias, up_weight, up_bias, up_colsum, eps, *, block_n: int, up_block_n: int):
     from phyai_ros.kernels.post_norm import norm_linear_gelu, residual_with_stats
     h_new, stats = residual_with_stats(h, x, weight, bias, block_n=block_n)
-    return h_new, norm_linear_gelu(h_new, stats, block_n, up_weight, up_bias, up_colsum, eps, block_n=up_block_n)
+    return h_new, norm_linear_gelu(h_new, stats, up_weight, up_bias, up_colsum, eps, block_n=up_block_n)
 
 
 def _linear_then_norm_geglu(x, weight, h, gate, scale, shift, gate_up_w, eps):
@@ -430,7 +429,7 @@ def _post_rms_fits(x, weight, h, gate, scale, shift, gate_up_w, eps, *, block_n:
     n = weight.shape[0]
     rows = x.numel() // x.shape[-1] + (shift is not None)
     mods = [t for t in (gate, scale, shift) if t is not None]
-    return ((gate is None) == (shift is None) and rows <= 64 and n % block_n == 0 and h.is_contiguous()
+    return ((gate is None) == (shift is None) and rows <= SKINNY_ROWS and n % block_n == 0 and h.is_contiguous()
             and h.dtype == x.dtype == weight.dtype == gate_up_w.dtype and x.stride(-1) == 1
             and all(t.numel() == n and t.is_contiguous() for t in mods))
 
@@ -438,7 +437,7 @@ def _post_rms_fits(x, weight, h, gate, scale, shift, gate_up_w, eps, *, block_n:
 def _triton_post_rms(x, weight, h, gate, scale, shift, gate_up_w, eps, *, block_n: int, up_block_n: int):
     from phyai_ros.kernels.post_norm import gated_residual_rms, rms_linear_geglu
     h_new, xs, stats = gated_residual_rms(h, x, weight, gate, scale, shift, block_n=block_n)
-    m = rms_linear_geglu(xs, stats, stats.shape[1], gate_up_w, eps, block_n=up_block_n)
+    m = rms_linear_geglu(xs, stats, gate_up_w, eps, block_n=up_block_n)
     return h_new, m.view(*x.shape[:-1], m.shape[-1])
 
 
