@@ -54,6 +54,28 @@ def test_runner_matches_fixture_and_reference_solver(case):
     assert (out - ref).abs().max().item() <= 1e-5
 
 
+def test_frames_first_then_the_prompt_is_the_one_step_path_and_one_vision_serves_every_prompt_length():
+    """predict_batch starts the vision stage on the frames before the prompt exists (set_images, then
+    set_language); it computes what prepare + sample_actions compute, bit for bit. The frames' buffers and vision
+    stage belong to the camera shape: prompts of two lengths (token buckets) share them."""
+    policy, prepared, inp, _ = load()
+    tasks = json.loads((PI05 / "inputs.json").read_text())["tasks"]
+    images = {k[len(IMG):]: v.numpy() for k, v in inp.items() if k.startswith(IMG)}
+    state = inp["raw.observation.state"].numpy()
+    two_step = policy.unnormalize_actions(policy.sample_actions(prepared, inp["noise"])).clone()
+    assert torch.equal(policy.predict_batch(images, state, tasks, noise=inp["noise"]), two_step)
+    cfg = policy.config
+    runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False,
+                        token_bucket=16)
+    frames = runner.set_images(prepared.images, prepared.image_masks)
+    short = prepared.token_masks.clone()
+    short[:, 16:] = False
+    a = runner.set_language(frames, prepared.tokens, short)
+    b = runner.set_language(frames, prepared.tokens, prepared.token_masks)
+    assert a is not b and a.tokens.shape[1] == 16 < b.tokens.shape[1] and a.frames is b.frames is frames
+    assert runner.set_images(prepared.images, prepared.image_masks) is frames
+
+
 def test_prefix_state_is_invalidated_and_reused_explicitly():
     policy, prepared, inp, _ = load()
     runner, bucket, first = run_runner(policy, prepared, inp["noise"])
@@ -169,7 +191,7 @@ def test_a_camera_absent_from_the_batch_is_skipped_not_computed_masked(model):
         runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False,
                             state_dim=cfg.max_state_dim, skip_absent_cameras=skip)
         bucket = runner.set_observation(x.images, x.image_masks, x.tokens, x.token_masks, policy.state_padded(x))
-        assert bucket.images.shape[1] == (2 if skip else 3)
+        assert bucket.frames.images.shape[1] == (2 if skip else 3)
         kv = bucket.prefix.outputs[0][0][0]   # layer 0's prefix keys [B, Hkv, P, hd]
         assert kv.shape[2] == (2 if skip else 3) * 256 + x.tokens.shape[1]
         out[skip] = runner.sample(bucket, inp["noise"]).clone()
@@ -188,7 +210,7 @@ def test_only_an_absent_tail_is_skipped():
     assert runner.slots_kept(torch.tensor([[True, False, False]] * 2)) == 1
     assert runner.slots_kept(torch.zeros(2, 3, dtype=torch.bool)) == 3
     bucket = runner.set_observation(x.images, masks, x.tokens, x.token_masks)
-    assert bucket.images.shape[1] == 3
+    assert bucket.frames.images.shape[1] == 3
 
 
 def test_start_up_covers_every_camera_count_from_the_required_ones():
@@ -221,7 +243,7 @@ def test_under_graphs_an_absent_camera_is_skipped_only_into_a_start_up_bucket():
         captured = runner.registry.keys()
         bucket = runner.set_observation(x.images, x.image_masks, x.tokens, x.token_masks)
         got = runner.sample(bucket, noise).clone()
-        assert runner.registry.keys() == captured and bucket.images.shape[1] == slots
+        assert runner.registry.keys() == captured and bucket.frames.images.shape[1] == slots
         assert (got - want).abs().max().item() <= 1e-5
 
 

@@ -48,22 +48,31 @@ class PaliGemmaPrefix(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.device
 
-    def embed_prefix(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor
-                     ) -> Tuple[Tensor, Tensor]:
-        """images [B,S,3,224,224], image_masks [B,S], tokens/token_masks [B,L] -> prefix_embs [B,S*256+L,W],
-        prefix_pad [B,S*256+L]: camera slots (SigLIP + projector) in slot order, then language embeddings
-        scaled by sqrt(width); pad = slot mask broadcast over its tokens, then token mask. Masked slots and
-        pad tokens are embedded too (static shapes)."""
+    def embed_images(self, images: Tensor) -> Tensor:
+        """images [B,S,3,224,224] -> [B,S*256,W]: camera slots (SigLIP + projector) in slot order. Frames alone:
+        the runner starts this stage while the host still builds the prompt (design.md §1, the host side)."""
         b, n_slots = images.shape[:2]
         size = self.cfg.siglip.image_size
         img = self.vision(images.reshape(b * n_slots, 3, size, size))
         img = ops.linear(img, self.proj_w, self.proj_b)
-        n_tok = img.shape[1]
-        img = img.reshape(b, n_slots * n_tok, -1)
+        return img.reshape(b, n_slots * img.shape[1], -1)
+
+    def join_prefix(self, image_embs: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor
+                    ) -> Tuple[Tensor, Tensor]:
+        """embed_images' output, image_masks [B,S], tokens/token_masks [B,L] -> prefix_embs [B,S*256+L,W],
+        prefix_pad [B,S*256+L]: the camera slots, then language embeddings scaled by sqrt(width); pad = slot mask
+        broadcast over its tokens, then token mask. Masked slots and pad tokens are embedded too (static shapes)."""
+        b, n_slots = image_masks.shape
+        n_tok = image_embs.shape[1] // n_slots
         lang = ops.embedding(tokens, self.embed_tokens) * math.sqrt(self.cfg.vlm.width)
-        embs = torch.cat([img, lang.to(img.dtype)], dim=1)
+        embs = torch.cat([image_embs, lang.to(image_embs.dtype)], dim=1)
         img_pad = image_masks[:, :, None].expand(b, n_slots, n_tok).reshape(b, n_slots * n_tok)
         return embs, torch.cat([img_pad, token_masks], dim=1)
+
+    def embed_prefix(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor
+                     ) -> Tuple[Tensor, Tensor]:
+        """images [B,S,3,224,224] and the prompt -> (prefix_embs, prefix_pad): embed_images, then join_prefix."""
+        return self.join_prefix(self.embed_images(images), image_masks, tokens, token_masks)
 
     def prefix_kv(self, prefix_embs: Tensor, prefix_pad: Tensor) -> PrefixKV:
         """LM pass over the prefix (bidirectional among valid tokens) -> each layer's (k, v) [B,Hkv,P,hd],

@@ -2,15 +2,17 @@
 
 Ownership (design.md §1): the model says *what* to compute (stage functions), the adapter which solver
 request (the RTC tensors); the runner owns *how*, and the stage order, once: per-bucket static input
-buffers, the prefix KV cache and its validity, precomputed time tables, and three captured graphs per
-bucket (vision+embedding, prefix KV, the whole denoising loop with its RTC guidance). The adapters sample
-through it on every device: on the CPU, or with graphs off, the same functions run eagerly on the same
-buffers, so both paths compute the same thing. Requests the captured loop does not hold (training-time RTC,
+buffers, the prefix KV cache and its validity, precomputed time tables, and three captured graphs: the
+vision stage per camera shape (frames only, so that it starts while the host still builds the prompt:
+``set_images``, then ``set_language``), and per bucket the prefix KV and the whole denoising loop with its RTC
+guidance. The adapters sample through it on every device: on the CPU, or with graphs off, the same functions
+run eagerly on the same buffers, so both paths compute the same thing. Requests the captured loop does not hold (training-time RTC,
 the paper's VJP form, a per-step trace) run the reference solver loop eagerly against the same prefix state.
 
 The model object must provide the pi-family stage API (pi0.5 and pi0 both do)::
 
-    embed_prefix(images, image_masks, tokens, token_masks) -> (embs, pad)
+    embed_images(images) -> image_embs
+    join_prefix(image_embs, image_masks, tokens, token_masks) -> (embs, pad)
     prefix_state(embs, pad, state_padded) -> what every step of one observation reuses (KV, masks, ...)
     step_tables(t_table) -> per-step time conditioning, indexable by step (per token for training-time RTC:
         solver.per_token mixes step k's table with the t = 0 one)
@@ -34,11 +36,20 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass
-class _Bucket:
-    """Static buffers of one (batch, prefix length) shape bucket, and its graphs."""
+class _Frames:
+    """Static camera buffers of one (batch, camera slots, size) shape, and the vision stage over them."""
 
     images: Tensor
     image_masks: Tensor
+    vision: Optional[CapturedCall] = None
+    embs: Optional[Tensor] = None          # the vision stage's output for the frames last set
+
+
+@dataclass
+class _Bucket:
+    """Static buffers of one (batch, camera slots, prompt length) shape bucket, and its graphs."""
+
+    frames: _Frames
     tokens: Tensor
     token_masks: Tensor
     state: Tensor
@@ -46,7 +57,6 @@ class _Bucket:
     rtc_y: Tensor
     rtc_weights: Tensor
     rtc_guidance: Tensor
-    vision: Optional[CapturedCall] = None
     prefix: Optional[CapturedCall] = None
     loop: Optional[CapturedCall] = None
     prefix_for: Optional[int] = None   # id of the observation the prefix state holds, None = invalid
@@ -76,15 +86,16 @@ class FlowRunner:
             self.tables = model.step_tables(self.t_table)   # before the loop, once per model
             self.clean_table = model.step_tables(torch.zeros(1, device=self.device))[0]   # flow time 0
         self.registry = GraphRegistry() if self.use_graphs else None
+        self._frames: dict[tuple, _Frames] = {}
         self._buckets: dict[tuple, _Bucket] = {}
         self._observation_ids = itertools.count(1)
 
     # ---------------------------------------------------------------- stages as capture-safe functions
-    def vision_stage(self, images, image_masks, tokens, token_masks):
-        return self.model.embed_prefix(images, image_masks, tokens, token_masks)
+    def vision_stage(self, images):
+        return self.model.embed_images(images)
 
-    def prefix_stage(self, embs, pad, state):
-        return self.model.prefix_state(embs, pad, state)
+    def prefix_stage(self, image_embs, image_masks, tokens, token_masks, state):
+        return self.model.prefix_state(*self.model.join_prefix(image_embs, image_masks, tokens, token_masks), state)
 
     def loop_stage(self, prefix_state, noise, y, weights, guidance):
         x = noise
@@ -110,14 +121,22 @@ class FlowRunner:
     def _bucket_key(batch: int, n_slots: int, size: int, n_tokens: int) -> tuple:
         return (batch, n_slots, n_tokens, size)
 
-    def _bucket(self, batch: int, n_slots: int, size: int, n_tokens: int) -> _Bucket:
+    def _frames_for(self, batch: int, n_slots: int, size: int) -> _Frames:
+        f = self._frames.get((batch, n_slots, size))
+        if f is None:
+            f = _Frames(images=torch.zeros(batch, n_slots, 3, size, size, device=self.device, dtype=torch.float32),
+                        image_masks=torch.zeros(batch, n_slots, device=self.device, dtype=torch.bool))
+            self._frames[(batch, n_slots, size)] = f
+        return f
+
+    def _bucket(self, frames: _Frames, n_tokens: int) -> _Bucket:
+        batch, n_slots, _, size, _ = frames.images.shape
         key = self._bucket_key(batch, n_slots, size, n_tokens)
         b = self._buckets.get(key)
         if b is None:
             dev, f32 = self.device, torch.float32
             b = _Bucket(
-                images=torch.zeros(batch, n_slots, 3, size, size, device=dev, dtype=f32),
-                image_masks=torch.zeros(batch, n_slots, device=dev, dtype=torch.bool),
+                frames=frames,
                 tokens=torch.zeros(batch, n_tokens, device=dev, dtype=torch.long),
                 token_masks=torch.zeros(batch, n_tokens, device=dev, dtype=torch.bool),
                 state=torch.zeros(batch, self.state_dim, device=dev, dtype=f32),
@@ -173,46 +192,64 @@ class FlowRunner:
 
     # ---------------------------------------------------------------- execution
     @torch.no_grad()
-    def set_observation(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor,
-                        state: Optional[Tensor] = None, new_bucket: bool = False,
-                        host_masks: Optional[tuple] = None) -> _Bucket:
-        """Copy a new observation into its bucket and compute its prefix state (invalidating the old one).
-        state: normalized, zero-padded [B, state_dim] (models that take the state in the prompt ignore it).
-        new_bucket: under graphs, the absent cameras may be skipped into a bucket not captured yet (start-up).
-        host_masks: (image_masks, token_masks) as host arrays, when the caller has them: the bucket is chosen
-        from them without reading the device."""
+    def set_images(self, images: Tensor, image_masks: Tensor, new_bucket: bool = False,
+                   host_image_masks=None) -> _Frames:
+        """Copy a new observation's frames into their buffers and start the vision stage on them: under graphs
+        its graph is launched here, so the host can build the prompt while it runs (``set_language`` next).
+        new_bucket: under graphs, the absent cameras may be skipped into a shape not captured yet (start-up).
+        host_image_masks: image_masks as a host array, when the caller has it (no read from the device)."""
         batch, n_slots, _, size, _ = images.shape
-        host_images, host_tokens = host_masks if host_masks is not None else (image_masks, token_masks)
+        kept = self.slots_kept(image_masks if host_image_masks is None else host_image_masks)
+        if kept < n_slots and (not self.use_graphs or new_bucket or (batch, kept, size) in self._frames):
+            images, image_masks = images[:, :kept], image_masks[:, :kept]
+        f = self._frames_for(batch, images.shape[1], size)
+        f.images.copy_(images, non_blocking=True)
+        f.image_masks.copy_(image_masks, non_blocking=True)
+        if not self.use_graphs:
+            f.embs = self.vision_stage(f.images)
+            return f
+        if f.vision is None:
+            f.vision = self.registry.capture(("vision", batch, f.images.shape[1]), self.vision_stage, (f.images,))
+        f.embs = f.vision.replay()
+        return f
+
+    @torch.no_grad()
+    def set_language(self, frames: _Frames, tokens: Tensor, token_masks: Tensor, state: Optional[Tensor] = None,
+                     host_token_masks=None) -> _Bucket:
+        """The prompt (and state) of the observation whose frames ``set_images`` last took: computes its prefix
+        state (invalidating the bucket's old one). state: normalized, zero-padded [B, state_dim] (models that
+        take the state in the prompt ignore it). host_token_masks: token_masks as a host array, when the caller
+        has it."""
         if self.token_bucket:
-            keep = self.bucket_length(host_tokens)
+            keep = self.bucket_length(token_masks if host_token_masks is None else host_token_masks)
             tokens, token_masks = tokens[:, :keep], token_masks[:, :keep]
-        kept = self.slots_kept(host_images)
-        if kept < n_slots and (not self.use_graphs or new_bucket
-                               or self._bucket_key(batch, kept, size, tokens.shape[1]) in self._buckets):
-            images, image_masks, n_slots = images[:, :kept], image_masks[:, :kept], kept
-        b = self._bucket(batch, n_slots, size, tokens.shape[1])
+        b = self._bucket(frames, tokens.shape[1])
         b.prefix_for = None
-        b.images.copy_(images, non_blocking=True)
-        b.image_masks.copy_(image_masks, non_blocking=True)
         b.tokens.copy_(tokens, non_blocking=True)
         b.token_masks.copy_(token_masks, non_blocking=True)
         if state is None:
             b.state.zero_()
         else:
             b.state.copy_(state, non_blocking=True)
-        if self.use_graphs:
-            if b.vision is None:
-                b.vision = self.registry.capture(("vision",) + self._key(b), self.vision_stage,
-                                                 (b.images, b.image_masks, b.tokens, b.token_masks))
-                b.prefix = self.registry.capture(("prefix",) + self._key(b), self.prefix_stage,
-                                                 (*b.vision.outputs, b.state))
-            b.vision.replay()
-            b.prefix.replay()
+        args = (frames.embs, frames.image_masks, b.tokens, b.token_masks, b.state)
+        if not self.use_graphs:
+            b.prefix = CapturedCall(graph=None, inputs=(), outputs=self.prefix_stage(*args))
         else:
-            embs, pad = self.vision_stage(b.images, b.image_masks, b.tokens, b.token_masks)
-            b.prefix = CapturedCall(graph=None, inputs=(), outputs=self.prefix_stage(embs, pad, b.state))
+            if b.prefix is None:
+                b.prefix = self.registry.capture(("prefix",) + self._key(b), self.prefix_stage, args)
+            b.prefix.replay()
         b.prefix_for = next(self._observation_ids)
         return b
+
+    @torch.no_grad()
+    def set_observation(self, images: Tensor, image_masks: Tensor, tokens: Tensor, token_masks: Tensor,
+                        state: Optional[Tensor] = None, new_bucket: bool = False,
+                        host_masks: Optional[tuple] = None) -> _Bucket:
+        """A whole new observation: ``set_images``, then ``set_language``. host_masks: (image_masks, token_masks)
+        as host arrays, when the caller has them: the bucket is chosen from them without reading the device."""
+        host_images, host_tokens = host_masks if host_masks is not None else (None, None)
+        frames = self.set_images(images, image_masks, new_bucket, host_images)
+        return self.set_language(frames, tokens, token_masks, state, host_tokens)
 
     @torch.no_grad()
     def sample(self, bucket: _Bucket, noise: Tensor, guide: Optional[solver.RtcTensors] = None,
@@ -245,4 +282,4 @@ class FlowRunner:
     @staticmethod
     def _key(b: _Bucket) -> tuple:
         """Graph key: batch, camera slots, language tokens."""
-        return (b.images.shape[0], b.images.shape[1], b.tokens.shape[1])
+        return (b.frames.images.shape[0], b.frames.images.shape[1], b.tokens.shape[1])

@@ -56,11 +56,13 @@ class ToyModel:
     def __init__(self, cfg: ToyConfig, weights: Dict[str, torch.Tensor], device="cpu"):
         self.cfg, self.w, self.device = cfg, weights, torch.device(device)
 
-    def embed_prefix(self, images, image_masks, tokens, token_masks):
+    def embed_images(self, images):
         b, s = images.shape[:2]
-        img = dispatch.linear(images.reshape(b, s, -1), self.w["img_w"])            # [B, S, W]
+        return dispatch.linear(images.reshape(b, s, -1), self.w["img_w"])            # [B, S, W]
+
+    def join_prefix(self, image_embs, image_masks, tokens, token_masks):
         tok = F.embedding(tokens, self.w["tok_emb"])                                  # [B, L, W]
-        return torch.cat([img, tok], dim=1), torch.cat([image_masks, token_masks], dim=1)
+        return torch.cat([image_embs, tok], dim=1), torch.cat([image_masks, token_masks], dim=1)
 
     def prefix_state(self, embs, pad, state):
         m = pad.to(embs.dtype)[..., None]

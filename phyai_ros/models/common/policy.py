@@ -12,7 +12,8 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (TYPE_CHECKING, ClassVar, Dict, Hashable, List, Mapping, NamedTuple, Optional, Sequence,
+                    Tuple, Union)
 
 import numpy as np
 import torch
@@ -54,6 +55,14 @@ class PolicyInputs:
     truncated: List[bool] = field(default_factory=list)
     # (image_masks, token_masks) as host arrays: the runner picks the bucket from them without a device read.
     host_masks: Optional[Tuple[np.ndarray, np.ndarray]] = None
+
+
+class CameraFrames(NamedTuple):
+    """The image half of PolicyInputs, ready before the prompt is: the runner starts the vision stage on it."""
+    images: Tensor            # [B, S, 3, 224, 224] float32 in [-1, 1] on the device
+    image_masks: Tensor       # [B, S] bool on the device
+    host_masks: np.ndarray    # the same masks on the host
+    slot_names: List[str]
 
 
 def resolve_cameras(checkpoint_cams: Sequence[str], camera_names: Optional[Sequence[str]]) -> List[str]:
@@ -246,6 +255,12 @@ class FlowAdapter(PolicyAdapter):
     def prepare(self, images: Mapping[str, ImageLike], state, tasks: Union[str, Sequence[str]]) -> PolicyInputs:
         """Raw observation -> model inputs. images: name -> uint8 [B, H, W, 3] or [H, W, 3] (or None);
         state [B, D] or [D] raw; tasks one string or B strings."""
+        imgs, state_np, tasks = self._checked(images, state, tasks)
+        return self._with_prompts(self._frames(imgs, len(tasks)), state_np, tasks)
+
+    def _checked(self, images: Mapping[str, ImageLike], state, tasks) -> Tuple[Dict[str, np.ndarray], np.ndarray,
+                                                                               List[str]]:
+        """Every input checked before any is used: (present frames by camera, raw state [B, D], B tasks)."""
         unknown = [k for k in images if strip_image_prefix(k) not in self.camera_names]
         if unknown:
             raise ValueError(f"unknown camera(s) {unknown}; this policy's cameras are {self.camera_names}")
@@ -268,8 +283,10 @@ class FlowAdapter(PolicyAdapter):
         for t in tasks:
             if not isinstance(t, str) or not t.strip():
                 raise ValueError(f"task must be a non-empty string, got {t!r}")
-        state_np = self._state_array(state, batch)
+        return imgs, self._state_array(state, batch), tasks
 
+    def _frames(self, imgs: Dict[str, np.ndarray], batch: int) -> "CameraFrames":
+        """Checked frames -> the image half of the model inputs, on the device."""
         # Slots: present cameras in checkpoint order, then the absent ones (all -1, masked), as LeRobot.
         size = self.config.siglip.image_size
         present = [c for c in self.camera_names if c in imgs]
@@ -286,17 +303,19 @@ class FlowAdapter(PolicyAdapter):
             x = preprocess_uint8_images(frames.flatten(0, 1), size)
             images_t[:, slots] = x.view(len(slots), batch, 3, size, size).transpose(0, 1)
         host_masks = np.array([[True] * len(present) + [False] * len(absent)] * batch)
-        masks = to_device(host_masks, self.device)
+        return CameraFrames(images_t, to_device(host_masks, self.device), host_masks, present + absent)
 
+    def _with_prompts(self, x: "CameraFrames", state_np: np.ndarray, tasks: List[str]) -> PolicyInputs:
+        """The image half and the checked state and tasks -> the whole model inputs (prompts tokenised)."""
         state_n = self.state_norm.normalize(torch.from_numpy(state_np))
         prompts, truncated = self.fit_tasks(tasks, state_n.numpy())
         if any(truncated):
             warnings.warn(f"prompt longer than the {self.config.token_budget}-token budget; the task was cut to "
                           "fit (the rest of the prompt, pi0.5's state included, is kept)", PromptTruncatedWarning,
-                          stacklevel=2)
+                          stacklevel=3)
         tokens, tmasks = self.tokenizer.batch(prompts)
-        return PolicyInputs(images_t, masks, to_device(tokens, self.device), to_device(tmasks, self.device), state_n,
-                            prompts, present + absent, truncated, host_masks=(host_masks, tmasks))
+        return PolicyInputs(x.images, x.image_masks, to_device(tokens, self.device), to_device(tmasks, self.device),
+                            state_n, prompts, x.slot_names, truncated, host_masks=(x.host_masks, tmasks))
 
     # ---------------------------------------------------------------- inference helpers
     def state_padded(self, inputs: PolicyInputs) -> Tensor:
@@ -351,10 +370,21 @@ class FlowAdapter(PolicyAdapter):
 
     # ---------------------------------------------------------------- public prediction
     def predict_batch(self, images: Mapping[str, ImageLike], state, tasks, noise=None,
-                      rtc: Optional[solver.RtcTensors] = None) -> Tensor:
-        """Batched raw -> unnormalized actions [B, H, action_dim] float32 (rtc in normalized space)."""
-        inputs = self.prepare(images, state, tasks)
-        return self.unnormalize_actions(self.sample_actions(inputs, noise, rtc))
+                      rtc: Optional[solver.RtcTensors] = None, rtc_request: Optional["RtcRequest"] = None) -> Tensor:
+        """Batched raw -> unnormalized actions [B, H, action_dim] float32 (rtc in normalized space, or the loop's
+        request in robot units). The vision stage is started as soon as the frames are on the device; the
+        prompt, the state and the RTC tensors are made on the host while it runs (design.md §1)."""
+        imgs, state_np, tasks = self._checked(images, state, tasks)
+        x = self._frames(imgs, len(tasks))
+        frames = self.runner.set_images(x.images, x.image_masks, host_image_masks=x.host_masks)
+        x = self._with_prompts(x, state_np, tasks)
+        if rtc_request is not None:
+            rtc = self.request_tensors(rtc_request)
+        bucket = self.runner.set_language(frames, x.tokens, x.token_masks, self.state_padded(x),
+                                          host_token_masks=x.host_masks[1])
+        x0 = self._noise(noise, x.tokens.shape[0])
+        return self.unnormalize_actions(self.runner.sample(bucket, x0, rtc.to(self.device) if rtc is not None
+                                                           else None))
 
     def predict(self, images: Mapping[str, ImageLike], state: np.ndarray, task: str, noise=None,
                 rtc: Optional["RtcRequest"] = None) -> np.ndarray:
@@ -369,8 +399,7 @@ class FlowAdapter(PolicyAdapter):
             raise ValueError(f"state must be a vector of length {self.state_dim}, got shape {list(np.shape(state))}")
         if not isinstance(task, str):
             raise ValueError(f"task must be a non-empty string, got {task!r}")
-        tensors = self.request_tensors(rtc) if rtc is not None else None
-        out = self.predict_batch(images, state, [task], noise, tensors)
+        out = self.predict_batch(images, state, [task], noise, rtc_request=rtc)
         return out[0].detach().to("cpu", torch.float32).numpy()
 
     # ---------------------------------------------------------------- serving (a batch of robots)

@@ -1,6 +1,6 @@
 """pi0 network as stateless stage functions (prefix shared with pi0.5 via PaliGemmaPrefix).
 
-  embed_prefix / prefix_kv                     as pi0.5 (common/paligemma.py)
+  embed_images / join_prefix / prefix_kv      as pi0.5 (modeling/paligemma.py)
   embed_state(state_padded [B,32]) -> [B,1,We] the state token (once per observation)
   time_bias(t [N]) -> [N,We]                   time half of action_time_mlp_in: W_t sincos(t) + b; depends on
                                                t only, so the runner precomputes it for all solver steps

@@ -3,8 +3,10 @@
 Why stages: the runner executes them under CUDA graphs with static buffers, so each stage has static
 shapes, no host syncs and no data-dependent Python control flow:
 
-  embed_prefix(images [B,S,3,224,224], image_masks [B,S], tokens [B,L], token_masks [B,L])
+  embed_images(images [B,S,3,224,224]) -> [B,S*256,Wv]  (frames alone: it runs while the prompt is built)
+  join_prefix(image_embs, image_masks [B,S], tokens [B,L], token_masks [B,L])
       -> prefix_embs [B,P,Wv], prefix_pad [B,P]          (P = S*256 + L; masked slots/tokens are computed too)
+  embed_prefix(images, image_masks, tokens, token_masks) = join_prefix(embed_images(images), ...)
   prefix_kv(prefix_embs, prefix_pad) -> [(k, v)] per VLM layer, [B,Hkv,P,hd], keys after RoPE
       (the cache every denoising step reuses; valid until the observation changes)
   time_modulation(t [N]) -> [N, 2*depth+1, 3, We] float32 adaRMS (scale, shift, gate) per expert norm
