@@ -28,6 +28,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 T_PROCESS = time.perf_counter()
@@ -39,6 +40,7 @@ import torch  # noqa: E402
 
 from call_timing import call_ms, startup_in_child  # noqa: E402  (scripts/, next to this file)
 from phyai_ros.models.cosmos3 import Cosmos3Adapter, Cosmos3Settings, TransformerConfig, VaeConfig  # noqa: E402
+from phyai_ros.layers.quantized import SCHEMES  # noqa: E402
 from phyai_ros.models.cosmos3 import transformer as tfm  # noqa: E402
 from phyai_ros.models.cosmos3.checkpoint import (load_cosmos3_checkpoint, random_checkpoint,  # noqa: E402
                                                  write_random_checkpoint)
@@ -217,6 +219,25 @@ def measure_image(policy, args, size: str) -> dict:
     return out
 
 
+def measure_quantized(policy, args, ours, save) -> dict:
+    """The same weights with the generation pathway quantized as a robot would load them (the adapter's
+    quantization setting): batch 1 per image size, and the chunk against the unquantized one (same noise)."""
+    t0 = time.perf_counter()
+    policy.use_settings(replace(policy.settings, quantization=args.quantized))
+    policy.use_runner(use_graphs=args.device == "cuda", token_bucket=args.token_bucket)
+    out = {"scheme": policy.quantization(), "quantize_s": time.perf_counter() - t0}
+    size = args.images.split(",")[0]
+    x = policy.prepare(image_batch(size, 1), TASK)
+    theirs = policy.sample_actions(x, policy.make_noise(x, torch.Generator().manual_seed(0)))[0].float().cpu()
+    out.update(actions_maxabs_vs_unquantized=(theirs - ours).abs().max().item(), actions_max=ours.abs().max().item(),
+               actions_rms_ratio=((theirs - ours).pow(2).mean() / ours.pow(2).mean()).sqrt().item())
+    print(f"quantized: {out}", flush=True)
+    for size in args.images.split(","):
+        out[size] = measure_image(policy, args, size)
+        save()
+    return out
+
+
 def run(args, res: dict, save) -> dict:
     """Fills `res` section by section, calling save() after each (a later failure keeps the earlier figures)."""
     dev = args.device
@@ -260,7 +281,8 @@ def run(args, res: dict, save) -> dict:
         print(f"batch {b}: {res['batching'][b]}", flush=True)
         save()
     x = policy.prepare(image_batch(size, 1), TASK)
-    res["finite"] = bool(torch.isfinite(policy.sample_actions(x)).all())
+    ours = policy.sample_actions(x, policy.make_noise(x, torch.Generator().manual_seed(0)))[0].float().cpu()
+    res["finite"] = bool(torch.isfinite(ours).all())
     if args.diffusers == "on":
         del runner
         try:
@@ -269,7 +291,43 @@ def run(args, res: dict, save) -> dict:
             res["diffusers"] = {"error": f"{exc.__class__.__name__}: {str(exc)[:1500]}"}
         print(f"diffusers: {res['diffusers']}", flush=True)
     save()
+    if args.quantized:          # last: it replaces the policy's generation weights
+        runner = None
+        res["quantized"] = measure_quantized(policy, args, ours, save)
     return res
+
+
+def precision(args) -> dict:
+    """One chunk of the same random weights, image and noise in fp32 (TF32 off), in bf16, and in bf16 with the
+    generation pathway in fp8: how far each moves the actions at full size (eager, one image size)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    size, chunks, out = args.images.split(",")[0], {}, {}
+    for name, dtype, scheme in (("fp32", torch.float32, None), ("bf16", torch.bfloat16, None),
+                                ("w8a8", torch.bfloat16, "w8a8")):
+        try:
+            policy, _ = build(args, dtype, disk=False)
+            if scheme:
+                policy.use_settings(replace(policy.settings, quantization=scheme))
+            policy.use_runner(use_graphs=False)
+            x = policy.prepare(image_batch(size, 1), TASK)
+            t0 = time.perf_counter()
+            chunks[name] = policy.sample_actions(x, policy.make_noise(x, torch.Generator().manual_seed(0)))[0]
+            chunks[name] = chunks[name].float().cpu()
+            out[name] = {"chunk_s": time.perf_counter() - t0}
+        except torch.cuda.OutOfMemoryError as exc:
+            out[name] = {"out_of_memory": str(exc)[:300]}
+        policy = x = None
+        torch.cuda.empty_cache()
+        print(f"{name}: {out[name]}", flush=True)
+    pairs = [(a, b) for a, b in (("bf16", "fp32"), ("w8a8", "fp32"), ("w8a8", "bf16")) if a in chunks and b in chunks]
+    for a, b in pairs:
+        d, ref = chunks[a] - chunks[b], chunks[b]
+        out[f"{a}_vs_{b}"] = {"maxabs": d.abs().max().item(), "max_ref": ref.abs().max().item(),
+                              "rms_ratio": (d.pow(2).mean() / ref.pow(2).mean()).sqrt().item()}
+        print(f"{a} vs {b}: {out[f'{a}_vs_{b}']}", flush=True)
+    return {"bench": "cosmos3_precision", "image": size, "date": time.strftime("%Y-%m-%d"),
+            "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", **out}
 
 
 def vae_only(args) -> dict:
@@ -323,12 +381,16 @@ def main() -> None:
                     help="how the start-up child gets its weights: drawn on the device, or written to --root and "
                          "read back (30 GB at full size)")
     ap.add_argument("--diffusers", default="on", choices=("on", "off"))
+    ap.add_argument("--quantized", default=None, choices=SCHEMES,
+                    help="then the generation pathway quantized with this scheme (the same weights), measured again")
     ap.add_argument("--diffusers-iters", type=int, default=3)
     ap.add_argument("--root", type=Path, default=Path("/tmp/phyai_cosmos3_bench"))
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "bench_cosmos3.json")
     ap.add_argument("--first-chunk", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--vae-only", action="store_true",
                     help="only the VAE stage: the pipeline's repeated clip against frame 0 alone (random weights)")
+    ap.add_argument("--precision", action="store_true",
+                    help="only one chunk in fp32, bf16 and bf16 + fp8 generation: the actions' differences")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_cosmos3: no CUDA device; nothing to measure (try --device cpu --config tiny)")
@@ -338,10 +400,11 @@ def main() -> None:
             print(json.dumps(first_chunk(args)))
         return
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    if args.vae_only:
-        with torch.no_grad():
-            args.out.write_text(json.dumps(vae_only(args), indent=1))
-        return
+    for flag, fn in ((args.vae_only, vae_only), (args.precision, precision)):
+        if flag:
+            with torch.no_grad():
+                args.out.write_text(json.dumps(fn(args), indent=1))
+            return
     res: dict = {}
     with torch.no_grad():
         run(args, res, lambda: args.out.write_text(json.dumps(res, indent=1)))

@@ -51,7 +51,10 @@ def record_model_calls(args) -> dict:
     for ckpt in args.groot or []:
         rec.update(record_groot_calls(ckpt, args.batch))
         torch.cuda.empty_cache()
-    for ckpt in args.checkpoint or ([] if args.groot else [None]):
+    for spec in args.cosmos3 or []:
+        rec.update(record_cosmos3_calls(spec))
+        torch.cuda.empty_cache()
+    for ckpt in args.checkpoint or ([] if args.groot or args.cosmos3 else [None]):
         model, cfg = load_model(ckpt, args.tokenizer)
         rec.update(record_calls(model, cfg, args.batch, args.cameras))
         del model
@@ -101,12 +104,33 @@ def record_groot_calls(ckpt: Path, batch: int, device: str = "cuda", dtype=torch
     return record(SELECTOR, lambda: runner.run(obs, noise))
 
 
+def record_cosmos3_calls(spec: str, device: str = "cuda", dtype=torch.bfloat16) -> dict:
+    """Cosmos3's (op, shape) calls over one chunk at its default setting (4 steps, guidance 3, the 480 tier, prompts
+    in buckets of 64 tokens as the benchmark runs them) from one 480x832 camera image, eagerly: ``spec`` "full"
+    builds random full-size weights in memory, else it names a saved pipeline folder."""
+    import numpy as np
+    from phyai_ros.models.cosmos3 import Cosmos3Adapter
+    from phyai_ros.models.cosmos3.checkpoint import load_cosmos3_checkpoint, random_checkpoint
+    from phyai_ros.models.cosmos3.config import FULL_TRANSFORMER, FULL_VAE
+    ckpt = random_checkpoint(Path("/tmp/phyai_cosmos3_profile"), FULL_TRANSFORMER, FULL_VAE, seed=0, device=device,
+                             dtype=dtype) if spec == "full" else load_cosmos3_checkpoint(Path(spec))
+    policy = Cosmos3Adapter(ckpt, device=device, dtype=dtype, token_bucket=64)
+    del ckpt
+    policy.use_runner(use_graphs=False, token_bucket=64)
+    image = {policy.camera_names[0]: np.random.default_rng(0).integers(0, 256, (1, 480, 832, 3), dtype=np.uint8)}
+    x = policy.prepare(image, "pick up the red block and place it in the blue bowl on the left side")
+    noise = policy.make_noise(x, torch.Generator().manual_seed(0))
+    return record(SELECTOR, lambda: policy.sample_actions(x, noise))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", type=Path, action="append",
                     help="a pi0.5 or pi0 checkpoint folder; repeat to profile both models into one file")
     ap.add_argument("--groot", type=Path, action="append",
                     help="a GR00T N1.7 checkpoint folder (LeRobot layout); repeatable; alone, no pi0.5 is built")
+    ap.add_argument("--cosmos3", action="append",
+                    help="'full' (random full-size weights in memory) or a Cosmos3 pipeline folder; repeatable")
     ap.add_argument("--merge", action="store_true",
                     help="keep the file's tables for other shapes and devices (default: replace the file)")
     ap.add_argument("--ops", default=None,

@@ -34,11 +34,14 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from phyai_ros.layers.quantized import QuantScheme
 from phyai_ros.models.cases import InputError
 from phyai_ros.models.contract import NO_FILES, NO_OPTIONS, CaseInfer, ModelFiles, PolicyAdapter, PredictCase
 from phyai_ros.models.files import read_json
+from phyai_ros.models.quantized_checkpoint import summary
 from phyai_ros.runtime.cosmos3_runner import Cosmos3Runner
 
+from . import transformer as tfm
 from .canvas import canvas_frame, check_image
 from .cases import case_entry, case_inputs, case_settings
 from .checkpoint import (PIPELINE_CLASS, Cosmos3Checkpoint, load_cosmos3_checkpoint, load_transformer_weights,
@@ -55,7 +58,7 @@ Noise = Tuple[Tensor, Tensor]          # (vision [B, C, T, h, w], action [B, chu
 
 # model.options keys -> the Cosmos3Settings field they set (the domain is model.embodiment's)
 OPTIONS = {"num_steps": int, "guidance": float, "chunk_size": int, "fps": float, "resolution_tier": int,
-           "view_point": str, "negative_prompt": str, "max_prompt_tokens": int}
+           "view_point": str, "negative_prompt": str, "max_prompt_tokens": int, "quantization": str}
 
 
 def settings_from_options(options: Mapping[str, str]) -> Cosmos3Settings:
@@ -101,6 +104,7 @@ class Cosmos3Adapter(PolicyAdapter):
                                                             parallel.tp_size)
         self.vae_weights = load_vae_weights(ckpt, dtype, self.device)
         self.ckpt = replace(ckpt, transformer_weights={}, vae_weights={})   # the loaded copies are all it needs
+        self._quantized: Optional[str] = None
         self._apply_settings(settings or Cosmos3Settings(), use_graphs=False, token_bucket=token_bucket)
 
     @classmethod
@@ -164,10 +168,20 @@ class Cosmos3Adapter(PolicyAdapter):
         constructor and ``use_settings`` alike; nothing is changed unless all of it fits the checkpoint."""
         dom = domain(settings.domain, self.config.action_dim, self.config.num_domains)
         latent_frames = latent_frames_of_chunk(settings.chunk_size, self.vae_config)
+        if settings.quantization != self._quantized:
+            if self._quantized is not None:
+                raise ValueError(f"the weights were quantized ({self._quantized}) when the policy was loaded; "
+                                 "load it again for another quantization")
+            self.transformer_weights = tfm.quantize_generation(self.transformer_weights, self.config,
+                                                               QuantScheme.make(settings.quantization))
+            self._quantized = settings.quantization
         stages = Cosmos3Stages(self.transformer_weights, self.vae_weights, self.config, self.vae_config,
                                self.ckpt.scheduler, settings, self.device, self.dtype, self.parallel, token_bucket)
         self.settings, self.domain, self.latent_frames, self.stages = settings, dom, latent_frames, stages
         self.runner = Cosmos3Runner(stages, use_graphs=use_graphs)
+
+    def quantization(self) -> str:
+        return summary(self.transformer_weights, tfm.quantized_part)
 
     def use_runner(self, use_graphs: bool = True, token_bucket: int = 0) -> Cosmos3Runner:
         """Sample through a fresh runner (CUDA graphs on a CUDA device when use_graphs)."""

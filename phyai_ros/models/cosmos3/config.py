@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Tuple
 
+from phyai_ros.layers.quantized import SCHEMES as QUANT_SCHEMES
 from phyai_ros.models.files import CheckpointError, Fields
 
 from .prompt import VIEWPOINTS
@@ -229,6 +230,9 @@ class Cosmos3Settings:
     domain: str = "droid_lerobot"
     negative_prompt: Optional[str] = None
     max_prompt_tokens: int = 2048
+    # The generation pathway's projections quantized when the policy is loaded (quantization.SCHEMES' names, e.g.
+    # "w8a8": fp8 weights and per-token fp8 activations on the tensor cores); None keeps the loaded dtype.
+    quantization: Optional[str] = None
 
     def __post_init__(self):
         if not (isinstance(self.num_steps, int) and 1 <= self.num_steps <= 1000):
@@ -245,6 +249,9 @@ class Cosmos3Settings:
             raise ValueError("negative_prompt must be text or None")
         if not (isinstance(self.max_prompt_tokens, int) and self.max_prompt_tokens >= 16):
             raise ValueError(f"max_prompt_tokens must be an int >= 16, got {self.max_prompt_tokens!r}")
+        if self.quantization is not None and self.quantization not in QUANT_SCHEMES:
+            raise ValueError(f"quantization must be one of {', '.join(QUANT_SCHEMES)} (or None), "
+                             f"got {self.quantization!r}")
 
     @property
     def cfg(self) -> bool:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from phyai_ros.layers import dispatch, ops
+from phyai_ros.layers.quantized import QuantizedWeight, QuantScheme
 
 from .config import TransformerConfig, head_shards
 
@@ -138,6 +139,29 @@ def shard_weights(raw: Weights, cfg: TransformerConfig, dtype: torch.dtype, devi
     for name in ("linear_1.weight", "linear_1.bias", "linear_2.weight", "linear_2.bias"):
         w["time." + name] = put(raw[FP32_PREFIX + name], fp32=True)
     return w
+
+
+GENERATION_PROJECTIONS = ("qkv", "out", "up", "down")
+
+
+def quantize_generation(w: Weights, cfg: TransformerConfig, scheme: QuantScheme) -> Weights:
+    """The generation pathway's four projections of every layer as QuantizedWeight (per output channel; w8a8:
+    fp8 activations scaled per token at run time, no calibration): they are the denoising loop's GEMMs, which
+    are compute-bound at the 480 tier. The text pathway runs once per instruction and keeps its dtype. Returns
+    a new dict (the float copies of those weights are dropped with the old one)."""
+    out = dict(w)
+    for i in range(cfg.num_layers):
+        for name in GENERATION_PROJECTIONS:
+            key = f"layers.{i}.gen.{name}"
+            if not scheme.fits(out[key].shape[1]):
+                raise ValueError(f"{scheme.tag}: {key} has K = {out[key].shape[1]}, not a multiple of its group")
+            out[key] = QuantizedWeight.from_float(out[key], scheme)
+    return out
+
+
+def quantized_part(key: str) -> Optional[str]:
+    """quantized_checkpoint.summary's part of a quantizable weight: the generation pathway is the action model."""
+    return "expert" if ".gen." in key and key.rsplit(".", 1)[-1] in GENERATION_PROJECTIONS else None
 
 
 # ----------------------------------------------------------------------------- pieces
