@@ -40,7 +40,10 @@
 #   ROUND9B=1:      ROUND9's profile again with the tests' tracebacks and GR00T's views / batch 32 (one tarball)
 #   ROUND9C=1:      the short-attention default before / after, GR00T's two-view profile, pi0.5 batch 32
 #   ROUND9D=1:      the five-stage skinny tilings profiled at the few-row GEMM ops, each model before / after
-#   POST_NORM=1:    next session: the norm after the next GEMM's dot (GR00T's DiT, the pi expert), tested, profiled, timed
+#   COSMOS_PROFILE=1: Cosmos3's shapes profiled into a copy of the shipped profile; Cosmos3 on each
+#   HOST_PRECISION=1: the pi policy path's host time under cProfile; Cosmos3 fp32 / bf16 / fp8 at full size
+#   POLICY_FP8=1:   the pi policy path with the vision graph started early; Cosmos3 bf16 and fp8 end to end
+#   POST_NORM=1:    2026-12-02 (fourth session, call 1): the norm after the next GEMM's dot (GR00T's DiT, the pi expert), tested, profiled, timed
 #   ATTN_PROFILE=1: the short-query attention tilings (16 / 32-row tiles) profiled for GR00T into a copy of the
 #                   shipped profile, GR00T one and two views on each; with the GPU tests landed untested on
 #                   2026-12-02 (every attention tiling, the Cosmos3 runner's text-cache graphs)
@@ -262,13 +265,59 @@ if [ "${ROUND9D:-0}" = 1 ]; then
   grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|batch 1: median\|^prefix\|^vision" "$LOG" | cut -c1-300
   exit 0
 fi
+if [ "${COSMOS_PROFILE:-0}" = 1 ]; then
+  # 2026-12-02, fourth session: Cosmos3's shapes into a copy of the shipped operator profile (random full-size
+  # weights, one 480x832 chunk), then Cosmos3 at 480x832 on the shipped profile and on the copy (bf16; the copy
+  # also with fp8 generation).
+  cp profiles/h200.json "$PROFILE"
+  step profile_cosmos3 300 python3 scripts/profile_ops.py --cosmos3 full --merge --out "$PROFILE"
+  C="python3 scripts/bench_cosmos3.py --startup skip --diffusers off --images 480x832 --iters 5"
+  step cosmos3_shipped 80 $C --batches "" --out "$OUT/cosmos3_shipped.json"
+  PHYAI_OP_PROFILE=$PROFILE step cosmos3_profiled 120 $C --batches "" --quantized w8a8 \
+    --out "$OUT/cosmos3_profiled.json"
+  grep -h "=== \|^attention\|^linear\|^rms_norm\|^qkv_norm\|written to\|^480x832 \(batch\|stages\)\|^quantized" \
+    "$LOG" | cut -c1-400
+  exit 0
+fi
+if [ "${HOST_PRECISION:-0}" = 1 ]; then
+  # 2026-12-02, fourth session: where the pi policy path's host time goes until launched (cProfile over
+  # predict_batch), and Cosmos3's full-size precision: one chunk in fp32, bf16 and bf16 + fp8 generation.
+  checkpoints pi05 pi0
+  step cosmos3_precision 200 python3 scripts/bench_cosmos3.py --precision --images 480x832 \
+    --out "$OUT/cosmos3_precision.json"
+  wait; cat "$OUT/ckpt.log" >> "$LOG"; rm -f "$OUT/ckpt.log"
+  for m in pi05 pi0; do ck=/tmp/ck05; [ $m = pi0 ] && ck=/tmp/ck0
+    step "$m" 50 $B --model $m --checkpoint $ck --reuse-checkpoint --skip-startup --iters 200 --batches 1 \
+      --host-profile --out "$OUT/$m.json"
+  done
+  grep -h "=== \|batch 1: median\|policy path\|then graphs\|^fp32\|^bf16\|^w8a8" "$LOG" | cut -c1-400
+  exit 0
+fi
+if [ "${POLICY_FP8:-0}" = 1 ]; then
+  # 2026-12-02, fourth session: the pi family's policy path with the vision graph started before the prompt is
+  # built (both forms in each bench_runtime run), and Cosmos3 end to end in bf16, then with its generation
+  # pathway in fp8 (the same weights, quantized as the adapter loads them). At most 8 files.
+  checkpoints pi05 pi0
+  step gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short test/test_cosmos3_quantized.py \
+    test/test_cosmos3_runner.py test/test_transfer_gpu.py
+  wait; cat "$OUT/ckpt.log" >> "$LOG"; rm -f "$OUT/ckpt.log"
+  for m in pi05 pi0; do ck=/tmp/ck05; [ $m = pi0 ] && ck=/tmp/ck0
+    step "$m" 40 $B --model $m --checkpoint $ck --reuse-checkpoint --skip-startup --iters 200 --batches 1 \
+      --out "$OUT/$m.json"
+  done
+  step cosmos3 290 python3 scripts/bench_cosmos3.py --startup skip --diffusers off --images 480x832,180x320 \
+    --batches "" --iters 5 --quantized w8a8 --out "$OUT/cosmos3.json"
+  grep -h "=== \|passed\|failed\|batch 1: median\|policy path\|then graphs\|^480x832\|^180x320\|^quantized" \
+    "$LOG" | cut -c1-400
+  exit 0
+fi
 if [ "${POST_NORM:-0}" = 1 ]; then
   # Next session (written 2026-12-02, not yet run): the norm after the next GEMM's dot (kernels/post_norm.py):
   # GR00T's DiT (linear_add_norm_gelu) and the pi expert (linear_gated_norm_geglu): the GPU tests, both ops
   # profiled into a copy of the shipped profile, each model on the copy and on the shipped one. At most 8 files.
   checkpoints pi05 pi0 groot
-  step gpu_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short test/test_post_norm.py \
-    test/test_groot_n17_gpu.py test/test_pi05_parity.py
+  step gpu_tests 170 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short test/test_post_norm.py \
+    test/test_groot_n17_gpu.py test/test_pi05_parity.py test/test_runner.py
   wait; cat "$OUT/ckpt.log" >> "$LOG"; rm -f "$OUT/ckpt.log"
   cp profiles/h200.json "$PROFILE"
   step profile_post_norm 180 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 \
@@ -283,7 +332,8 @@ if [ "${POST_NORM:-0}" = 1 ]; then
     step "${m}_shipped" 30 $B --model $m --checkpoint $ck --reuse-checkpoint --skip-startup --iters 200 --batches 1 \
       --out "$OUT/${m}_shipped.json"
   done
-  grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|batch 1: median\|_norm_ge" "$LOG" | cut -c1-300
+  grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|batch 1: median\|_norm_ge\|policy path\|then graphs" \
+    "$LOG" | cut -c1-300
   exit 0
 fi
 if [ "${ATTN_PROFILE:-0}" = 1 ]; then
