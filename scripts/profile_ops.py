@@ -19,6 +19,9 @@ Without --checkpoint a random full-size pi0.5 is built in memory; give --checkpo
 
     python scripts/profile_ops.py --groot /tmp/groot/checkpoint_1view --merge --out profiles/h200.json
 
+--cosmos3 full (random full-size weights in memory) or --cosmos3 DIR (a saved pipeline) adds Cosmos3's shapes at a
+480x832 image the same way.
+
 --ops NAME[,NAME] times only those ops (e.g. expert_stack after a new form of it; with --merge the other entries
 stay, and the timed op's sub-ops run as they choose).
 The timing core is the package's (phyai_ros.layers.profiling), which the node's model.op_autotune also runs; a
