@@ -40,6 +40,7 @@
 #   ROUND9B=1:      ROUND9's profile again with the tests' tracebacks and GR00T's views / batch 32 (one tarball)
 #   ROUND9C=1:      the short-attention default before / after, GR00T's two-view profile, pi0.5 batch 32
 #   ROUND9D=1:      the five-stage skinny tilings profiled at the few-row GEMM ops, each model before / after
+#   GPU_SUITE=a / b: the whole gpu suite in two calls (kernel-heavy files, then the rest)
 #   COSMOS_PROFILE=1: Cosmos3's shapes profiled into a copy of the shipped profile; Cosmos3 on each
 #   HOST_PRECISION=1: the pi policy path's host time under cProfile; Cosmos3 fp32 / bf16 / fp8 at full size
 #   POLICY_FP8=1:   the pi policy path with the vision graph started early; Cosmos3 bf16 and fp8 end to end
@@ -263,6 +264,18 @@ if [ "${ROUND9D:-0}" = 1 ]; then
   PHYAI_OP_PROFILE=$PROFILE step pi0_gemms 35 $B --model pi0 --checkpoint /tmp/ck0 --reuse-checkpoint --skip-startup \
     --iters 200 --batches 1 --out "$OUT/pi0_gemms.json"
   grep -h "=== \|passed\|failed\|view(s),\|^loop\|^backbone\|batch 1: median\|^prefix\|^vision" "$LOG" | cut -c1-300
+  exit 0
+fi
+if [ -n "${GPU_SUITE:-}" ]; then
+  # The whole `gpu` suite in two calls (a fresh machine compiles every Triton kernel first: one call does not fit):
+  # GPU_SUITE=a runs the kernel-heavy files, GPU_SUITE=b the rest; names of passed / failed tests in the log.
+  heavy="test/test_kernels_gpu.py test/test_expert_layer_gpu.py test/test_dispatch.py test/test_post_norm.py \
+    test/test_l2_prefetch_gpu.py test/test_op_profiles_gpu.py"
+  if [ "$GPU_SUITE" = a ]; then files=$heavy; else
+    files=$(grep -l "mark.gpu" test/*.py | grep -v -F -x -f <(printf '%s\n' $heavy) | tr '\n' ' '); fi
+  step "gpu_suite_$GPU_SUITE" 540 python3 -m pytest -q -rfEs -m gpu -p no:cacheprovider --tb=short --durations=10 \
+    $files
+  grep -h "=== \|passed\|failed\|FAILED\|ERROR\|rc=" "$LOG" | cut -c1-300
   exit 0
 fi
 if [ "${COSMOS_PROFILE:-0}" = 1 ]; then
