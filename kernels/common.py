@@ -18,8 +18,8 @@ kernel start in turn. ``PHYAI_PDL=0`` turns it off (plain stream order).
 ``PHYAI_PDL_TRIGGER=late`` (an A/B option; on the H200 it gained nothing, 2026-12-02, docs/benchmarks.md): the
 GEMM and attention kernels let the next kernel in only after their main loop (``release_dependents``), so its
 programs do not sit waiting on the multiprocessors, holding registers and shared memory, through this kernel's
-whole main loop; kernels without a main loop still let it in at once. Either way the next kernel's ``wait_for_producer`` waits for this one's
-completion: the trigger's place changes scheduling, never values.
+whole main loop; kernels without a main loop still let it in at once. Either way the next kernel's
+``wait_for_producer`` waits for this one's completion: the trigger's place changes scheduling, never values.
 """
 from __future__ import annotations
 

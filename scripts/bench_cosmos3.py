@@ -223,8 +223,7 @@ def measure_quantized(policy, args, ours, save) -> dict:
     """The same weights with the generation pathway quantized as a robot would load them (the adapter's
     quantization setting): batch 1 per image size, and the chunk against the unquantized one (same noise)."""
     t0 = time.perf_counter()
-    policy.use_settings(replace(policy.settings, quantization=args.quantized))
-    policy.use_runner(use_graphs=args.device == "cuda", token_bucket=args.token_bucket)
+    policy.use_settings(replace(policy.settings, quantization=args.quantized))   # a fresh runner of the same kind
     out = {"scheme": policy.quantization(), "quantize_s": time.perf_counter() - t0}
     size = args.images.split(",")[0]
     x = policy.prepare(image_batch(size, 1), TASK)
@@ -292,7 +291,7 @@ def run(args, res: dict, save) -> dict:
         print(f"diffusers: {res['diffusers']}", flush=True)
     save()
     if args.quantized:          # last: it replaces the policy's generation weights
-        runner = None
+        runner = None           # the bf16 runner's graphs go with it
         res["quantized"] = measure_quantized(policy, args, ours, save)
     return res
 

@@ -76,6 +76,26 @@ def test_frames_first_then_the_prompt_is_the_one_step_path_and_one_vision_serves
     assert runner.set_images(prepared.images, prepared.image_masks) is frames
 
 
+def test_a_bad_rtc_request_fails_alone_after_the_vision_stage_started():
+    """predict builds the RTC tensors while the vision stage runs on the frames already sent: a bad request
+    (a NaN in Y) fails with its own error then, and the next call gives what it gives without that failure."""
+    import numpy as np
+
+    from phyai_ros.control.rtc import RtcRequest
+    policy, _, inp, _ = load()
+    task = json.loads((PI05 / "inputs.json").read_text())["tasks"][0]
+    images = {k[len(IMG):]: v[0].numpy() for k, v in inp.items() if k.startswith(IMG)}
+    state, noise = inp["raw.observation.state"][0].numpy(), inp["noise"][0]
+    want = policy.predict(images, state, task, noise=noise)
+    prefix = np.zeros((10, policy.action_dim), np.float32)
+    prefix[4, 2] = np.nan
+    bad = RtcRequest("guided", "linear", prefix, 3, 10, 0, 20_000_000)
+    other = {name: np.ascontiguousarray(img[::-1]) for name, img in images.items()}   # different frames go up
+    with pytest.raises(ValueError, match="RTC prefix contains NaN"):
+        policy.predict(other, state, task, noise=noise, rtc=bad)
+    assert np.array_equal(policy.predict(images, state, task, noise=noise), want)
+
+
 def test_prefix_state_is_invalidated_and_reused_explicitly():
     policy, prepared, inp, _ = load()
     runner, bucket, first = run_runner(policy, prepared, inp["noise"])

@@ -202,9 +202,13 @@ class FlowAdapter(PolicyAdapter):
         """Through the runner: prefix embed -> prefix state (KV, suffix context, pi0's state token) -> step
         tables -> Euler loop (optional RTC). Returns x at t=0: normalized actions padded to max_action_dim,
         [B, H, A] float32 (under CUDA graphs the runner's static output: the next call overwrites it)."""
-        x0 = self._noise(noise, inputs.tokens.shape[0])
         bucket = self.runner.set_observation(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks,
                                              self.state_padded(inputs), host_masks=inputs.host_masks)
+        return self._sample(bucket, noise, rtc, trace)
+
+    def _sample(self, bucket, noise, rtc: Optional[solver.RtcTensors], trace=None) -> Tensor:
+        """The runner's loop on a bucket whose prefix state is set: noise checked (or drawn), RTC on the device."""
+        x0 = self._noise(noise, bucket.tokens.shape[0])
         return self.runner.sample(bucket, x0, rtc.to(self.device) if rtc is not None else None, trace)
 
     def capture_buckets(self, images: Mapping[str, ImageLike], state, eager: bool = False,
@@ -382,9 +386,7 @@ class FlowAdapter(PolicyAdapter):
             rtc = self.request_tensors(rtc_request)
         bucket = self.runner.set_language(frames, x.tokens, x.token_masks, self.state_padded(x),
                                           host_token_masks=x.host_masks[1])
-        x0 = self._noise(noise, x.tokens.shape[0])
-        return self.unnormalize_actions(self.runner.sample(bucket, x0, rtc.to(self.device) if rtc is not None
-                                                           else None))
+        return self.unnormalize_actions(self._sample(bucket, noise, rtc))
 
     def predict(self, images: Mapping[str, ImageLike], state: np.ndarray, task: str, noise=None,
                 rtc: Optional["RtcRequest"] = None) -> np.ndarray:
