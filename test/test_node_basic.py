@@ -17,6 +17,7 @@ from phyai_ros.messages import msg_to_chunk, msg_to_margin
 
 pytestmark = pytest.mark.ros
 N_CHUNKS = 10
+MAX_CHUNKS = 40     # a loaded machine misses deadlines: the run goes on until 3 pairs were on time, up to this
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +30,8 @@ def run(tmp_path_factory):
     try:
         robot.set_instruction("pick up the red cup")  # latched, before the node is up: it must still get it
         assert robot.wait_for_node(timeout=90), node.output()
-        ok = robot.spin_until(lambda: len(robot.chunks) >= N_CHUNKS and len(robot.margins) >= N_CHUNKS - 1,
-                              timeout=90)
+        ok = robot.spin_until(lambda: len(robot.chunks) >= N_CHUNKS and len(robot.margins) >= N_CHUNKS - 1
+                              and (len(_on_time(robot)) >= 3 or len(robot.chunks) >= MAX_CHUNKS), timeout=150)
         assert ok, f"{len(robot.chunks)} chunks, {len(robot.margins)} margins; node said:\n{node.output()}"
         robot.spin_for(1.5)  # a few more diagnostics reports and commands after the last chunk
         assert node.alive, node.output()
@@ -44,16 +45,21 @@ def chunks(run):
     return [msg_to_chunk(r.msg) for r in run.chunks]
 
 
+def _on_time(run):
+    reports = {m.chunk_seq: m for m in (msg_to_margin(r.msg) for r in run.margins)}
+    cs = chunks(run)
+    return [(prev, cur) for prev, cur in zip(cs, cs[1:])
+            if prev.seq in reports and cur.seq in reports and not reports[prev.seq].expired
+            and not reports[cur.seq].expired and not reports[cur.seq].margin < 0]
+
+
 def on_time_pairs(run):
     """(previous, current) chunk pairs in which the previous one was executed and the current one met its
     deadline, by the node's own margin reports: what the timing properties below are about. On a machine
     too loaded to keep up, the node says which chunks expired or missed; those pairs are the monitor's
     business (test_control_overload), not these tests'."""
+    pairs = _on_time(run)
     reports = {m.chunk_seq: m for m in (msg_to_margin(r.msg) for r in run.margins)}
-    cs = chunks(run)
-    pairs = [(prev, cur) for prev, cur in zip(cs, cs[1:])
-             if prev.seq in reports and cur.seq in reports and not reports[prev.seq].expired
-             and not reports[cur.seq].expired and not reports[cur.seq].margin < 0]
     assert len(pairs) >= 3, f"only {len(pairs)} chunk pairs on time: {[(m.chunk_seq, m.margin, m.expired) for m in reports.values()]}"
     return pairs
 
