@@ -106,6 +106,8 @@ def test_wilson_bound_values():
     z = 1.2815515655446004
     assert wilson_lower(40, 40, 0.9) == pytest.approx(40 / (40 + z * z))
     assert wilson_lower(0, 10, 0.9) == 0.0
+    # never above the observed share (at k = 0 rounding left 3e-18 for n = 29, 55, ...: a report said lower > p)
+    assert all(wilson_lower(k, n, 0.9) <= k / n for n in range(1, 200) for k in range(n + 1))
     assert math.isnan(wilson_lower(0, 0, 0.9))
     assert wilson_lower(90, 100, 0.9) > wilson_lower(9, 10, 0.9)
     assert required_samples(0.05, 0.9) == 32

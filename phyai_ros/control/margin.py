@@ -215,7 +215,8 @@ def z_value(confidence: float) -> float:
 
 
 def wilson_lower(k: int, n: int, confidence: float) -> float:
-    """One-sided Wilson score lower bound on a binomial proportion (NaN for n = 0)."""
+    """One-sided Wilson score lower bound on a binomial proportion (NaN for n = 0); never above k / n (at k = 0
+    the bound is 0 exactly, which rounding would otherwise leave a hair above)."""
     if n <= 0:
         return math.nan
     z = z_value(confidence)
@@ -223,7 +224,7 @@ def wilson_lower(k: int, n: int, confidence: float) -> float:
     z2 = z * z
     centre = p + z2 / (2 * n)
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    return max(0.0, (centre - half) / (1 + z2 / n))
+    return min(p, max(0.0, (centre - half) / (1 + z2 / n)))
 
 
 def required_samples(eps: float, confidence: float) -> int:
