@@ -32,6 +32,7 @@ small model (~50 ms here) spans several ticks, which makes the RTC frozen prefix
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,31 @@ def with_test_defaults(overrides: Optional[Dict[str, Any]] = None) -> Dict[str, 
     out = {"control.horizon": HORIZON, "control.dt": DT}
     out.update(overrides or {})
     return out
+
+
+def inference_seconds(checkpoint, tokenizer, runs: int = 3) -> float:
+    """The median of ``runs`` CPU inferences of ``checkpoint`` (after a warm-up), in this process, now:
+    how fast this machine runs the node's model at the moment a test starts it."""
+    from phyai_ros.policies import build_policy
+
+    params = node_params(checkpoint, tokenizer, overrides=with_test_defaults({"model.warmup_runs": 1}))
+    policy = build_policy(params)
+    images, state = policy.warmup_observation(policy.adapter.state_dim)
+    seconds = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        policy.predict(images, state, "pick up the red cup")
+        seconds.append(time.perf_counter() - t0)
+    return float(np.median(seconds))
+
+
+def paced_dt(checkpoint, tokenizer, *, horizon: int = HORIZON, chunk_per_inference: float = 8.0) -> float:
+    """``control.dt`` for a node run whose timing properties must hold on this machine: DT, or slower where
+    one chunk (``horizon`` actions) would last less than ``chunk_per_inference`` measured inferences. A slow
+    or loaded machine (a CI run measured 0.3 s per inference instead of ~50 ms) otherwise misses every
+    deadline, and the run says nothing about on-time chunks. Rounded up to whole milliseconds."""
+    need = chunk_per_inference * inference_seconds(checkpoint, tokenizer) / horizon
+    return max(DT, math.ceil(need * 1000) / 1000)
 
 
 def _with_model(checkpoint, tokenizer, overrides: Optional[Dict[str, Any]]) -> Dict[str, Any]:

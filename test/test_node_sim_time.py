@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from node_harness import FakeRobot, NodeProcess, make_small_checkpoint, require_tokenizer
+from node_harness import FakeRobot, NodeProcess, make_small_checkpoint, paced_dt, require_tokenizer
 
 pytestmark = pytest.mark.ros
 SIM_START_NS = 500 * 10**9  # far from the wall clock: a stamp on the wrong clock cannot pass
@@ -19,8 +19,9 @@ SIM_START_NS = 500 * 10**9  # far from the wall clock: a stamp on the wrong cloc
 def test_clock_jump_back_under_sim_time(tmp_path):
     tokenizer = require_tokenizer()
     ckpt = make_small_checkpoint(tmp_path / "pi05_small")
+    # 50 Hz, or slower on a machine too slow to keep chunks ahead of the timer at that rate
     node = NodeProcess(ckpt, tokenizer, use_sim_time=True,
-                       overrides={"output.command_type": "float64_multi_array"})
+                       overrides={"output.command_type": "float64_multi_array", "control.dt": paced_dt(ckpt, tokenizer)})
     # The instruction comes from a volatile publisher here (as from a bag replay or `ros2 topic pub`).
     robot = FakeRobot(node.params, sim_time=True, sim_start_ns=SIM_START_NS, latched_instruction=False)
     try:
