@@ -10,7 +10,7 @@ import pytest
 
 from phyai_ros.control import ControlConfig, ControlLoop
 from phyai_ros.control.clock import FakeClock
-from phyai_ros.control.margin import ERROR, OK
+from phyai_ros.control.margin import ERROR, OK, WARN
 from phyai_ros.control.testing import ScriptedPolicy, TickDriver, encode_call_index, make_sim, sensor_feeder
 from phyai_ros.control.worker import ManualExecutor
 
@@ -68,6 +68,27 @@ def test_no_input_at_all_is_error_after_one_horizon():
     sim.driver.run(10)
     level, message = sim.loop.health()
     assert level == ERROR and "inputs not usable (cam: no data)" in message
+
+
+def test_an_action_timer_that_never_runs_is_error_after_one_horizon_of_monotonic_time():
+    """No tick at all (use_sim_time with nothing on /clock, a stalled executor): stamp time may stand still, so
+    the wait is measured on the monotonic clock; WARN for one horizon, then ERROR; a tick ends it, and after a
+    pause (deactivate) the count starts again."""
+    sim = make_sim(cfg())
+    level, message = sim.loop.health()
+    assert level == WARN and message.startswith("the action timer has not run yet")
+    sim.clock.advance(90 * MS)                      # within the 100 ms horizon
+    assert sim.loop.health()[0] == WARN
+    sim.clock.advance(20 * MS)
+    level, message = sim.loop.health()
+    assert level == ERROR and message.startswith("the action timer has not run for 0.11 s"), message
+    sim.driver.run(3)
+    level, message = sim.loop.health()
+    assert level != ERROR and not message.startswith("the action timer"), message
+    sim.loop.pause()
+    assert sim.loop.health()[0] == WARN             # counted anew from this check
+    sim.clock.advance(150 * MS)
+    assert sim.loop.health()[0] == ERROR
 
 
 def test_healthy_loop_is_not_silent():

@@ -204,6 +204,7 @@ class ControlLoop:
         self.clock_rate = ClockRate()
         self.delivery = DeliveryStats(cfg.margin_window * cfg.horizon)  # command delivery delay, recent slots
         self._started_ns: Optional[int] = None  # first tick: control starts when the action timer runs
+        self._untimed_since: Optional[int] = None   # monotonic ns a health check first found no tick yet
         self._last_adopted_ns: Optional[int] = None  # stamp time of the last chunk adoption
         self._last_plan_ns: Optional[int] = None     # stamp time of the last command taken from a chunk
 
@@ -493,7 +494,18 @@ class ControlLoop:
             report = self.last_report
             horizon_ns = self.config.horizon * self.dt_ns
             if self._started_ns is None:
-                return WARN, "the action timer has not run yet (no clock?)"
+                # No tick yet: counted on the monotonic clock from the first check that saw it, since stamp time may
+                # not advance at all (use_sim_time with nothing on /clock).
+                mono = self.clock.monotonic()
+                if self._untimed_since is None:
+                    self._untimed_since = mono
+                waited_ns = mono - self._untimed_since
+                if waited_ns > horizon_ns:
+                    return ERROR, (f"the action timer has not run for {waited_ns / 1e9:.2f} s (> horizon "
+                                   f"{horizon_ns / 1e9:.2f} s): no clock (under use_sim_time, is /clock "
+                                   "published?) or a stalled executor; nothing is commanded")
+                return WARN, f"the action timer has not run yet ({waited_ns / 1e9:.2f} s of {horizon_ns / 1e9:.2f} s)"
+            self._untimed_since = None
             since = self._last_adopted_ns if self._last_adopted_ns is not None else self._started_ns
             silent_ns = now - since
             if silent_ns > horizon_ns:
