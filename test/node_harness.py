@@ -91,13 +91,16 @@ def with_test_defaults(overrides: Optional[Dict[str, Any]] = None) -> Dict[str, 
     return out
 
 
-def inference_seconds(checkpoint, tokenizer, runs: int = 3) -> float:
-    """The median of ``runs`` CPU inferences of ``checkpoint`` (after a warm-up), in this process, now:
-    how fast this machine runs the node's model at the moment a test starts it."""
+def inference_seconds(checkpoint, tokenizer, *, params_file: Path = CPU_CONFIG,
+                      overrides: Optional[Dict[str, Any]] = None, runs: int = 3) -> float:
+    """The median of ``runs`` CPU inferences of ``checkpoint`` (after a warm-up), in this process, now: how fast
+    this machine runs the node's model (``params_file`` with ``overrides``) at the moment a test starts it."""
+    from phyai_ros.parameters import SPECS
     from phyai_ros.policies import build_policy
 
-    params = node_params(checkpoint, tokenizer, overrides=with_test_defaults({"model.warmup_runs": 1}))
-    policy = build_policy(params)
+    params = node_params(checkpoint, tokenizer, params_file=params_file,
+                         overrides=with_test_defaults({**(overrides or {}), "model.warmup_runs": 1}))
+    policy = build_policy({**{n: spec.default for n, spec in SPECS.items()}, **params})
     images, state = policy.warmup_observation(policy.adapter.state_dim)
     seconds = []
     for _ in range(runs):
@@ -107,13 +110,14 @@ def inference_seconds(checkpoint, tokenizer, runs: int = 3) -> float:
     return float(np.median(seconds))
 
 
-def paced_dt(checkpoint, tokenizer, *, horizon: int = HORIZON, chunk_per_inference: float = 8.0) -> float:
-    """``control.dt`` for a node run whose timing properties must hold on this machine: DT, or slower where
-    one chunk (``horizon`` actions) would last less than ``chunk_per_inference`` measured inferences. A slow
-    or loaded machine (a CI run measured 0.3 s per inference instead of ~50 ms) otherwise misses every
-    deadline, and the run says nothing about on-time chunks. Rounded up to whole milliseconds."""
-    need = chunk_per_inference * inference_seconds(checkpoint, tokenizer) / horizon
-    return max(DT, math.ceil(need * 1000) / 1000)
+def paced_dt(checkpoint, tokenizer, *, dt: float = DT, horizon: int = HORIZON, params_file: Path = CPU_CONFIG,
+             overrides: Optional[Dict[str, Any]] = None, chunk_per_inference: float = 8.0) -> float:
+    """``control.dt`` for a node run whose timing properties must hold on this machine: ``dt``, or slower where one
+    chunk (``horizon`` actions) would last less than ``chunk_per_inference`` measured inferences. A slow or loaded
+    machine (a CI run measured 0.3 s per inference instead of ~50 ms) otherwise misses every deadline, and the run
+    says nothing about on-time chunks. Rounded up to whole milliseconds."""
+    seconds = inference_seconds(checkpoint, tokenizer, params_file=params_file, overrides=overrides)
+    return max(dt, math.ceil(chunk_per_inference * seconds / horizon * 1000) / 1000)
 
 
 def _with_model(checkpoint, tokenizer, overrides: Optional[Dict[str, Any]]) -> Dict[str, Any]:

@@ -8,7 +8,7 @@ the same parameters): what the node refuses at start, each with a message naming
 import numpy as np
 import pytest
 
-from node_harness import REPO, FakeRobot, NodeProcess, load_params
+from node_harness import REPO, FakeRobot, NodeProcess, load_params, paced_dt
 from phyai_ros.fixtures import make_small_checkpoint
 from fixture_sets import require_groot_fixture
 from phyai_ros.messages import msg_to_chunk
@@ -37,7 +37,9 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def run(checkpoint):
     """The node with the small GR00T for N_CHUNKS chunks (no model.tokenizer: GR00T reads its backbone's)."""
-    node = NodeProcess(checkpoint, "", params_file=GROOT_CPU, overrides={"control.horizon": 0, "control.dt": DT})
+    # DT, or slower on a machine too slow to keep chunks ahead of the timer at that rate
+    dt = paced_dt(checkpoint, "", dt=DT, horizon=HORIZON, params_file=GROOT_CPU, overrides={"control.horizon": 0})
+    node = NodeProcess(checkpoint, "", params_file=GROOT_CPU, overrides={"control.horizon": 0, "control.dt": dt})
     robot = FakeRobot(node.params)
     try:
         robot.set_instruction("Pick up the red cup!")
@@ -71,7 +73,8 @@ def test_groot_native_rtc_freezes_the_previous_chunks_actions(run):
     frozen = 0
     for prev, cur in zip(cs, cs[1:]):
         offset = (cur.t0_ns - prev.t0_ns) // dt_ns
-        assert offset + cur.d <= prev.horizon
+        # the frozen prefix never reaches past the previous chunk (one that came after it ran out freezes nothing)
+        assert offset + cur.d <= prev.horizon or cur.d == 0, (offset, cur.d, prev.horizon)
         if cur.d:
             frozen += 1
             np.testing.assert_allclose(cur.actions[:cur.d], prev.actions[offset:offset + cur.d], rtol=0, atol=1e-6)
