@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fixture_sets import groot_fixture_dir, load_pi_fixture_policy
-from phyai_ros.runtime.transfer import to_device
+from phyai_ros.runtime.transfer import PinnedArray, _in_place, pinned_array, to_device
 
 GROOT = groot_fixture_dir()
 
@@ -24,6 +24,24 @@ def test_to_device_copies_read_only_and_strided_arrays_as_they_are():
     assert to_device(np.ones(3, np.float64), "cpu", torch.float32).dtype == torch.float32
     same = torch.arange(4)
     assert to_device(same, "cpu") is same            # nothing to move
+
+
+def test_which_arrays_go_over_in_place_from_their_block():
+    """A frame over a whole block (read-only view, batch axis added) is uploaded in place; a slice, a strided view,
+    a copy that inherited the block attribute, or an array of another size is staged. (The block is a plain CPU
+    tensor here; pinned_array itself needs CUDA and without it returns its argument.)"""
+    block = torch.arange(6 * 8 * 3, dtype=torch.uint8).view(6, 8, 3)
+    frame = block.numpy().view(PinnedArray)
+    frame.block = block
+    held = frame.view()
+    held.flags.writeable = False                     # as the observation buffer keeps a frame
+    assert _in_place(held).data_ptr() == block.data_ptr() and tuple(_in_place(held[None]).shape) == (1, 6, 8, 3)
+    for staged in (frame[1:], frame[..., ::-1], frame.astype(np.float32), frame.copy(), np.asarray(frame)):
+        assert _in_place(staged) is None
+    assert np.array_equal(to_device(held, "cpu").numpy(), frame)
+    if not torch.cuda.is_available():
+        plain = np.zeros((2, 2, 3), np.uint8)
+        assert pinned_array(plain) is plain
 
 
 def load_pi_policy():

@@ -1,7 +1,8 @@
 """GPU: the host -> device path of a chunk (runtime/transfer.py; issues 21 and 23). Frames staged through pinned
 memory arrive exactly, even when the staging blocks are reused while copies queue behind other work; the host
-does not wait for the stream's queued work (a pageable copy does); and the GR00T processor's frames, resized on
-the device, agree with the host float path to one grey level."""
+does not wait for the stream's queued work (a pageable copy does); frames already in pinned memory (the node's
+intake) go over in place, exactly, while the blocks they were in are freed and reused; and the GR00T processor's
+frames, resized on the device, agree with the host float path to one grey level."""
 import time
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from fixture_sets import groot_fixture_dir
-from phyai_ros.runtime.transfer import to_device
+from phyai_ros.runtime.transfer import PinnedArray, _in_place, pinned_array, stack_to_device, to_device
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -90,3 +91,50 @@ def test_pi_prepare_on_the_gpu_equals_the_cpu_one():
         assert a.images.device.type == "cuda" and a.slot_names == b.slot_names
         assert float((a.images.cpu() - b.images).abs().max()) <= 1e-5
         assert torch.equal(a.image_masks.cpu(), b.image_masks) and torch.equal(a.tokens.cpu(), b.tokens)
+
+
+def test_pinned_frames_go_over_in_place_and_arrive_exactly_while_their_blocks_are_reused():
+    rng = np.random.default_rng(4)
+    frames = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(12)]
+    pinned = [pinned_array(f) for f in frames]
+    assert all(isinstance(a, PinnedArray) and a.block.is_pinned() and np.array_equal(a, f) and not a.flags.writeable
+               for a, f in zip(pinned, frames))
+    readonly = pinned[0].view()
+    readonly.flags.writeable = False                      # as the observation buffer holds a frame
+    assert _in_place(readonly) is not None and _in_place(readonly[None]) is not None
+    assert _in_place(pinned[0][:, ::-1]) is None and _in_place(pinned[0][1:]) is None   # views: staged instead
+    torch.cuda._sleep(SLEEP_CYCLES)                       # every copy below queues behind this
+    one = [to_device(a, "cuda") for a in pinned[:6]]
+    stacked = stack_to_device(pinned[6:], "cuda")
+    sliced = to_device(pinned[0][:, ::-1], "cuda")
+    del pinned, readonly                                 # the blocks go back to the caching host allocator ...
+    refill = [pinned_array(np.full((480, 640, 3), 7, np.uint8)) for _ in range(12)]   # ... which must not hand
+    torch.cuda.synchronize()                                                            # them out in flight
+    for f, t in zip(frames, one):
+        assert np.array_equal(t.cpu().numpy(), f)
+    assert np.array_equal(stacked.cpu().numpy(), np.stack(frames[6:]))
+    assert np.array_equal(sliced.cpu().numpy(), frames[0][:, ::-1])
+    assert all(int(r.min()) == 7 for r in refill)
+
+
+def test_a_pinned_frame_upload_does_not_wait_and_makes_no_staging_copy():
+    frame = pinned_array(np.random.default_rng(5).integers(0, 256, (480, 640, 3), dtype=np.uint8))
+    torch.cuda.synchronize()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    t = time.perf_counter()
+    out = stack_to_device([frame, frame, frame], "cuda")
+    took = time.perf_counter() - t
+    torch.cuda.synchronize()
+    assert took < 0.05, took
+    assert np.array_equal(out[2].cpu().numpy(), frame)
+
+
+def test_pi_prepare_of_pinned_frames_equals_that_of_plain_ones():
+    from fixture_sets import load_pi_fixture_policy
+    policy = load_pi_fixture_policy("pi05", device="cuda")
+    rng = np.random.default_rng(6)
+    images = {name: rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for name in policy.camera_names}
+    state = rng.standard_normal(policy.state_dim).astype(np.float32)
+    a = policy.prepare({k: pinned_array(v) for k, v in images.items()}, state, "pick up the cup")
+    b = policy.prepare(images, state, "pick up the cup")
+    assert torch.equal(a.images, b.images) and torch.equal(a.tokens, b.tokens)

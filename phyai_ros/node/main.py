@@ -53,6 +53,7 @@ from phyai_ros.node.instruction import TaskFitter
 from phyai_ros.node.parameters import declare_and_read
 from phyai_ros.node.qos import LATCHED, RELIABLE, SENSOR
 from phyai_ros.policies import build_policy, resolved_parameters
+from phyai_ros.runtime.transfer import pinned_array
 
 _LEVEL_BYTES = {0: DiagnosticStatus.OK, 1: DiagnosticStatus.WARN, 2: DiagnosticStatus.ERROR}
 # Counters whose growth during a diagnostics period turns the input status to WARN.
@@ -75,6 +76,10 @@ class PolicyNode(LifecycleNode):
         self.p = declare_and_read(self)
         self._names = list(self.p.control.action_names)
         self._images = ImageConverter(self.p.cameras.max_pixels)
+        # A policy on this machine's GPU uploads frames that already lie in pinned memory without a staging copy:
+        # the copy is made here, in the camera's callback, instead of on each chunk's path (runtime/transfer.py).
+        self._stage_frame = pinned_array if self.p.policy.backend != "remote" and self.p.model.device == "cuda" \
+            else None
         self._event_log_times: dict[str, float] = {}
         self._last_counters: dict[str, int] = {}
         self.policy = None
@@ -240,6 +245,8 @@ class PolicyNode(LifecycleNode):
             except ImageDecodeError as exc:
                 self.loop.report_bad_input("bad_image", f"camera {slot!r} on {topic}: {exc}")
                 return
+            if self._stage_frame is not None:
+                rgb = self._stage_frame(rgb)
             self.loop.on_image(slot, rgb, stamp_to_ns(msg.header.stamp))
 
         return callback

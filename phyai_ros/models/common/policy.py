@@ -297,15 +297,21 @@ class FlowAdapter(PolicyAdapter):
         absent = [c for c in self.camera_names if c not in imgs]
         # Cameras of one frame size go over in one upload and are resized as one batch (few launches: the host
         # time before the graphs run is latency the robot waits for); absent slots stay all -1.
-        images_t = torch.full((batch, len(present) + len(absent), 3, size, size), -1.0, device=self.device)
         by_shape: Dict[tuple, List[int]] = {}
         batched = [imgs[name] if imgs[name].ndim == 4 else imgs[name][None] for name in present]
         for i, frames in enumerate(batched):
             by_shape.setdefault(tuple(frames.shape), []).append(i)
-        for slots in by_shape.values():
+        resized = {}
+        for shape, slots in by_shape.items():
             frames = stack_to_device([batched[i] for i in slots], self.device)   # [n, B, H, W, 3]
             x = preprocess_uint8_images(frames.flatten(0, 1), size)
-            images_t[:, slots] = x.view(len(slots), batch, 3, size, size).transpose(0, 1)
+            resized[shape] = x.view(len(slots), batch, 3, size, size).transpose(0, 1)
+        if len(resized) == 1 and not absent:   # every camera of one size: the resized batch (no copy at batch 1)
+            images_t = next(iter(resized.values())).contiguous()
+        else:
+            images_t = torch.full((batch, len(present) + len(absent), 3, size, size), -1.0, device=self.device)
+            for shape, slots in by_shape.items():
+                images_t[:, slots] = resized[shape]
         host_masks = np.array([[True] * len(present) + [False] * len(absent)] * batch)
         return CameraFrames(images_t, to_device(host_masks, self.device), host_masks, present + absent)
 

@@ -340,7 +340,7 @@ class GrootProcessor:
 def as_uint8_batch(image, name: str, device="cpu") -> Tensor:
     """numpy / tensor uint8 [H, W, 3] or [B, H, W, 3] -> tensor [B, H, W, 3] on ``device`` (checked before the
     copy); bad input names the camera."""
-    a = image if isinstance(image, Tensor) else np.asarray(image)
+    a = image if isinstance(image, Tensor) else np.asanyarray(image)   # a PinnedArray stays one (in-place upload)
     if a.dtype not in (torch.uint8, np.uint8):
         raise ValueError(f"camera '{name}': expected uint8 RGB, got dtype {a.dtype}")
     if a.ndim == 3:
