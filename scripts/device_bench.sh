@@ -43,6 +43,8 @@
 #   GPU_SUITE=a / b: the whole gpu suite in two calls (kernel-heavy files, then the rest)
 #   COSMOS_PROFILE=1: Cosmos3's shapes profiled into a copy of the shipped profile; Cosmos3 on each
 #   HOST_PRECISION=1: the pi policy path's host time under cProfile; Cosmos3 fp32 / bf16 / fp8 at full size
+#   PINNED=1:       frames pinned where they arrive (no staging copy on the chunk's path): tests, the pi policy path,
+#                   GR00T's image to chunk; the pi prefix attention's two-split tilings profiled, pi0.5 / pi0 on them
 #   POLICY_FP8=1:   the pi policy path with the vision graph started early; Cosmos3 bf16 and fp8 end to end
 #   POST_NORM=1:    2026-12-02 (fourth session, call 1): the norm after the next GEMM's dot (GR00T's DiT, the pi expert), tested, profiled, timed
 #   ATTN_PROFILE=1: the short-query attention tilings (16 / 32-row tiles) profiled for GR00T into a copy of the
@@ -304,6 +306,33 @@ if [ "${HOST_PRECISION:-0}" = 1 ]; then
       --host-profile --out "$OUT/$m.json"
   done
   grep -h "=== \|batch 1: median\|policy path\|then graphs\|^fp32\|^bf16\|^w8a8" "$LOG" | cut -c1-400
+  exit 0
+fi
+if [ "${PINNED:-0}" = 1 ]; then
+  # 2026-12-02, fifth session: frames already in pinned memory (the node's camera callback puts them there) go over
+  # without a staging copy; the pi frames of one size are no longer copied into a -1-filled buffer. Their GPU tests;
+  # pi0.5 / pi0 policy path in all three forms (pi0.5 with cProfile of the node's form), GR00T one view's image to
+  # chunk both ways; the pi prefix attention's two-split / three-stage tilings profiled into a copy of the shipped
+  # profile, pi0.5 and pi0 on it. At most 8 files.
+  checkpoints pi05 groot pi0
+  step gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short -rf test/test_transfer_gpu.py \
+    test/test_runner.py test/test_pi05_parity.py test/test_dispatch.py::test_every_prefix_attention_tiling_matches_fp32
+  wait; cat "$OUT/ckpt.log" >> "$LOG"; rm -f "$OUT/ckpt.log"
+  step pi05 45 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup --iters 200 --batches 1 --host-profile \
+    --out "$OUT/pi05.json"
+  step groot 60 python3 scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint --skip-startup --iters 200 \
+    --batches 1 --views 1 --out "$OUT/groot.json"
+  step pi0 40 $B --model pi0 --checkpoint /tmp/ck0 --reuse-checkpoint --skip-startup --iters 200 --batches 1 \
+    --out "$OUT/pi0.json"
+  cp profiles/h200.json "$PROFILE"
+  step profile_attention 150 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 \
+    --tokenizer "$TOK" --ops attention --merge --out "$PROFILE"
+  for m in pi05 pi0; do ck=/tmp/ck05; [ $m = pi0 ] && ck=/tmp/ck0
+    PHYAI_OP_PROFILE=$PROFILE step "${m}_attention" 40 $B --model $m --checkpoint $ck --reuse-checkpoint \
+      --skip-startup --iters 200 --batches 1 --out "$OUT/${m}_attention.json"
+  done
+  grep -h "=== \|passed\|failed\|FAILED\|batch 1: median\|policy path\|then graphs\|as the node\|image to chunk\|^attention\|rc=" \
+    "$LOG" | cut -c1-400
   exit 0
 fi
 if [ "${POLICY_FP8:-0}" = 1 ]; then

@@ -390,7 +390,13 @@ PREFIX_ATTENTION_TILINGS = {"triton": {}, "triton_s1": {"num_splits": 1},
                             "triton_s1_m32_n128": {"num_splits": 1, "block_m": 32, "block_n": 128},
                             # head_dim 256 (the pi prefix): a [64, 256] fp32 accumulator on eight warps, not four
                             "triton_w8": {"num_warps": 8}, "triton_s1_w8": {"num_splits": 1, "num_warps": 8},
-                            "triton_s1_n64_w8": {"num_splits": 1, "block_n": 64, "num_warps": 8}}
+                            "triton_s1_n64_w8": {"num_splits": 1, "block_n": 64, "num_warps": 8},
+                            # the pi prefix fills only ~60 of 132 SMs with 128-row tiles and one split (61 tiles for
+                            # pi0.5's 8 x 968 rows): two key splits double the programs for one merge; three stages
+                            # of 32-key tiles keep more loads in flight than two of 64
+                            "triton_s2_m128_w8": {"num_splits": 2, "block_m": 128, "block_n": 64, "num_warps": 8},
+                            "triton_s2_n64_w8": {"num_splits": 2, "block_n": 64, "num_warps": 8},
+                            "triton_s1_n32_w8_st3": {"num_splits": 1, "block_n": 32, "num_warps": 8, "num_stages": 3}}
 
 
 def _linear_add_then_norm_gelu(h, x, weight, bias, up_weight, up_bias, up_colsum, eps):
