@@ -155,6 +155,14 @@ SPECS = [
           DIRECT=True, HAS_BIAS=True, ACT=1, PDL=True), dict(num_warps=4, num_stages=4)),
     ("quant_linear", "_quantize_rows_kernel", {"XS": "*fp32", "Y": "*fp8e4nv", "S": "*fp32"},
      dict(BLOCK=16384, STATIC=False, PDL=True), dict(num_warps=8)),
+    # GR00T's DiT attention blocks (41 rows, 32 heads of 48, width 1536): the q / k / v projection split over K with
+    # the last split's attention over the rows; the q projection with attention over 103 cached keys, key mask
+    ("projected_attention", "_projected_attention_kernel", {"WS": "*fp32", "CNT": "*i32"},
+     dict(D=48, SELF=True, HAS_BIAS=True, HAS_MASK=False, BLOCK_T=64, BLOCK_D=64, BLOCK_K=64, BLOCK_L=64,
+          DOT_PREC="tf32", PDL=True), dict(num_warps=4, num_stages=2)),
+    ("projected_attention", "_projected_attention_kernel", {"WS": "*fp32", "CNT": "*i32"},
+     dict(D=48, SELF=False, HAS_BIAS=True, HAS_MASK=True, BLOCK_T=64, BLOCK_D=64, BLOCK_K=64, BLOCK_L=128,
+          DOT_PREC="tf32", PDL=True), dict(num_warps=4, num_stages=2)),
     # weights into L2 from a side branch: one line per lane, one bulk prefetch per segment (sm_90 and newer)
     ("l2_prefetch", "_l2_prefetch_kernel", {"TABLE": "*i64"}, dict(BULK=False, BLOCK=512), dict(num_warps=4)),
     ("l2_prefetch", "_l2_prefetch_kernel", {"TABLE": "*i64"}, dict(BULK=True, BLOCK=32), dict(num_warps=1)),
@@ -171,7 +179,7 @@ SPECS = [
      dict(_EXPERT, PHASES=ROWS | LAYER | FINAL, TABLES=True), {}),
 ]
 FLOAT_ARGS = {"eps", "qk_scale"}
-INT_ARGS = {"M", "N", "K", "I", "D", "S", "G", "T", "HQ", "HKV", "SPLITS"}  # sizes spelt in capitals
+INT_ARGS = {"M", "N", "K", "I", "D", "S", "G", "T", "L", "HQ", "HKV", "SPLITS"}  # sizes spelt in capitals
 
 
 def signature(fn, types: dict, constexprs: dict) -> dict:
@@ -198,7 +206,7 @@ def signature(fn, types: dict, constexprs: dict) -> dict:
 # Integer arguments that take values off a multiple of 16 at the production shapes (row and token counts, head
 # groups, split counts); every other integer (widths, K, strides) is one there, and the launcher hints it so.
 UNALIGNED_INTS = {"M", "n_rows", "P", "S", "Lq", "Hkv", "G", "T", "tokens", "nsp", "n_splits", "n_parts", "chunk",
-                  "n_stats", "n_mt", "rot_heads"}
+                  "n_stats", "n_mt", "rot_heads", "L", "s_mb"}
 
 
 def runtime_hints(fn, sig: dict) -> dict:

@@ -43,8 +43,10 @@
 #   GPU_SUITE=a / b: the whole gpu suite in two calls (kernel-heavy files, then the rest)
 #   COSMOS_PROFILE=1: Cosmos3's shapes profiled into a copy of the shipped profile; Cosmos3 on each
 #   HOST_PRECISION=1: the pi policy path's host time under cProfile; Cosmos3 fp32 / bf16 / fp8 at full size
-#   PINNED=1:       frames pinned where they arrive (no staging copy on the chunk's path): tests, the pi policy path,
-#                   GR00T's image to chunk; the pi prefix attention's two-split tilings profiled, pi0.5 / pi0 on them
+#   PINNED=1:       frames pinned where they arrive (no staging copy on the chunk's path): GPU tests (with GR00T's
+#                   projected attention), the pi policy path, GR00T's image to chunk, on the shipped profile
+#   PROFILE_ATTN=1: the pi prefix attention's two-split tilings and GR00T's projected attention profiled into a copy
+#                   of the shipped profile; pi0.5, pi0 and GR00T on it
 #   POLICY_FP8=1:   the pi policy path with the vision graph started early; Cosmos3 bf16 and fp8 end to end
 #   POST_NORM=1:    2026-12-02 (fourth session, call 1): the norm after the next GEMM's dot (GR00T's DiT, the pi expert), tested, profiled, timed
 #   ATTN_PROFILE=1: the short-query attention tilings (16 / 32-row tiles) profiled for GR00T into a copy of the
@@ -309,14 +311,15 @@ if [ "${HOST_PRECISION:-0}" = 1 ]; then
   exit 0
 fi
 if [ "${PINNED:-0}" = 1 ]; then
-  # 2026-12-02, fifth session: frames already in pinned memory (the node's camera callback puts them there) go over
-  # without a staging copy; the pi frames of one size are no longer copied into a -1-filled buffer. Their GPU tests;
-  # pi0.5 / pi0 policy path in all three forms (pi0.5 with cProfile of the node's form), GR00T one view's image to
-  # chunk both ways; the pi prefix attention's two-split / three-stage tilings profiled into a copy of the shipped
-  # profile, pi0.5 and pi0 on it. At most 8 files.
+  # 2026-12-02, fifth session (written without device time): frames already in pinned memory (the node's camera
+  # callback puts them there) go over without a staging copy; the pi frames of one size are no longer copied into a
+  # -1-filled buffer. The GPU tests of that, of the new prefix tilings and of GR00T's projected attention; pi0.5 /
+  # pi0 policy path in all three forms (pi0.5 with cProfile of the node's form), GR00T one view's image to chunk
+  # both ways, on the shipped profile. PROFILE_ATTN=1 is the second call.
   checkpoints pi05 groot pi0
-  step gpu_tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short -rf test/test_transfer_gpu.py \
-    test/test_runner.py test/test_pi05_parity.py test/test_dispatch.py::test_every_prefix_attention_tiling_matches_fp32
+  step gpu_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider --tb=short -rf test/test_transfer_gpu.py \
+    test/test_runner.py test/test_pi05_parity.py test/test_projected_attention.py test/test_groot_n17_gpu.py \
+    test/test_dispatch.py::test_every_prefix_attention_tiling_matches_fp32
   wait; cat "$OUT/ckpt.log" >> "$LOG"; rm -f "$OUT/ckpt.log"
   step pi05 45 $B --checkpoint /tmp/ck05 --reuse-checkpoint --skip-startup --iters 200 --batches 1 --host-profile \
     --out "$OUT/pi05.json"
@@ -324,15 +327,30 @@ if [ "${PINNED:-0}" = 1 ]; then
     --batches 1 --views 1 --out "$OUT/groot.json"
   step pi0 40 $B --model pi0 --checkpoint /tmp/ck0 --reuse-checkpoint --skip-startup --iters 200 --batches 1 \
     --out "$OUT/pi0.json"
+  grep -h "=== \|passed\|failed\|FAILED\|batch 1: median\|policy path\|then graphs\|as the node\|image to chunk\|rc=" \
+    "$LOG" | cut -c1-400
+  exit 0
+fi
+if [ "${PROFILE_ATTN:-0}" = 1 ]; then
+  # 2026-12-02, fifth session (written without device time): the pi prefix attention's two-split / three-stage
+  # tilings and GR00T's projected attention (one kernel for a DiT block's input projection and attention) profiled
+  # into a copy of the shipped profile; pi0.5, pi0 and GR00T (one view, batch 1 and 32) on the copy, to compare
+  # with PINNED's shipped-profile figures of the same session (GR00T also on the shipped profile here).
+  checkpoints pi05 groot pi0
+  wait; cat "$OUT/ckpt.log" >> "$LOG"; rm -f "$OUT/ckpt.log"
   cp profiles/h200.json "$PROFILE"
-  step profile_attention 150 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 \
-    --tokenizer "$TOK" --ops attention --merge --out "$PROFILE"
+  step profile_attention 240 python3 scripts/profile_ops.py --checkpoint /tmp/ck05 --checkpoint /tmp/ck0 \
+    --groot /tmp/groot/checkpoint_1view --tokenizer "$TOK" --ops attention,projected_attention --merge \
+    --out "$PROFILE"
   for m in pi05 pi0; do ck=/tmp/ck05; [ $m = pi0 ] && ck=/tmp/ck0
     PHYAI_OP_PROFILE=$PROFILE step "${m}_attention" 40 $B --model $m --checkpoint $ck --reuse-checkpoint \
       --skip-startup --iters 200 --batches 1 --out "$OUT/${m}_attention.json"
   done
-  grep -h "=== \|passed\|failed\|FAILED\|batch 1: median\|policy path\|then graphs\|as the node\|image to chunk\|^attention\|rc=" \
-    "$LOG" | cut -c1-400
+  G="python3 scripts/bench_groot.py --root /tmp/groot --reuse-checkpoint --skip-startup --iters 200 --views 1"
+  step groot_shipped 50 $G --batches 1 --out "$OUT/groot_shipped.json"
+  PHYAI_OP_PROFILE=$PROFILE step groot_attention 60 $G --batches 1,32 --out "$OUT/groot_attention.json"
+  grep -h "=== \|batch 1: median\|batch 32\|^attention\|^projected_attention\|image to chunk\|rc=" "$LOG" | \
+    cut -c1-400
   exit 0
 fi
 if [ "${POLICY_FP8:-0}" = 1 ]; then

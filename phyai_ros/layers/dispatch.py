@@ -419,6 +419,28 @@ def _triton_post_norm(h, x, weight, bias, up_weight, up_bias, up_colsum, eps, *,
     return h_new, norm_linear_gelu(h_new, stats, up_weight, up_bias, up_colsum, eps, block_n=up_block_n)
 
 
+def _unfused_projected_attention(y, weight, bias, n_heads, k_cache=None, v_cache=None, mask=None):
+    """The reference: the projection (linear) and the attention as their own selector ops, [B, T, H * d]."""
+    b, t, _ = y.shape
+    p = linear(y, weight, bias)
+    if k_cache is None:
+        q, k_cache, v_cache = (x.view(b, t, n_heads, -1).transpose(1, 2) for x in p.chunk(3, dim=-1))
+    else:
+        q = p.view(b, t, n_heads, -1).transpose(1, 2)
+    a = attention(q, k_cache, v_cache, mask)
+    return a.transpose(1, 2).reshape(b, t, -1)
+
+
+def _projected_attention_fits(y, weight, bias, n_heads, k_cache=None, v_cache=None, mask=None) -> bool:
+    from phyai_ros.kernels.projected_attention import fits
+    return fits(y, weight, n_heads, k_cache, mask)
+
+
+def _triton_projected_attention(y, weight, bias, n_heads, k_cache=None, v_cache=None, mask=None, **tiling):
+    from phyai_ros.kernels.projected_attention import projected_attention as fused
+    return fused(y, weight, bias, n_heads, k_cache, v_cache, mask, **tiling)
+
+
 def _linear_then_norm_geglu(x, weight, h, gate, scale, shift, gate_up_w, eps):
     """The reference: the output GEMM with its (gated) residual and (ada)RMSNorm as one selector op, then the
     GeGLU gate_up as another (what the expert ran before this op existed)."""
@@ -535,6 +557,13 @@ _REGISTRY = {
                                             supports=functools.partial(_post_rms_fits, block_n=16))
                                   for name, ubn in (("post_norm", 32), ("post_norm_n16", 16))),
                                 Candidate("unfused", _linear_then_norm_geglu)],
+    # A few-row attention block's input projection and its attention as one kernel (kernels/projected_attention.py,
+    # GR00T's DiT): profiled-only until a device profile times it (written 2026-12-02, not yet measured).
+    "projected_attention": [*(Candidate(name, functools.partial(_triton_projected_attention, **tiling), _CUDA,
+                                        available=triton_ok, profiled_only=True, supports=_projected_attention_fits)
+                              for name, tiling in (("fused", {}), ("fused_w8", {"num_warps": 8}),
+                                                   ("fused_s2", {"splits": 2}), ("fused_s8", {"splits": 8}))),
+                            Candidate("unfused", _unfused_projected_attention)],
     "attention_with_prefix": [*(Candidate(name, functools.partial(_triton_attention_with_prefix, **tiling), _CUDA,
                                           available=triton_ok) for name, tiling in ATTENTION_TILINGS.items()),
                               Candidate("torch", _torch_attention_with_prefix)],
@@ -598,6 +627,19 @@ def linear_add_norm_gelu(h: Tensor, x: Tensor, weight: Weight, bias: Optional[Te
         return _linear_add_then_norm_gelu(h, x, weight, bias, up_weight, up_bias, up_colsum, eps)
     return _selector().call("linear_add_norm_gelu", shape_key(x, weight, up_weight), x.device, h, x, weight, bias,
                             up_weight, up_bias, up_colsum, eps)
+
+
+def projected_attention(y: Tensor, weight: Weight, bias: Optional[Tensor], n_heads: int,
+                        k_cache: Optional[Tensor] = None, v_cache: Optional[Tensor] = None,
+                        mask: Optional[Tensor] = None) -> Tensor:
+    """An attention block from its normed input: heads of linear(y, weight, bias), then attention -> [B, T, H * d].
+    Self-attention (no cache): weight is the fused q / k / v projection; cross-attention: weight projects q and
+    k_cache / v_cache [B, H, L, d] hold the keys and values (mask additive, per key). Where a profile picks the fused
+    candidate, one kernel (kernels/projected_attention.py); quantized weights run the two ops."""
+    if isinstance(weight, QuantizedWeight):
+        return _unfused_projected_attention(y, weight, bias, n_heads, k_cache, v_cache, mask)
+    key = shape_key(y, weight) if k_cache is None else shape_key(y, weight, k_cache)
+    return _selector().call("projected_attention", key, y.device, y, weight, bias, n_heads, k_cache, v_cache, mask)
 
 
 def linear_gated_norm_geglu(x: Tensor, weight: Weight, h: Tensor, gate: Optional[Tensor], scale: Tensor,

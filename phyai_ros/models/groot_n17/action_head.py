@@ -231,7 +231,10 @@ def dit(w: Weights, h: HeadConfig, x: Tensor, table: StepTable, ctx: HeadContext
     output layer then proj_out_2. Each residual add runs with the LayerNorm after it (and the output GEMM's
     bias) as one selector op, linear_add_layer_norm; the LayerNorm before a block's attention (and before the
     output layer) carries that block's AdaLayerNorm modulation as its affine, so no separate modulation kernel
-    runs (one bf16 rounding instead of two). The attention half's output GEMM, residual add, the MLP's LayerNorm
+    runs (one bf16 rounding instead of two). A block's input projection and its attention are one selector op
+    (projected_attention: where a profile picks it, one kernel, kernels/projected_attention.py); the cross-attention
+    blocks' keys and values come from the observation's context. The attention half's output GEMM, residual add,
+    the MLP's LayerNorm
     and its GELU up-projection are one selector op (linear_add_norm_gelu: where a profile picks it, the
     LayerNorm is applied after the up-projection's dot, kernels/post_norm.py)."""
     scale, shift = table.mods[0]
@@ -239,10 +242,11 @@ def dit(w: Weights, h: HeadConfig, x: Tensor, table: StepTable, ctx: HeadContext
     for i in range(h.dit_layers):
         b = f"{DIT}transformer_blocks.{i}."
         if i % 2:
-            q, kv = self_qkv(y, w, b, h.dit_heads)
+            a = dispatch.projected_attention(y, w[b + "attn1.to_qkv.weight"], w.get(b + "attn1.to_qkv.bias"),
+                                             h.dit_heads)
         else:
-            q, kv = heads(linear(y, w, b + "attn1.to_q"), h.dit_heads), ctx.cross_kv[i]
-        a = attention(q, kv[0], kv[1], ctx.masks.get(i))
+            a = dispatch.projected_attention(y, w[b + "attn1.to_q.weight"], w.get(b + "attn1.to_q.bias"),
+                                             h.dit_heads, *ctx.cross_kv[i], ctx.masks.get(i))
         x, f = dispatch.linear_add_norm_gelu(x, a, w[b + "attn1.to_out.0.weight"], w[b + "attn1.to_out.0.bias"],
                                              w[b + "ff.net.0.proj.weight"], w.get(b + "ff.net.0.proj.bias"),
                                              w.get(b + "ff.net.0.proj.colsum"), ATTN_EPS)
