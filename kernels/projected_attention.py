@@ -29,6 +29,7 @@ from typing import Dict, Optional
 
 import torch
 
+from .rope import split_heads
 from .common import (HAVE_TRITON, LOG2E, cdiv, check_tensors, next_power_of_2, num_sms, pdl, tl, triton,
                      wait_for_producer)
 
@@ -49,7 +50,7 @@ def projected_attention_ref(y: torch.Tensor, weight: torch.Tensor, bias: Optiona
     b, t, _ = y.shape
     p = torch.nn.functional.linear(y.float(), weight.float(), None if bias is None else bias.float()).to(y.dtype)
     if k_cache is None:
-        q, k, v = (x.view(b, t, n_heads, -1).transpose(1, 2).float() for x in p.chunk(3, dim=-1))
+        q, k, v = (x.float() for x in split_heads(p, n_heads, n_heads, p.shape[-1] // (3 * n_heads)))
     else:
         q = p.view(b, t, n_heads, -1).transpose(1, 2).float()
         k, v = k_cache.float(), v_cache.float()
@@ -73,14 +74,14 @@ def fits(y: torch.Tensor, weight: torch.Tensor, n_heads: int, k_cache: Optional[
          mask: Optional[torch.Tensor] = None) -> bool:
     """Shapes the kernel takes: few rows, a head width that splits the projection, keys that fit one block, a mask
     per key (self-attention: none), one activation dtype."""
+    parts = 3 if k_cache is None else 1     # q, k, v from the fused projection; else q alone
     if y.dim() != 3 or weight.dim() != 2 or y.shape[1] > MAX_ROWS or weight.shape[1] != y.shape[2]:
         return False
-    n = weight.shape[0] // (3 if k_cache is None else 1)
-    if n % n_heads or n * (3 if k_cache is None else 1) != weight.shape[0] or y.dtype != weight.dtype:
+    if weight.shape[0] % (parts * n_heads) or y.dtype != weight.dtype:
         return False
     if k_cache is None:
         return mask is None
-    d = n // n_heads
+    d = weight.shape[0] // n_heads
     if k_cache.dim() != 4 or k_cache.shape[1] != n_heads or k_cache.shape[3] != d or k_cache.shape[2] > MAX_KEYS:
         return False
     if mask is None:
@@ -171,20 +172,20 @@ if HAVE_TRITON:
                                          cache_modifier=".cg")
                 tl.atomic_xchg(CNT + bh, 0)
                 _finish(acc_q, acc_k, acc_v, b, h, t, tmask, dd, dmask, BIAS, KC, VC, MASK, OUT, L, HD,
-                        s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_ob, s_ot, qk_scale, Y,
+                        s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_ob, s_ot, qk_scale,
                         D, SELF, HAS_BIAS, HAS_MASK, BLOCK_L, DOT_PREC)
         else:
             _finish(acc_q, acc_k, acc_v, b, h, t, tmask, dd, dmask, BIAS, KC, VC, MASK, OUT, L, HD,
-                    s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_ob, s_ot, qk_scale, Y,
+                    s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_ob, s_ot, qk_scale,
                     D, SELF, HAS_BIAS, HAS_MASK, BLOCK_L, DOT_PREC)
 
     @triton.jit
     def _finish(acc_q, acc_k, acc_v, b, h, t, tmask, dd, dmask, BIAS, KC, VC, MASK, OUT, L, HD,
-                s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_ob, s_ot, qk_scale, Y,
+                s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_ob, s_ot, qk_scale,
                 D: tl.constexpr, SELF: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
                 BLOCK_L: tl.constexpr, DOT_PREC: tl.constexpr):
         """The projection's bias and rounding, then the attention over the head's keys."""
-        dt = Y.dtype.element_ty
+        dt = OUT.dtype.element_ty   # the activation dtype (out is y's)
         if HAS_BIAS:
             acc_q += tl.load(BIAS + h * D + dd, mask=dmask, other=0.0).to(tl.float32)[None, :]
         q = acc_q.to(dt)
@@ -192,7 +193,7 @@ if HAVE_TRITON:
             if HAS_BIAS:
                 acc_k += tl.load(BIAS + HD + h * D + dd, mask=dmask, other=0.0).to(tl.float32)[None, :]
                 acc_v += tl.load(BIAS + 2 * HD + h * D + dd, mask=dmask, other=0.0).to(tl.float32)[None, :]
-            _attend(q, acc_k.to(dt), acc_v.to(dt), t, tmask, b, h, t, tmask, dd, dmask, Y, 0, OUT, s_ob, s_ot,
+            _attend(q, acc_k.to(dt), acc_v.to(dt), t, tmask, b, h, t, tmask, dd, dmask, OUT, 0, OUT, s_ob, s_ot,
                     qk_scale, D, False, DOT_PREC)
         else:
             j = tl.arange(0, BLOCK_L)

@@ -421,10 +421,11 @@ def _triton_post_norm(h, x, weight, bias, up_weight, up_bias, up_colsum, eps, *,
 
 def _unfused_projected_attention(y, weight, bias, n_heads, k_cache=None, v_cache=None, mask=None):
     """The reference: the projection (linear) and the attention as their own selector ops, [B, T, H * d]."""
+    from phyai_ros.kernels.rope import split_heads
     b, t, _ = y.shape
     p = linear(y, weight, bias)
     if k_cache is None:
-        q, k_cache, v_cache = (x.view(b, t, n_heads, -1).transpose(1, 2) for x in p.chunk(3, dim=-1))
+        q, k_cache, v_cache = split_heads(p, n_heads, n_heads, p.shape[-1] // (3 * n_heads))
     else:
         q = p.view(b, t, n_heads, -1).transpose(1, 2)
     a = attention(q, k_cache, v_cache, mask)

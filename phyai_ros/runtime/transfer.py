@@ -79,12 +79,12 @@ def to_device(x, device, dtype: Optional[torch.dtype] = None) -> Tensor:
         return x.to(device, dtype)
     if isinstance(x, Tensor):
         staged = x if x.is_pinned() else x.pin_memory()
-    elif (staged := _in_place(x)) is not None:
-        pass
     else:
-        a = np.asarray(x)
-        staged = _pinned(a.shape, a.dtype)
-        staged.numpy()[...] = a
+        staged = _in_place(x)
+        if staged is None:
+            a = np.asarray(x)
+            staged = _pinned(a.shape, a.dtype)
+            staged.numpy()[...] = a
     out = staged.to(device, non_blocking=True)
     return out if dtype is None else out.to(dtype)
 
