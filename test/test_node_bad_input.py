@@ -144,12 +144,19 @@ def test_missing_required_camera_is_stale_and_the_timer_holds(live):
         robot.spin_for(0.5)
         assert len(robot.chunks) == n_chunks, "inference ran on a stale observation"
         assert robot.counters()["stale_snapshots"] > before["stale_snapshots"]
+        # No chunk comes any more, so once ten more deadline-policy ticks are counted (a late chunk may still have
+        # been executing a moment ago, at a slow paced dt) the last ten commands are all held ones.
+        dt, horizon = robot.params["control.dt"], robot.params["control.horizon"]
+        ticks = robot.fresh_counters()["deadline_policy_ticks"]
+        assert robot.wait_counter("deadline_policy_ticks", ticks + 9, timeout=20 + 10 * dt), robot.counters()
         held = [command_action(r.msg) for r in robot.commands[n_commands:]][-10:]
         assert len(held) == 10 and all(np.array_equal(held[0], a) for a in held), "hold_last did not hold"
         assert any("stale_snapshots" in m for m in robot.input_warnings(since=t_off))
-        # a horizon (20 actions x dt) after the last chunk: the watchdog says why it is ERROR
-        margin = [st for r in robot.diagnostics[-3:] for st in [diagnostics_status(r.msg, "control margin")] if st]
-        assert margin and margin[-1].level == b"\x02" and "base_0_rgb" in margin[-1].message, margin
+        # a horizon (horizon actions x dt) after the last chunk: the watchdog says why it is ERROR
+        def margin():
+            return [st for r in robot.diagnostics[-3:] for st in [diagnostics_status(r.msg, "control margin")] if st]
+        assert robot.spin_until(lambda: margin() and margin()[-1].level == b"\x02", 10 + 2 * horizon * dt), margin()
+        assert "base_0_rgb" in margin()[-1].message, margin()
     finally:
         robot.enabled_cameras.add("base_0_rgb")
     still_alive(live, seq)

@@ -15,7 +15,7 @@ from ray import serve  # noqa: E402
 
 from node_harness import (FakeRobot, NodeProcess, diagnostics_status, make_small_checkpoint,  # noqa: E402
                           require_tokenizer)
-from phyai_ros.serve.app import run_local  # noqa: E402
+from phyai_ros.serve.app import init_local_ray, run_local  # noqa: E402
 from phyai_ros.serve.engine import ServeConfig  # noqa: E402
 from ros_helpers import REPO  # noqa: E402
 
@@ -38,7 +38,7 @@ def test_remote_backend_over_serve(tmp_path):
     tokenizer = require_tokenizer()
     ckpt = make_small_checkpoint(tmp_path / "pi05")
     token = secrets.token_urlsafe(16)   # the endpoint requires it; the node sends its policy.token
-    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
+    init_local_ray(num_cpus=2, object_store_memory=80 * 2**20, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": f"{REPO}:{REPO / 'test'}"}})
     node = robot = None
     try:
@@ -108,7 +108,7 @@ def test_the_same_bag_onboard_and_remote(tmp_path):
     bag = make_demo_bag(tmp_path / "bag", DemoBagConfig(duration=8.0, state_rate_hz=20.0, storage="mcap"))
     overrides = {"control.horizon": 20}
     results = {}
-    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False,
+    init_local_ray(num_cpus=2, object_store_memory=80 * 2**20, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": f"{REPO}:{REPO / 'test'}"}})
     try:
         url = run_local(ServeConfig(str(ckpt), str(tokenizer), device="cpu", batch_wait_s=BATCH_WAIT_S),

@@ -169,6 +169,22 @@ def build_app(config: ServeConfig, num_replicas: int = 0, num_cpus: float = 1.0,
         dataclasses.asdict(config), token_digest(token))
 
 
+# Serve's controller kills an HTTP proxy that has not answered its ready check within Ray's 5 s (longer after each
+# restart) and ``serve.start`` then fails at once. On a busy CPU machine (a model warming up beside it) a proxy took
+# longer than that to import and bind. The environment variable is Ray's own; an operator's value is kept.
+PROXY_READY_ENV = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
+PROXY_READY_S = 30.0
+
+
+def init_local_ray(**ray_init) -> None:
+    """``ray.init`` of a local instance (no dashboard unless asked) whose Serve proxies get ``PROXY_READY_S`` to
+    start: the instance's processes take this process's environment when it starts."""
+    import ray
+    os.environ.setdefault(PROXY_READY_ENV, str(PROXY_READY_S))
+    ray_init.setdefault("include_dashboard", False)
+    ray.init(**ray_init)
+
+
 def run_local(config: ServeConfig, port: int = 8000, host: str = "127.0.0.1", num_replicas: int = 0,
               num_cpus: float = 1.0, name: str = APP_NAME, route_prefix: str = "/", token: str = "",
               ray_init: Optional[dict] = None) -> str:
@@ -182,9 +198,10 @@ def run_local(config: ServeConfig, port: int = 8000, host: str = "127.0.0.1", nu
     if not is_loopback(host) and not token:
         raise ValueError(f"serving on {host} (beyond loopback) needs a token: --token-file FILE or {TOKEN_ENV}")
     if not ray.is_initialized():
-        if not ray_init.get("address"):   # a local instance, started here
-            ray_init.setdefault("include_dashboard", False)
-        ray.init(**ray_init)
+        if ray_init.get("address"):
+            ray.init(**ray_init)
+        else:
+            init_local_ray(**ray_init)
     # Ray binds its own ports on every interface (it resolves a loopback node IP to a routable one), and whoever
     # reaches them runs code on the cluster: Ray's token authentication (on by default for local instances since
     # Ray 2.59; RAY_AUTH_MODE=token) is what keeps them closed.
