@@ -34,12 +34,17 @@ def _watchdog_error_since(robot: FakeRobot, since: float) -> bool:
                for r in robot.diagnostics)
 
 
+def _start_local_ray() -> None:
+    """This test's small local Ray instance (2 CPUs, an 80 MB object store), its workers able to import the repo."""
+    init_local_ray(num_cpus=2, object_store_memory=80 * 2**20, log_to_driver=False,
+                   runtime_env={"env_vars": {"PYTHONPATH": f"{REPO}:{REPO / 'test'}"}})
+
+
 def test_remote_backend_over_serve(tmp_path):
     tokenizer = require_tokenizer()
     ckpt = make_small_checkpoint(tmp_path / "pi05")
     token = secrets.token_urlsafe(16)   # the endpoint requires it; the node sends its policy.token
-    init_local_ray(num_cpus=2, object_store_memory=80 * 2**20, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": f"{REPO}:{REPO / 'test'}"}})
+    _start_local_ray()
     node = robot = None
     try:
         url = run_local(ServeConfig(str(ckpt), str(tokenizer), device="cpu", batch_wait_s=BATCH_WAIT_S,
@@ -108,8 +113,7 @@ def test_the_same_bag_onboard_and_remote(tmp_path):
     bag = make_demo_bag(tmp_path / "bag", DemoBagConfig(duration=8.0, state_rate_hz=20.0, storage="mcap"))
     overrides = {"control.horizon": 20}
     results = {}
-    init_local_ray(num_cpus=2, object_store_memory=80 * 2**20, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": f"{REPO}:{REPO / 'test'}"}})
+    _start_local_ray()
     try:
         url = run_local(ServeConfig(str(ckpt), str(tokenizer), device="cpu", batch_wait_s=BATCH_WAIT_S),
                         port=_free_port(), num_replicas=1, num_cpus=0.5)
