@@ -41,6 +41,7 @@
 #   ROUND9C=1:      the short-attention default before / after, GR00T's two-view profile, pi0.5 batch 32
 #   ROUND9D=1:      the five-stage skinny tilings profiled at the few-row GEMM ops, each model before / after
 #   GPU_SUITE=a / b / c: the whole gpu suite in three calls (kernel files, models and runners, the expert stack)
+#   COSMOS_BATCH=1: Cosmos3's start-up, batch 1 (the swiglu gate) and batches 2, 4, 8 at 480x832
 #   COSMOS_PROFILE=1: Cosmos3's shapes profiled into a copy of the shipped profile; Cosmos3 on each
 #   HOST_PRECISION=1: the pi policy path's host time under cProfile; Cosmos3 fp32 / bf16 / fp8 at full size
 #   PINNED=1:       frames pinned where they arrive (no staging copy on the chunk's path): GPU tests (with GR00T's
@@ -287,6 +288,16 @@ if [ -n "${GPU_SUITE:-}" ]; then
   step "gpu_suite_$GPU_SUITE" 560 python3 -u -m pytest -v -rfEs -m gpu -p no:cacheprovider --tb=short \
     --durations=10 $files
   grep -h "=== \|PASSED\|FAILED\|ERROR\|SKIPPED\|passed\|failed\|rc=" "$LOG" | cut -c1-300
+  exit 0
+fi
+if [ "${COSMOS_BATCH:-0}" = 1 ]; then
+  # Issue 25's unmeasured items (2026-12-02, seventh session): Cosmos3's start-up to the first chunk in a fresh
+  # process (weights drawn on the device), batch 1 at 480x832 with the MLP gate through dispatch.swiglu (fifth
+  # session, untimed), and batches 2, 4, 8 (8 ran out of memory on 2026-12-01, when the VAE still encoded the
+  # whole 33-frame clip), on the shipped profile. diffusers' 1431 ms (2026-12-01) is cited, not re-run.
+  step cosmos3_batches 560 python3 -u scripts/bench_cosmos3.py --startup memory --diffusers off --images 480x832 \
+    --iters 5 --batches 2,4,8 --batch-iters 2 --out "$OUT/cosmos3_batches.json"
+  grep -h "=== \|start-up\|^480x832 \|^batch \|rc=" "$LOG" | cut -c1-400
   exit 0
 fi
 if [ "${COSMOS_PROFILE:-0}" = 1 ]; then
