@@ -40,7 +40,8 @@
 #   ROUND9B=1:      ROUND9's profile again with the tests' tracebacks and GR00T's views / batch 32 (one tarball)
 #   ROUND9C=1:      the short-attention default before / after, GR00T's two-view profile, pi0.5 batch 32
 #   ROUND9D=1:      the five-stage skinny tilings profiled at the few-row GEMM ops, each model before / after
-#   GPU_SUITE=a / b / c: the whole gpu suite in three calls (kernel files, models and runners, the expert stack)
+#   GPU_SUITE=a / b / c / d: the whole gpu suite in four calls (kernel files, models and runners, the expert
+#                   stack's bf16 forms, its fp32 / graph / selector tests)
 #   COSMOS_BATCH=1: Cosmos3's start-up, batch 1 (the swiglu gate) and batches 2, 4, 8 at 480x832
 #   COSMOS_PROFILE=1: Cosmos3's shapes profiled into a copy of the shipped profile; Cosmos3 on each
 #   HOST_PRECISION=1: the pi policy path's host time under cProfile; Cosmos3 fp32 / bf16 / fp8 at full size
@@ -272,21 +273,23 @@ if [ "${ROUND9D:-0}" = 1 ]; then
   exit 0
 fi
 if [ -n "${GPU_SUITE:-}" ]; then
-  # The whole `gpu` suite in three calls (a fresh machine compiles every Triton kernel first: one call does not
+  # The whole `gpu` suite in four calls (a fresh machine compiles every Triton kernel first: one call does not
   # fit; 2026-12-02, seventh session: the kernel files and 24 expert-stack tests took the 540 s of one call):
-  # GPU_SUITE=a the kernel files, b the models' and runners' files, c the expert stack's fused forms (each
-  # compiles several persistent kernels, 20-60 s apiece). -v with unbuffered output: every test's verdict reaches
-  # the log even when the limit ends the run.
+  # GPU_SUITE=a the kernel files, b the models' and runners' files, c the expert stack's fused forms in bf16
+  # (24 tests, ~300 s), d its fp32, graph-replay and selector tests (9; each compiles several persistent kernels,
+  # 20-60 s apiece). -v with unbuffered output: every test's verdict reaches the log even when the limit ends it.
   kernels="test/test_kernels_gpu.py test/test_dispatch.py test/test_post_norm.py test/test_l2_prefetch_gpu.py \
     test/test_op_profiles_gpu.py"
   expert="test/test_expert_layer_gpu.py"
+  pick=()
   case $GPU_SUITE in
     a) files=$kernels ;;
-    c) files=$expert ;;
+    c) files=$expert; pick=(-k test_stack_bf16_vs_fp32) ;;
+    d) files=$expert; pick=(-k "not test_stack_bf16_vs_fp32") ;;
     *) files=$(grep -l "mark.gpu" test/*.py | grep -v -F -x -f <(printf '%s\n' $kernels $expert) | tr '\n' ' ') ;;
   esac
-  step "gpu_suite_$GPU_SUITE" 560 python3 -u -m pytest -v -rfEs -m gpu -p no:cacheprovider --tb=short \
-    --durations=10 $files
+  step "gpu_suite_$GPU_SUITE" 560 python3 -u -m pytest -v -rfEs -m gpu "${pick[@]}" -p no:cacheprovider \
+    --tb=short --durations=10 $files
   grep -h "=== \|PASSED\|FAILED\|ERROR\|SKIPPED\|passed\|failed\|rc=" "$LOG" | cut -c1-300
   exit 0
 fi
