@@ -10,9 +10,13 @@ import time
 import numpy as np
 import pytest
 
-from node_harness import FakeRobot, NodeProcess, command_action, diagnostics_status, make_small_checkpoint, require_tokenizer
+from node_harness import (FakeRobot, NodeProcess, command_action, diagnostics_status, make_small_checkpoint,
+                          node_ros_args, require_tokenizer)
 
 pytestmark = pytest.mark.ros
+
+LIFECYCLE_SERVICES = ("change_state", "get_state", "get_available_states", "get_available_transitions",
+                      "get_transition_graph")
 
 
 class Lifecycle:
@@ -149,3 +153,42 @@ def test_unconfigured_start_and_a_failed_configure_keep_the_node_up(checkpoint, 
         robot.close()
         log = node.stop()
     assert "cannot configure: FileNotFoundError: model.checkpoint: no checkpoint folder" in log, log[-2000:]
+
+
+def test_a_destroyed_node_leaves_no_lifecycle_services_behind(checkpoint, tmp_path):
+    """A node destroyed in a process that goes on takes its lifecycle services out of the graph: left there (rclpy
+    keeps them until garbage collection) they are ghosts that a later node of the same name shares its service
+    names with; a full test run once saw a later node's get_state never match."""
+    import rclpy
+
+    from phyai_ros.node.main import PolicyNode
+
+    _, tokenizer = checkpoint
+    context, observer_context = rclpy.Context(), rclpy.Context()
+    rclpy.init(context=context)
+    rclpy.init(context=observer_context)
+    observer = rclpy.create_node("lifecycle_observer", context=observer_context)
+    node = PolicyNode(context=context, cli_args=["--ros-args", *node_ros_args(
+        tmp_path / "no_model_needed", tokenizer, overrides={"lifecycle.autostart": "unconfigured"})])
+
+    expected = {f"/{node.get_name()}/{service}" for service in LIFECYCLE_SERVICES}
+
+    def lifecycle_services():
+        return {name for name, _ in observer.get_service_names_and_types()} & expected
+
+    def settles(predicate, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    try:
+        assert settles(lambda: lifecycle_services() == expected, 60), lifecycle_services()
+        node.destroy_node()
+        assert settles(lambda: not lifecycle_services(), 30), f"left in the graph: {sorted(lifecycle_services())}"
+    finally:
+        rclpy.try_shutdown(context=context)
+        observer.destroy_node()
+        rclpy.try_shutdown(context=observer_context)
