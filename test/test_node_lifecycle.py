@@ -20,28 +20,55 @@ LIFECYCLE_SERVICES = ("change_state", "get_state", "get_available_states", "get_
 
 
 class Lifecycle:
-    """Clients of the node's lifecycle services, spun by the fake robot's executor."""
+    """Clients of the node's lifecycle services, as a lifecycle manager holds them: on a participant of their own,
+    spun together with the fake robot's executor (whose recordings go on meanwhile)."""
 
     def __init__(self, robot: FakeRobot, node: str = "/phyai_policy"):
         from lifecycle_msgs.srv import ChangeState, GetState
         self.robot = robot
         self._services = {"get": (GetState, f"{node}/get_state"), "change": (ChangeState, f"{node}/change_state")}
-        self._clients = {key: robot.node.create_client(*spec) for key, spec in self._services.items()}
         self._types = (ChangeState, GetState)
+        self._open()
+
+    def _open(self) -> None:
+        import rclpy
+        from rclpy.executors import SingleThreadedExecutor
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context)
+        self.node = rclpy.create_node("lifecycle_manager", context=self.context)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self._clients = {key: self.node.create_client(*spec) for key, spec in self._services.items()}
+
+    def close(self) -> None:
+        import rclpy
+        self.executor.shutdown()
+        self.node.destroy_node()
+        rclpy.try_shutdown(context=self.context)
+
+    def spin_until(self, predicate, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            self.executor.spin_once(timeout_sec=0.0)
+            self.robot.executor.spin_once(timeout_sec=0.01)
+        return predicate()
 
     def _ready(self, key: str):
         """The service's client once the service is discovered. Discovery can take long on a loaded 2-core CI
-        machine while the node warms up (a full-suite run once needed more than 60 s; alone about one), and one
-        full-suite run never matched a client within 150 s while the node's topics flowed: a client not matched
-        within 30 s is made again (a fresh discovery), for up to 240 s in all."""
+        machine while the node warms up (a full-suite run once needed more than 60 s; alone about one), and two
+        full-suite runs never matched a client within 150-240 s while the node's topics flowed, where the next
+        test's fresh participant matched at once: a client not matched within 30 s gets a fresh participant (a
+        new discovery from scratch), for up to 240 s in all."""
         deadline = time.monotonic() + 240
         while True:
             client = self._clients[key]
-            if self.robot.spin_until(client.service_is_ready, min(30.0, max(deadline - time.monotonic(), 0.0))):
+            if self.spin_until(client.service_is_ready, min(30.0, max(deadline - time.monotonic(), 0.0))):
                 return client
             assert time.monotonic() < deadline, f"lifecycle service {self._services[key][1]} not up"
-            self.robot.node.destroy_client(client)
-            self._clients[key] = self.robot.node.create_client(*self._services[key])
+            self.close()
+            self._open()
 
     def _call(self, key: str, request, timeout: float = 120.0, resend_s: float = 0.0):
         """One request (a query is sent again every ``resend_s`` until answered: a reply can be lost while the
@@ -51,7 +78,7 @@ class Lifecycle:
         while True:
             future = client.call_async(request)
             wait = min(resend_s or timeout, deadline - time.monotonic())
-            if self.robot.spin_until(future.done, max(wait, 0.0)):
+            if self.spin_until(future.done, max(wait, 0.0)):
                 return future.result()
             assert time.monotonic() < deadline, "no answer"
 
@@ -119,6 +146,7 @@ def test_configured_inactive_active_deactivated_reactivated_cleaned_up(checkpoin
         assert lc.transition("configure") and lc.state() == "inactive"   # loads again
         assert lc.transition("shutdown") and lc.state() == "finalized"
     finally:
+        lc.close()
         robot.close()
         log = node.stop()
     assert "configured: inputs are buffered" in log and "active: acting on the robot" in log, log[-3000:]
@@ -135,6 +163,7 @@ def test_deactivate_with_stop_publishes_nothing_more(checkpoint):
         robot.spin_for(1.5)
         assert len(robot.commands) == n
     finally:
+        lc.close()
         robot.close()
         node.stop()
 
@@ -150,6 +179,7 @@ def test_unconfigured_start_and_a_failed_configure_keep_the_node_up(checkpoint, 
         assert lc.state() == "unconfigured"
         assert node.proc.poll() is None, "the node keeps running for the manager to retry"
     finally:
+        lc.close()
         robot.close()
         log = node.stop()
     assert "cannot configure: FileNotFoundError: model.checkpoint: no checkpoint folder" in log, log[-2000:]
