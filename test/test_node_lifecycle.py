@@ -188,7 +188,7 @@ def test_unconfigured_start_and_a_failed_configure_keep_the_node_up(checkpoint, 
 def test_a_destroyed_node_leaves_no_lifecycle_services_behind(checkpoint, tmp_path):
     """A node destroyed in a process that goes on takes its lifecycle services out of the graph: left there (rclpy
     keeps them until garbage collection) they are ghosts that a later node of the same name shares its service
-    names with; a full test run once saw a later node's get_state never match."""
+    names with."""
     import rclpy
 
     from phyai_ros.node.main import PolicyNode
@@ -214,11 +214,15 @@ def test_a_destroyed_node_leaves_no_lifecycle_services_behind(checkpoint, tmp_pa
             time.sleep(0.1)
         return True
 
+    destroyed = False
     try:
         assert settles(lambda: lifecycle_services() == expected, 60), lifecycle_services()
         node.destroy_node()
+        destroyed = True
         assert settles(lambda: not lifecycle_services(), 30), f"left in the graph: {sorted(lifecycle_services())}"
     finally:
+        if not destroyed:
+            node.destroy_node()
         rclpy.try_shutdown(context=context)
         observer.destroy_node()
         rclpy.try_shutdown(context=observer_context)

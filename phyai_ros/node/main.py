@@ -364,8 +364,8 @@ class PolicyNode(LifecycleNode):
         super().destroy_node()
         # rclpy's LifecycleNode does not finalize its state machine here: its lifecycle services (which it owns,
         # with a hold on the node's handle) stay in the ROS graph, unanswered, until garbage collection. In a
-        # process that goes on (composition, tests) a later node of the same name then shares its service names
-        # with these ghosts, and clients of it were seen never to match.
+        # process that goes on (composition, tests) a later node of the same name would share its service names
+        # with these ghosts.
         state_machine = getattr(self, "_state_machine", None)
         if state_machine is not None:
             state_machine.destroy_when_not_in_use()
