@@ -41,7 +41,8 @@
 #   ROUND9C=1:      the short-attention default before / after, GR00T's two-view profile, pi0.5 batch 32
 #   ROUND9D=1:      the five-stage skinny tilings profiled at the few-row GEMM ops, each model before / after
 #   GPU_SUITE=a / b / c / d: the whole gpu suite in four calls (kernel files, models and runners, the expert
-#                   stack's bf16 forms, its fp32 / graph / selector tests)
+#                   stack's bf16 forms, its fp32 / graph / selector tests); GPU_SUITE=all: in one call, over
+#                   GPU_WORKERS (8) pytest-xdist workers
 #   COSMOS_BATCH=1: Cosmos3's start-up, batch 1 (the swiglu gate) and batches 2, 4, 8 at 480x832
 #   COSMOS_PROFILE=1: Cosmos3's shapes profiled into a copy of the shipped profile; Cosmos3 on each
 #   HOST_PRECISION=1: the pi policy path's host time under cProfile; Cosmos3 fp32 / bf16 / fp8 at full size
@@ -286,11 +287,19 @@ if [ -n "${GPU_SUITE:-}" ]; then
     a) files=$kernels ;;
     c) files=$expert; pick=(-k test_stack_bf16_vs_fp32) ;;
     d) files=$expert; pick=(-k "not test_stack_bf16_vs_fp32") ;;
+    all) files=$(grep -l "mark.gpu" test/*.py | tr '\n' ' ')
+      # every gpu file in one call, over worker processes (pytest-xdist is in the device image): the time is
+      # Triton compiling on the CPU, which one process does serially. No test times anything.
+      pick=(-n "${GPU_WORKERS:-8}" --dist load) ;;
     *) files=$(grep -l "mark.gpu" test/*.py | grep -v -F -x -f <(printf '%s\n' $kernels $expert) | tr '\n' ' ') ;;
   esac
   step "gpu_suite_$GPU_SUITE" 560 python3 -u -m pytest -v -rfEs -m gpu "${pick[@]}" -p no:cacheprovider \
-    --tb=short --durations=10 $files
-  grep -h "=== \|PASSED\|FAILED\|ERROR\|SKIPPED\|passed\|failed\|rc=" "$LOG" | cut -c1-300
+    --tb=short --durations=15 $files
+  if [ "$GPU_SUITE" = all ]; then  # every verdict is in run.log; here what failed, the slowest and the tally
+    grep -h "=== \|FAILED\|ERROR\|SKIPPED\|passed\|failed\|rc=\|^[0-9.]*s \(call\|setup\)" "$LOG" | cut -c1-300
+  else
+    grep -h "=== \|PASSED\|FAILED\|ERROR\|SKIPPED\|passed\|failed\|rc=" "$LOG" | cut -c1-300
+  fi
   exit 0
 fi
 if [ "${COSMOS_BATCH:-0}" = 1 ]; then
