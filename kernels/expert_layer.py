@@ -45,10 +45,11 @@ from .common import (HAVE_TRITON, LOG2E, available, cdiv, check_tensors, interpr
 from .expert_attention import attention_plan, expert_attention_ref
 from .expert_gemm import (GEGLU, RESID, ROPE, gated_residual_ref, gemm_plan, norm_geglu_ref, norm_qkv_rope_ref,
                           row_norm_ref)
+from .skinny_linear import fit_stages
 from .split_kv_attention import mask_strides
 
 __all__ = ["available", "StackLaunch", "ROWS", "QKV", "ATTN", "OPROJ", "GATE_UP", "DOWN", "FINAL", "LAYER", "LAUNCHES",
-           "DEFAULT_TILING", "expert_stack", "expert_stack_ref", "stack_plans", "kernels_per_step"]
+           "DEFAULT_TILING", "expert_stack", "expert_stack_ref", "stack_plans", "launch_stages", "kernels_per_step"]
 
 ROWS, QKV, ATTN, OPROJ, GATE_UP, DOWN, FINAL = (1 << i for i in range(7))   # phase bits (PHASES constexpr)
 LAYER = QKV | ATTN | OPROJ | GATE_UP | DOWN
@@ -382,6 +383,23 @@ def stack_plans(m: int, batch: int, tokens: int, width: int, mlp: int, n_heads: 
     return tl_, plans
 
 
+def launch_stages(plans: dict, head_dim: int, element_size: int) -> dict:
+    """Pipeline stages of each phase's kernel, and of a persistent launch (``"persistent"``: one value for every
+    loop of the kernel, qkv's asked for), fitted to the shared-memory budget at this operand size: a GEMM stage
+    holds a row tile and one or two weight tiles of block_k, an attention stage a key and a value tile of
+    head_dim. fp32 operands take twice bf16's bytes (2026-12-03: fp32 at batch 2 gave the persistent launch
+    qkv's three stages, 284 KB of shared memory, past the 227 KB a block may have); bf16 keeps every plan's."""
+    a = plans["attention"]
+    fits = {"attention": lambda n: fit_stages(n, a.block_n, a.block_n, head_dim, element_size)}
+    for name, halves in (("qkv", 2), ("o", 1), ("gate_up", 2), ("down", 1)):   # ROPE / GEGLU read two halves
+        p = plans[name]
+        fits[name] = lambda n, p=p, halves=halves: fit_stages(n, p.block_m, halves * p.block_n, p.block_k,
+                                                               element_size)
+    stages = {name: fit(plans[name].num_stages) for name, fit in fits.items()}
+    stages["persistent"] = min(fit(plans["qkv"].num_stages) for fit in fits.values())
+    return stages
+
+
 class StackLaunch:
     """One ``expert_stack`` call: its checked operands, every phase's launch plan and the buffers the phases
     pass on (``h`` the working residual [M, W], ``stats`` its row statistics, ``qkv``, ``attn``, ``mlp`` and
@@ -456,6 +474,7 @@ class StackLaunch:
             mask_mode, per_key, smb, smq, smk = 0, True, 0, 0, 0
             mask = h
         self.n_layers, self.plans, self.device = n, plans, dev
+        self.stages = launch_stages(plans, d, h.element_size())
         self.layer_weights = (qkv_w, o_w, gate_up_w, down_w, k_prefix, v_prefix)
         self.scale, self.shift, self.gate, self.ada = scale, shift, gate, ada
 
@@ -521,7 +540,7 @@ class StackLaunch:
         else:
             raise ValueError(f"unknown phase {which}")
         plan = {QKV: "qkv", ATTN: "attention", OPROJ: "o", GATE_UP: "gate_up", DOWN: "down"}.get(which)
-        warps, stages = (self.plans[plan].num_warps, self.plans[plan].num_stages) if plan else (4, 1)
+        warps, stages = (self.plans[plan].num_warps, self.stages[plan]) if plan else (4, 1)
         prefetch = bool(plan and self.tiling["prefetch"] and self.on_cuda and self.launch_kw["PDL"])
         _expert_kernel[(tiles,)](*lw, *self.strides, *norms, none, *self.n_strides, *self.buffers,
                                  layer0=i, layer1=i + 1, PHASES=which, TABLES=False, PREFETCH=prefetch,
@@ -552,7 +571,7 @@ class StackLaunch:
                              layer0=l0, layer1=l1, PHASES=ROWS | LAYER | FINAL, TABLES=True,
                              PREFETCH=bool(self.tiling["prefetch"] and self.on_cuda),
                              num_warps=max(p["qkv"].num_warps, p["attention"].num_warps),
-                             num_stages=p["qkv"].num_stages, **self.common, **extra)
+                             num_stages=self.stages["persistent"], **self.common, **extra)
 
     def run(self, launch: str = "kernels", grid: Optional[int] = None,
             cooperative: Optional[bool] = None) -> torch.Tensor:

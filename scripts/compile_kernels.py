@@ -42,6 +42,17 @@ _EXPERT = dict(TABLES=False, ADA=True, ITEMS=False, D=256, BLOCK_M=64, BN_Q=32, 
 _EXPERT_TYPES = {"W": "i32", "P": "i32", "SC": "*fp32", "SH": "*fp32", "GT": "*fp32", "NREF": "*fp32",
                  "STATS": "*fp32", "WS": "*fp32", "CNT": "*i32", "BAR": "*i32", "MASK": "*fp32"}
 
+
+
+def _fp32_persistent_stages() -> int:
+    """The stages StackLaunch gives a persistent launch on fp32 operands at pi0.5's batch 2 (qkv asks three)."""
+    import torch
+
+    from phyai_ros.kernels.expert_layer import launch_stages, stack_plans
+    _, plans = stack_plans(100, 2, 50, 1024, 4096, 8, 1, 256, 1018, torch.device("cpu"))
+    return launch_stages(plans, 256, 4)["persistent"]
+
+
 # (module, kernel, argument types where the default is wrong, constexprs, launch options) at production
 # launch shapes. Default types: see ``signature``.
 SPECS = [
@@ -177,6 +188,13 @@ SPECS = [
     ("expert_layer", "_expert_kernel", {**_EXPERT_TYPES, **{k: "*i64" for k in ("QKV_W", "O_W", "GU_W", "DN_W", "KP",
                                                                               "VP", "SC", "SH", "GT")}},
      dict(_EXPERT, PHASES=ROWS | LAYER | FINAL, TABLES=True), {}),
+    # the persistent kernel on fp32 operands at the stages launch_stages fits (three compiled to 284 KB of
+    # shared memory on sm_90 and failed to launch on the H200 at batch 2, 2026-12-03)
+    ("expert_layer", "_expert_kernel", {**_EXPERT_TYPES, **{k: "*i64" for k in ("QKV_W", "O_W", "GU_W", "DN_W", "KP",
+                                                                              "VP", "SC", "SH", "GT")},
+                                        **{k: "*fp32" for k in ("H0", "HB", "XO", "QB", "AB", "MB", "COS", "SIN")}},
+     dict(_EXPERT, PHASES=ROWS | LAYER | FINAL, TABLES=True, DOT_PREC="ieee", LINE=32),
+     dict(num_warps=4, num_stages=_fp32_persistent_stages())),
 ]
 FLOAT_ARGS = {"eps", "qk_scale"}
 INT_ARGS = {"M", "N", "K", "I", "D", "S", "G", "T", "L", "HQ", "HKV", "SPLITS"}  # sizes spelt in capitals

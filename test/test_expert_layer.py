@@ -212,6 +212,34 @@ def test_plans_follow_the_sm_count(monkeypatch):
     assert el.kernels_per_step("kernels", 18) == 92 and el.kernels_per_step("step", 18) == 1
 
 
+def test_pipeline_stages_fit_shared_memory_in_bf16_and_fp32(monkeypatch):
+    """Each phase's kernel and the persistent launch (one stage count for all its loops) stay within the shared-
+    memory budget at the operand size: bf16 keeps the plans' stages (the shipped path is unchanged); fp32 at
+    pi0.5's batch 2 on the H200 runs the persistent launch shallower than qkv's three stages, which compiled to
+    284 KB for sm_90 (a block may have 227 KB; test_stack_fp32 failed on the device, 2026-12-03)."""
+    from phyai_ros.kernels.skinny_linear import SHARED_BUDGET
+    dev = torch.device("cuda", 0)
+    for sms in (132, 20):
+        for mod in (el, eg, ea):
+            monkeypatch.setattr(mod, "num_sms", lambda d, s=sms: s)
+        for batch in (1, 2, 8, 32):
+            for t, p in ((50, 968), (51, 816)):
+                _, plans = el.stack_plans(batch * t, batch, t, 1024, 4096, 8, 1, 256, p + t, dev)
+                bf16 = el.launch_stages(plans, 256, 2)
+                assert all(bf16[k] == plans[k].num_stages for k in plans), (sms, batch, bf16)
+                assert bf16["persistent"] == plans["qkv"].num_stages
+                fp32 = el.launch_stages(plans, 256, 4)
+                a = plans["attention"]
+                per_stage = {"attention": 2 * a.block_n * 256 * 4}
+                for k, halves in (("qkv", 2), ("o", 1), ("gate_up", 2), ("down", 1)):
+                    per_stage[k] = (plans[k].block_m + halves * plans[k].block_n) * plans[k].block_k * 4
+                for k, size in per_stage.items():
+                    assert 1 <= fp32[k] <= plans[k].num_stages and fp32[k] * size <= SHARED_BUDGET, (k, fp32)
+                    assert fp32["persistent"] * size <= SHARED_BUDGET, (k, fp32)
+                if sms == 132 and batch == 2:
+                    assert plans["qkv"].num_stages == 3 and fp32["persistent"] < 3
+
+
 def test_bad_inputs_are_refused_clearly():
     c = case("ada")
     with pytest.raises(ValueError, match="launch"):
