@@ -43,7 +43,6 @@ _EXPERT_TYPES = {"W": "i32", "P": "i32", "SC": "*fp32", "SH": "*fp32", "GT": "*f
                  "STATS": "*fp32", "WS": "*fp32", "CNT": "*i32", "BAR": "*i32", "MASK": "*fp32"}
 
 
-
 def _fp32_persistent_stages() -> int:
     """The stages StackLaunch gives a persistent launch on fp32 operands at pi0.5's batch 2 (qkv asks three)."""
     import torch
