@@ -390,13 +390,12 @@ def launch_stages(plans: dict, head_dim: int, element_size: int) -> dict:
     head_dim. fp32 operands take twice bf16's bytes (2026-12-03: fp32 at batch 2 gave the persistent launch
     qkv's three stages, 284 KB of shared memory, past the 227 KB a block may have); bf16 keeps every plan's."""
     a = plans["attention"]
-    fits = {"attention": lambda n: fit_stages(n, a.block_n, a.block_n, head_dim, element_size)}
+    tiles = {"attention": (a.block_n, a.block_n, head_dim)}   # (rows, weight rows, depth) of one stage
     for name, halves in (("qkv", 2), ("o", 1), ("gate_up", 2), ("down", 1)):   # ROPE / GEGLU read two halves
         p = plans[name]
-        fits[name] = lambda n, p=p, halves=halves: fit_stages(n, p.block_m, halves * p.block_n, p.block_k,
-                                                               element_size)
-    stages = {name: fit(plans[name].num_stages) for name, fit in fits.items()}
-    stages["persistent"] = min(fit(plans["qkv"].num_stages) for fit in fits.values())
+        tiles[name] = (p.block_m, halves * p.block_n, p.block_k)
+    stages = {name: fit_stages(plans[name].num_stages, *t, element_size) for name, t in tiles.items()}
+    stages["persistent"] = min(fit_stages(plans["qkv"].num_stages, *t, element_size) for t in tiles.values())
     return stages
 
 

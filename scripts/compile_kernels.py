@@ -41,6 +41,9 @@ _EXPERT = dict(TABLES=False, ADA=True, ITEMS=False, D=256, BLOCK_M=64, BN_Q=32, 
                STATS_BLOCK=32, PDL=True, PREFETCH=True, LINE=64)
 _EXPERT_TYPES = {"W": "i32", "P": "i32", "SC": "*fp32", "SH": "*fp32", "GT": "*fp32", "NREF": "*fp32",
                  "STATS": "*fp32", "WS": "*fp32", "CNT": "*i32", "BAR": "*i32", "MASK": "*fp32"}
+# the persistent launch reads its per-layer operands through int64 address tables
+_PERSISTENT_TYPES = {**_EXPERT_TYPES, **{k: "*i64" for k in ("QKV_W", "O_W", "GU_W", "DN_W", "KP", "VP", "SC", "SH",
+                                                             "GT")}}
 
 
 def _fp32_persistent_stages() -> int:
@@ -184,14 +187,11 @@ SPECS = [
     ("expert_layer", "_expert_kernel", _EXPERT_TYPES, dict(_EXPERT, PHASES=QKV, ADA=False, ITEMS=False), {}),
     ("expert_layer", "_expert_kernel", _EXPERT_TYPES,
      dict(_EXPERT, PHASES=GATE_UP, BLOCK_M=128, BN_G=64, BK_G=64, ITEMS=True), dict(num_warps=8)),
-    ("expert_layer", "_expert_kernel", {**_EXPERT_TYPES, **{k: "*i64" for k in ("QKV_W", "O_W", "GU_W", "DN_W", "KP",
-                                                                              "VP", "SC", "SH", "GT")}},
-     dict(_EXPERT, PHASES=ROWS | LAYER | FINAL, TABLES=True), {}),
+    ("expert_layer", "_expert_kernel", _PERSISTENT_TYPES, dict(_EXPERT, PHASES=ROWS | LAYER | FINAL, TABLES=True), {}),
     # the persistent kernel on fp32 operands at the stages launch_stages fits (three compiled to 284 KB of
     # shared memory on sm_90 and failed to launch on the H200 at batch 2, 2026-12-03)
-    ("expert_layer", "_expert_kernel", {**_EXPERT_TYPES, **{k: "*i64" for k in ("QKV_W", "O_W", "GU_W", "DN_W", "KP",
-                                                                              "VP", "SC", "SH", "GT")},
-                                        **{k: "*fp32" for k in ("H0", "HB", "XO", "QB", "AB", "MB", "COS", "SIN")}},
+    ("expert_layer", "_expert_kernel",
+     {**_PERSISTENT_TYPES, **{k: "*fp32" for k in ("H0", "HB", "XO", "QB", "AB", "MB", "COS", "SIN")}},
      dict(_EXPERT, PHASES=ROWS | LAYER | FINAL, TABLES=True, DOT_PREC="ieee", LINE=32),
      dict(num_warps=4, num_stages=_fp32_persistent_stages())),
 ]
