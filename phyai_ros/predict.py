@@ -75,14 +75,14 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def _compare(out, args, expected_keys) -> int:
+def _compare(out, args, expected_keys, prefixed: bool = False) -> int:
     """Print max-abs against --expected (the family's ``expected_keys``, "<case>." prefixed); 2 when --tolerance is
     given and any comparison fails it (NaN fails every tolerance, and so does a comparison that could not be
     made). A batch-1 output is compared with an expected tensor stored without its batch dimension."""
     expected = read_safetensors_file(args.expected)
     prefix = "" if args.case in (None, "plain") else args.case + "."
     pairs = [("actions", args.expected_key)] if args.expected_key else \
-        [(ours, prefix + theirs) for ours, theirs in expected_keys.items()]
+        [(ours, prefix + theirs) for ours, theirs in expected_keys.items() if not prefixed or ours in out]
     failed = []
     for ours, key in pairs:
         if key not in expected:
@@ -94,7 +94,7 @@ def _compare(out, args, expected_keys) -> int:
             print(f"expected: {key} has shape {list(expected[key].shape)}, {ours} {list(out[ours].shape)}")
             failed.append(f"shape of {key}")
             continue
-        diff = (mine - expected[key].float()).abs().max().item()
+        diff = (mine.float() - expected[key].float()).abs().max().item()
         print(f"max-abs {ours} vs {key}: {diff:.3e}")
         if args.tolerance is not None and not diff <= args.tolerance:
             failed.append(f"max-abs {ours} {diff:.3e} > tolerance {args.tolerance:.1e}")
@@ -127,6 +127,9 @@ def _predict(args) -> int:
     files = ModelFiles.of(args.tokenizer, args.norm_stats)   # each family's load refuses a file it does not read
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {args.device}: no CUDA device is available")
+    if args.dtype == "float32":   # IEEE fp32: no TF32 in cuBLAS's GEMMs nor in cuDNN's convolutions
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     adapter = cls.load(args.checkpoint, files, device=args.device, dtype=DTYPES[args.dtype],
                        options=parse_options(args.options))
     noise = load_noise(args.noise, case.inputs)
@@ -134,29 +137,34 @@ def _predict(args) -> int:
         noise = torch.Generator().manual_seed(args.seed)
     else:
         require_finite_tensor(f"--noise {args.noise}" if args.noise else f"--inputs {args.inputs} noise", noise)
-    return _run_and_save(args, adapter.case_runner(case, noise), f", {cls.family}", cls.expected_keys)
+    return _run_and_save(args, adapter.case_runner(case, noise), f", {cls.family}", cls.expected_keys,
+                         cls.prefixed_outputs)
 
 
-def _run_and_save(args, infer, label: str, expected_keys) -> int:
-    """The tail every policy type shares: time ``infer()`` (-> ({"actions", "actions.model"}, metadata), from
-    the raw inputs on), refuse non-finite outputs (exit 3, nothing written), save, print, compare with
+def _run_and_save(args, infer, label: str, expected_keys, prefixed: bool = False) -> int:
+    """The tail every policy type shares: time ``infer()`` (-> ({"actions", "actions.model", ...}, metadata), from
+    the raw inputs on), refuse non-finite outputs (exit 3, nothing written), save (float tensors as float32,
+    integer ones as they are; under "<case>." where the family's outputs are ``prefixed``), print, compare with
     --expected."""
     t0 = time.perf_counter()
     tensors, metadata = infer()
     if str(args.device).startswith("cuda"):
         torch.cuda.synchronize()
     dt_ms = (time.perf_counter() - t0) * 1e3
-    out = {key: t.detach().to("cpu", torch.float32).clone() for key, t in tensors.items()}   # own storage each
+    out = {key: (t.detach().to("cpu", torch.float32) if t.is_floating_point() else t.detach().to("cpu")).clone()
+           for key, t in tensors.items()}   # own storage each
     for key, t in out.items():
         bad = int((~torch.isfinite(t)).sum())
         if bad:
             raise NonFiniteOutput(f"the model produced non-finite {key}: {bad} NaN/Inf of {t.numel()} values "
                                   f"(checkpoint {args.checkpoint}); nothing written to {args.output}")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    save_file(out, args.output, metadata={k: json.dumps(v) for k, v in metadata.items()})
+    prefix = f"{args.case}." if prefixed and args.case not in (None, "plain") else ""
+    save_file({prefix + k: v for k, v in out.items()}, args.output,
+              metadata={k: json.dumps(v) for k, v in metadata.items()})
     print(f"actions {list(out['actions'].shape)} actions.model {list(out['actions.model'].shape)} "
           f"({dt_ms:.1f} ms incl. preprocessing, {args.device} {args.dtype}{label}) -> {args.output}")
-    return _compare(out, args, expected_keys) if args.expected else 0
+    return _compare(out, args, expected_keys, prefixed) if args.expected else 0
 
 
 def main(argv=None) -> int:

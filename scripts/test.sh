@@ -4,6 +4,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$repo/scripts/setup_env.sh"
+"$repo/scripts/setup_reference.sh"   # pinned reference implementations beside the venv (requirements-reference.txt)
 cd "$repo"
 # Loopback-only discovery and a DDS domain of this run's own (test/conftest.py picks one per run).
 export ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST

@@ -41,6 +41,19 @@ def cosmos3_fixture_dir() -> Path:
     return fixtures_dir().parent / "cosmos3"
 
 
+def minicpm_fixture_dir() -> Path:
+    """The MiniCPM-Robot parity set A, beside lerobot_parity (``<fixtures_dir>/../minicpm_parity``; may not
+    exist)."""
+    return fixtures_dir().parent / "minicpm_parity"
+
+
+def load_minicpm_set(folder: Optional[Path] = None) -> tuple:
+    """A MiniCPM-Robot parity set's (expected, inputs, config.json) tensors and metadata."""
+    folder = Path(folder) if folder is not None else minicpm_fixture_dir()
+    return (load_file(str(folder / "expected.safetensors")), load_file(str(folder / "inputs.safetensors")),
+            json.loads((folder / "config.json").read_text()))
+
+
 def load_pi_fixture_policy(name: str, device="cpu", dtype=None):
     """The pi0 / pi0.5 fixture checkpoint (``$PHYAI_PARITY_FIXTURES/<name>``) as its adapter, with the fixture
     tokenizer, or ``pytest.skip`` with the reason."""

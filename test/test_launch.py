@@ -24,7 +24,7 @@ import yaml
 from node_harness import (NODE_NAME, REPO, THOR_CONFIG, FakeRobot, NodeProcess, load_params, make_small_checkpoint,
                           param_arg, remapped, require_tokenizer)
 from phyai_ros import fixtures
-from fixture_sets import require_groot_fixture
+from fixture_sets import minicpm_fixture_dir, require_groot_fixture
 from phyai_ros.parameters import SPECS
 
 LAUNCH_FILE = REPO / "launch" / "pi05_thor.launch.py"
@@ -32,6 +32,8 @@ PI0_LAUNCH_FILE = REPO / "launch" / "pi0_thor.launch.py"
 PI0_CONFIG = REPO / "config" / "pi0_thor.yaml"
 GROOT_LAUNCH_FILE = REPO / "launch" / "groot_thor.launch.py"
 GROOT_CONFIG = REPO / "config" / "groot_thor.yaml"
+MINICPM_LAUNCH_FILE = REPO / "launch" / "minicpm_thor.launch.py"
+MINICPM_CONFIG = REPO / "config" / "minicpm_thor.yaml"
 # neither YAML nor launch file needs to restate these (empty: the checkpoint's)
 FROM_CHECKPOINT = {"model.type", "control.horizon", "model.embodiment"}
 
@@ -313,19 +315,45 @@ def test_groot_launch_is_the_pi05_node_with_groot_config_and_no_tokenizer(stand_
     assert ev.remappings()["cameras/base/image"] == "/cam0/image_raw"
 
 
+def test_minicpm_launch_is_the_pi05_node_with_minicpm_config(stand_ins):
+    ev = evaluate_pi0(launch_file=MINICPM_LAUNCH_FILE)
+    assert ev.included == LAUNCH_FILE
+    assert ev.params_files() == [str(MINICPM_CONFIG)]
+    params = load_params(MINICPM_CONFIG)
+    assert (params["model.id"], params["rtc.mode"], params["model.device"]) == ("minicpm_robot", "native", "cuda")
+    assert (params["model.dtype"], params["model.cuda_graphs"], params["model.embodiment"]) == ("bfloat16", True, "0")
+    assert "head_dtype=float32" in params["model.options"] and "prompt_template=" in params["model.options"]
+    assert len(params["state.joint_names"]) == len(params["control.action_names"]) == 80   # the unified layout
+    assert all(params["cameras.required"]) and len(params["cameras.slots"]) == 3
+    assert not {"model.type", "control.horizon"} & set(params)
+    overrides = ev.overrides()
+    assert overrides["model.checkpoint"] == "/opt/phyai/models/minicpm_robot"
+    assert overrides["model.tokenizer"] == "" and overrides["model.norm_stats"] == ""
+    assert set(overrides) == set(SPECS) - set(params) - FROM_CHECKPOINT
+    remaps, used = ev.remappings(), node_topics(params)
+    assert set(remaps) <= used, set(remaps) - used
+
+
 # ----------------------------------------------------------------------------- the equivalent command line
 @pytest.mark.ros
-@pytest.mark.parametrize("policy", ["pi05", "pi0", "groot"])
+@pytest.mark.parametrize("policy", ["pi05", "pi0", "groot", "minicpm"])
 def test_equivalent_command_line_remaps_the_running_node(stand_ins, tmp_path, policy):
     """Run the node with the command line the launch file gives it (its Thor YAML, model-file
     parameters, remappings) plus CPU overrides for this machine (device, dtype, no warm-up): the
     remapped topics are in the ROS graph with the node on them, and it acts on them with that policy."""
-    thor = load_params({"pi0": PI0_CONFIG, "groot": GROOT_CONFIG}.get(policy, THOR_CONFIG))
+    thor = load_params({"pi0": PI0_CONFIG, "groot": GROOT_CONFIG, "minicpm": MINICPM_CONFIG}.get(policy, THOR_CONFIG))
     dims = {"state_dim": len(thor["state.joint_names"]), "action_dim": len(thor["control.action_names"])}
     if policy == "groot":   # GR00T's tokenizer and statistics are its checkpoint's; cameras the Thor YAML's
         require_groot_fixture()
         horizon = 16
         ckpt = fixtures.make_small_checkpoint(tmp_path / "groot_small", policy="groot_n17", horizon=horizon,
+                                              cameras=thor["cameras.slots"], **dims)
+        arguments = {"checkpoint": str(ckpt)}
+    elif policy == "minicpm":   # tokenizer and processor: the checkpoint's own; the 80-D layout of the Thor YAML
+        if not (minicpm_fixture_dir() / "backbone_config.json").is_file():
+            pytest.skip("MiniCPM-Robot parity set not found")
+        horizon = 16
+        ckpt = fixtures.make_small_checkpoint(tmp_path / "minicpm_small", policy="minicpm_robot", horizon=horizon,
                                               cameras=thor["cameras.slots"], **dims)
         arguments = {"checkpoint": str(ckpt)}
     else:
@@ -334,7 +362,8 @@ def test_equivalent_command_line_remaps_the_running_node(stand_ins, tmp_path, po
         ckpt = make_small_checkpoint(tmp_path / f"{policy}_small", horizon=horizon, policy=policy, **dims)
         arguments = {"checkpoint": str(ckpt), "tokenizer": str(tokenizer)}
     ev = Evaluated(load_launch_file(LAUNCH_FILE).generate_launch_description(), arguments) if policy == "pi05" \
-        else evaluate_pi0(arguments, GROOT_LAUNCH_FILE if policy == "groot" else PI0_LAUNCH_FILE)
+        else evaluate_pi0(arguments, {"groot": GROOT_LAUNCH_FILE, "minicpm": MINICPM_LAUNCH_FILE}.get(policy,
+                                                                                                 PI0_LAUNCH_FILE))
     cpu = {"model.device": "cpu", "model.dtype": "float32", "model.cuda_graphs": False, "model.warmup_runs": 0}
     cli = ev.command_line() + [a for k, v in cpu.items() for a in ("-p", param_arg(k, v))]
     remaps = ev.remappings()

@@ -50,7 +50,7 @@ def _run(module: str, *args: str) -> subprocess.CompletedProcess:
 
 
 # ----------------------------------------------------------------------------- the contract
-@pytest.mark.parametrize("name", ["pi05", "pi0", "groot_n17", "cosmos3", "toy_flow"])
+@pytest.mark.parametrize("name", ["pi05", "pi0", "groot_n17", "cosmos3", "minicpm_robot", "toy_flow"])
 def test_every_registered_family_keeps_the_contract(name):
     assert name in family_names()
     cls = family(name)

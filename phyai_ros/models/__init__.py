@@ -24,6 +24,7 @@ FAMILIES: Dict[str, str] = {
     "pi0": "phyai_ros.models.pi0.adapter:Pi0Adapter",
     "groot_n17": "phyai_ros.models.groot_n17.adapter:GrootAdapter",
     "cosmos3": "phyai_ros.models.cosmos3.adapter:Cosmos3Adapter",
+    "minicpm_robot": "phyai_ros.models.minicpm.adapter:MiniCpmAdapter",
 }
 PLUGIN_ENV = "PHYAI_ROS_FAMILIES"
 ENTRY_POINT_GROUP = "phyai_ros.families"
@@ -79,11 +80,15 @@ def _load(name: str, target: str) -> type:
 
 def checkpoint_type(checkpoint) -> str:
     """The family that loads a checkpoint folder: the first whose ``matches`` says so (by default its config.json
-    ``type`` is one of the family's ``checkpoint_types``)."""
+    ``type`` is one of the family's ``checkpoint_types``; families with a ``matches`` of their own first)."""
     folder = Path(checkpoint)
     if not folder.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {folder}")
-    for name in registered():
+    # A family that says how it knows its own folders (its own ``matches``) is asked before those that go by
+    # config.json's type alone: an untyped config.json (pi0.5's parity fixtures) must not claim a folder that a
+    # family recognises by its other files.
+    names = sorted(registered(), key=lambda n: family(n).matches.__func__ is PolicyAdapter.matches.__func__)
+    for name in names:
         if family(name).matches(folder):
             return name
     config = folder / "config.json"

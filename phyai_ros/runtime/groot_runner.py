@@ -1,5 +1,5 @@
 """The observation runner: static buffers per shape bucket, per-observation state and CUDA-graph replay for
-policies whose inference is "encode the observation once, then a fixed-step loop" (GR00T N1.7 today).
+policies whose inference is "encode the observation once, then a fixed-step loop" (GR00T N1.7 and MiniCPM-Robot).
 
 Ownership as in runner.py: the model object (its stage functions) says *what* to compute, the runner owns *how*: one
 bucket per observation shape (batch, token length, image grid, ...), holding static input buffers, the step
