@@ -154,6 +154,13 @@ SPECS = [
     ("geglu", "_geglu_kernel", {}, dict(BLOCK=1024, PDL=True, ACT=0), dict(num_warps=4)),
     ("geglu", "_geglu_kernel", {}, dict(BLOCK=1024, PDL=True, ACT=1), dict(num_warps=4)),   # SwiGLU (GR00T)
     ("layer_norm", "_layer_norm_kernel", {}, dict(HAS_ADD=True, BLOCK=2048, PDL=True), dict(num_warps=8)),
+    # MiniCPM-Robot's Gated-DeltaNet layers (16 K / 16 V heads of 128): conv + SiLU + l2 norms + gates, the gated norm
+    ("gated_delta_prep", "_conv_qkv_gates_kernel",
+     {"ALOG": "*bf16", "DTB": "*bf16", "Q": "*fp32", "K": "*fp32", "V": "*fp32", "BETA": "*fp32", "G": "*fp32",
+      "sp_b": "i32", "sp_s": "i32"},
+     dict(HK=16, HV=16, DK=128, DV=128, KERNEL=4, BLOCK=128, PDL=True), dict(num_warps=1)),
+    ("gated_delta_prep", "_gated_rms_kernel", {"X": "*fp32", "H": "i32", "sx": "i32", "sz": "i32", "so": "i32"},
+     dict(D=128, BLOCK=128, PDL=True), dict(num_warps=1)),
     # quantized expert GEMMs: int8 weights (GeGLU in the one-split epilogue); fp8 x fp8 on tensor cores (W8A8,
     # split-K partials); int4 groups (bias + GELU epilogue)
     ("quant_linear", "_quant_skinny_kernel", {"XS": "*fp32", "W": "*i8", "WS": "*fp32", "P": "*bf16", "B": "*fp32"},
