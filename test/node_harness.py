@@ -285,7 +285,7 @@ class FakeRobot:
         self._sim_offset_ns = 0
         if sim_time:
             self.clock_pub = self.node.create_publisher(Clock, "/clock", RELIABLE)
-            self.node.create_timer(1.0 / clock_hz, self.publish_clock)
+            self.clock_timer = self.node.create_timer(1.0 / clock_hz, self.publish_clock)   # cancel(): /clock stalls
 
         # outputs
         self.chunks: List[Received] = []

@@ -41,6 +41,7 @@ BATCH_WAIT_S = 0.25   # long enough on 2 busy cores that concurrent requests sha
 TOKEN = secrets.token_urlsafe(16)
 
 REPLACE_S = 180   # how long a dead replica may take to be replaced (Ray restarts it; slow under load)
+BODY_TIMEOUT_S = 3.0   # the served body deadline here (10 s by default): the slow-client drills wait for it
 
 
 def _client(url: str, timeout: float = 30) -> HttpPolicyClient:
@@ -57,7 +58,7 @@ def _free_port() -> int:
 def config(tmp_path_factory) -> ServeConfig:
     ckpt = make_small_checkpoint(tmp_path_factory.mktemp("serve") / "pi05", horizon=H)
     return ServeConfig(str(ckpt), str(require_tokenizer()), device="cpu", batch_wait_s=BATCH_WAIT_S,
-                       max_batch_size=8, engine="serve_drills:DrillEngine")
+                       max_batch_size=8, engine="serve_drills:DrillEngine", body_timeout_s=BODY_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -530,3 +531,91 @@ def test_an_info_of_the_wrong_shape_is_a_serve_error(info, says):
     with _server(_answering(json.dumps(info).encode())) as port:
         with pytest.raises(ServeError, match=says):
             HttpPolicyClient(f"http://127.0.0.1:{port}", timeout=5).info()
+
+
+# ------------------------------------------------------------------------------------------- issue 38
+SLOW_CLIENTS = 80   # connections dripping a body (bounded; 80 locked every robot out before the fix)
+
+
+def _drip(port: int, source: str, length: int, stop: threading.Event, answers: list) -> None:
+    """One connection from ``source`` (a loopback address of its own) that sends a request's headers, then its
+    body a byte a second until ``stop``; the status it was answered with (or None) goes to ``answers``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0)) as s:
+            s.sendall(f"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                      f"Content-Length: {length}\r\n\r\n".encode())
+            s.settimeout(1.0)
+            for _ in range(60):
+                if stop.is_set():
+                    break
+                s.sendall(b"\0")
+                try:
+                    head = s.recv(64)
+                except socket.timeout:
+                    continue
+                if head:
+                    answers.append(int(head.split()[1]))
+                    return
+        answers.append(None)
+    except OSError:
+        answers.append(None)
+
+
+def test_slow_drip_clients_cannot_lock_a_robot_out(endpoint):
+    """SLOW_CLIENTS connections from one address drip their bodies: the address's requests beyond its cap are
+    refused at once (429), the ones within it are cut at the body deadline (408), and a robot elsewhere gets its
+    chunk within seconds while they drip."""
+    port, stop, answers = _port(endpoint), threading.Event(), []
+    drips = [threading.Thread(target=_drip, args=(port, "127.0.0.2", 4096, stop, answers), daemon=True)
+             for _ in range(SLOW_CLIENTS)]
+    try:
+        for t in drips:
+            t.start()
+        time.sleep(1.5)   # every slow connection is in, dripping
+        rng = np.random.default_rng(38)
+        t0 = time.monotonic()
+        reply = _client(endpoint, timeout=20).infer(_request(rng, "robot_legit", "pick up the cup", 1))
+        took = time.monotonic() - t0
+        assert isinstance(reply, Reply) and reply.actions.shape == (H, 7) and np.isfinite(reply.actions).all()
+        assert took < 8.0, f"the legitimate robot waited {took:.1f} s"
+        for t in drips:
+            t.join(timeout=BODY_TIMEOUT_S + 20)
+    finally:
+        stop.set()
+    assert len(answers) == SLOW_CLIENTS
+    assert answers.count(429) >= SLOW_CLIENTS - 16 and answers.count(408) >= 1, sorted(map(str, answers))
+    assert set(answers) <= {408, 429}, answers
+    counters = _client(endpoint).info()["counters"]
+    assert counters["too_many_requests"] >= 1 and counters["body_timeout"] >= 1, counters
+
+
+def test_a_body_that_never_completes_is_cut_at_the_deadline(endpoint):
+    t = time.monotonic()
+    status, body = _raw_http(_port(endpoint), f"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                                              "Content-Length: 1000", b"\0" * 10, timeout=30)
+    assert status == 408 and "did not arrive within 3 s" in body["error"], body
+    assert BODY_TIMEOUT_S - 0.5 < time.monotonic() - t < BODY_TIMEOUT_S + 10
+
+
+def test_error_replies_cap_the_robot_id_they_echo(endpoint):
+    long_id = "r" * 2**20
+    request = _request(np.random.default_rng(39), long_id, "pick", 1)
+    request.images["base_0_rgb"] = np.zeros((4, 4, 2), np.uint8)   # refused: the reply names the robot
+    data = encode_request(request)
+    status, body = _raw_http(_port(endpoint), f"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                                              f"Content-Length: {len(data)}", data, timeout=30)
+    assert status == 400 and "longer than 128" in body["error"], str(body)[:300]
+    assert len(json.dumps(body)) < 1024
+
+
+def test_a_huge_rtc_prefix_and_a_non_finite_chunk_are_never_answered_200(endpoint):
+    from serve_drills import NON_FINITE
+    rng = np.random.default_rng(40)
+    huge = _request(rng, "robot_huge", "pick", 1, _rtc(rng, 3, 12))
+    huge.rtc = RtcRequest("guided", "linear", np.full((12, 7), 1e38, np.float32), 3, H, 0, 20_000_000)
+    with pytest.raises(ServeError, match="robot_huge.*MAX_ABS_ACTION") as err:
+        _client(endpoint).infer(huge)
+    assert err.value.status == 400
+    with pytest.raises(ServeError, match="non-finite") as err:
+        _client(endpoint).infer(_request(rng, "robot_nan", NON_FINITE, 1))
+    assert err.value.status == 500

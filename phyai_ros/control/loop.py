@@ -26,7 +26,8 @@ from .clock import Clock, ClockRate, MonotonicClock, s_to_ns
 from .margin import ERROR, WARN, LatencyRecord, MarginMonitor, MarginReport, required_samples
 from .observation import (MAX_IMAGE_PIXELS, MAX_INSTRUCTION_CHARS, JointStateMapper, ObservationBuffer,
                           ObservationError, ObservationSnapshot, StaleObservation)
-from .rtc import RTC_MODES, SCHEDULES, DelayEstimator, RtcRequest, make_request, should_trigger
+from .rtc import (RTC_MODES, SCHEDULES, DelayEstimator, RtcRequest, check_action_magnitudes, make_request,
+                  should_trigger)
 from .timer import DEADLINE_POLICIES, ActionTimer, DeliveryStats, Emission
 from .worker import Executor, InferenceWorker
 
@@ -205,6 +206,7 @@ class ControlLoop:
         self.delivery = DeliveryStats(cfg.margin_window * cfg.horizon)  # command delivery delay, recent slots
         self._started_ns: Optional[int] = None  # first tick: control starts when the action timer runs
         self._untimed_since: Optional[int] = None   # monotonic ns a health check first found no tick yet
+        self._last_tick_mono: Optional[int] = None   # monotonic ns of the last tick: a stalled stamp clock shows here
         self._last_adopted_ns: Optional[int] = None  # stamp time of the last chunk adoption
         self._last_plan_ns: Optional[int] = None     # stamp time of the last command taken from a chunk
 
@@ -258,6 +260,7 @@ class ControlLoop:
         now = self.clock.now()
         cbs: list = []
         with self._lock:
+            self._last_tick_mono = self.clock.monotonic()
             self._counters["ticks"] += 1
             self._check_clock(now, cbs)
             self.clock_rate.add(now, self.clock.monotonic())
@@ -407,8 +410,7 @@ class ControlLoop:
             actions = np.array(job.result, dtype=np.float32)  # owned copy
             if actions.shape != (cfg.horizon, cfg.action_dim):
                 raise ValueError(f"chunk shape {list(actions.shape)} != [{cfg.horizon}, {cfg.action_dim}]")
-            if not np.all(np.isfinite(actions)):
-                raise ValueError("chunk has non-finite actions")
+            check_action_magnitudes(actions, "chunk")   # non-finite, or beyond MAX_ABS_ACTION: never commanded
         except Exception as e:  # noqa: BLE001
             with self._lock:
                 self._count("bad_chunks", cbs, "bad_chunk", f"{type(e).__name__}: {e}")
@@ -484,6 +486,29 @@ class ControlLoop:
         self.last_report = report
         cbs.append((self.on_margin, (report,)))
 
+    def timer_stalled(self) -> bool:
+        """Has the action timer stopped running (``health`` says ERROR for it)? What a watchdog on the monotonic
+        clock asks: when the stamp clock stands still, every timer on it stops, the diagnostics' included."""
+        with self._lock:
+            horizon_ns = self.config.horizon * self.dt_ns
+            if self._started_ns is None:   # counted from the first check that saw no tick, as health() counts
+                mono = self.clock.monotonic()
+                if self._untimed_since is None:
+                    self._untimed_since = mono
+                return mono - self._untimed_since > horizon_ns
+            return self._stalled_ns(horizon_ns) is not None
+
+    def _stalled_ns(self, horizon_ns: int) -> Optional[int]:
+        """Monotonic ns since the last tick when longer than the horizon in wall time (the horizon divided by the
+        clock rate, never less than the horizon: a replay at rate r ticks every dt/r), with no inference in flight
+        (a stepped replay holds /clock while the node infers); else None. The caller holds the lock."""
+        if self._last_tick_mono is None or self._in_flight:
+            return None
+        silent = self.clock.monotonic() - self._last_tick_mono
+        rate = self.clock_rate.rate()
+        limit = horizon_ns / rate if 0 < rate < 1 else horizon_ns
+        return silent if silent > limit else None
+
     def health(self) -> Tuple[int, str]:
         """(level, message) of the control margin as a watchdog sees it now: the last
         report's status, overridden by ERROR when no chunk has been adopted for longer than
@@ -506,6 +531,11 @@ class ControlLoop:
                                    "published?) or a stalled executor; nothing is commanded")
                 return WARN, f"the action timer has not run yet ({waited_ns / 1e9:.2f} s of {horizon_ns / 1e9:.2f} s)"
             self._untimed_since = None
+            stalled = self._stalled_ns(horizon_ns)
+            if stalled is not None:
+                return ERROR, (f"the action timer has not run for {stalled / 1e9:.2f} s of monotonic time (> horizon "
+                               f"{horizon_ns / 1e9:.2f} s): the stamp clock stands still (under use_sim_time, is "
+                               "/clock still published?) or the executor stalled; nothing is commanded")
             since = self._last_adopted_ns if self._last_adopted_ns is not None else self._started_ns
             silent_ns = now - since
             if silent_ns > horizon_ns:

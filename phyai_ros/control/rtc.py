@@ -32,6 +32,10 @@ import numpy as np
 # "trained" prefix-conditioned sampling (pi0, pi0.5), "native" GR00T N1.7's own RTC; "off" everywhere.
 RTC_MODES = ("guided", "trained", "native", "off")
 SCHEDULES = ("exp", "linear")
+# The largest action magnitude an RTC prefix (and a chunk the loop adopts) may hold, in robot units, as
+# control.observation's MAX_ABS_STATE bounds the state: no joint is commanded beyond it, and a finite 1e38 prefix
+# makes the guided solver's chunk non-finite (float32 overflow in its residual).
+MAX_ABS_ACTION = 1e6
 
 
 class DelayEstimator:
@@ -109,6 +113,20 @@ class RtcRequest:
         return self.prefix[: self.d]
 
 
+def check_action_magnitudes(actions, what: str = "RTC prefix") -> None:
+    """ValueError (naming ``what``) unless every value is finite and within +-MAX_ABS_ACTION: the bound every RTC
+    prefix meets before a model computes with it (the adapters' contract, the server's wire) and every chunk meets
+    before the loop adopts it."""
+    a = np.asarray(actions, dtype=np.float64)
+    bad = ~np.isfinite(a)
+    if bad.any():
+        raise ValueError(f"{what} contains NaN or inf ({int(bad.sum())} of {a.size} values)")
+    huge = np.abs(a) > MAX_ABS_ACTION
+    if huge.any():
+        raise ValueError(f"{what} holds {int(huge.sum())} of {a.size} values beyond +-{MAX_ABS_ACTION:g} "
+                         f"(MAX_ABS_ACTION, not a physical action), the largest {float(np.abs(a).max()):g}")
+
+
 def make_request(remainder: np.ndarray, d_est: int, *, mode: str, schedule: str, horizon: int,
                  t0_ns: int = 0, dt_ns: int = 0) -> Optional[RtcRequest]:
     """Build the request from the previous chunk's remainder Y (already aligned to t0; offline callers
@@ -122,4 +140,5 @@ def make_request(remainder: np.ndarray, d_est: int, *, mode: str, schedule: str,
                       t0_ns=int(t0_ns), dt_ns=int(dt_ns))
 
 
-__all__ = ["RTC_MODES", "SCHEDULES", "DelayEstimator", "should_trigger", "RtcRequest", "make_request"]
+__all__ = ["RTC_MODES", "SCHEDULES", "MAX_ABS_ACTION", "DelayEstimator", "should_trigger", "RtcRequest",
+           "check_action_magnitudes", "make_request"]

@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Dict, List
 
-from phyai_ros.models.files import read_json
+from phyai_ros.models.files import fixed_file, read_json
 from .contract import PolicyAdapter, check_family
 
 FAMILIES: Dict[str, str] = {
@@ -91,7 +91,7 @@ def checkpoint_type(checkpoint) -> str:
     for name in names:
         if family(name).matches(folder):
             return name
-    config = folder / "config.json"
+    config = fixed_file(folder, "config.json")
     what = f"type {read_json(config).get('type', '')!r}" if config.is_file() else "no config.json"
     raise ValueError(f"{folder}: no registered policy family loads it ({what}; registered: "
                      f"{', '.join(registered())})")

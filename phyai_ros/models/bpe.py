@@ -90,6 +90,13 @@ def byte_to_unicode() -> Dict[int, str]:
 GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
+MAX_ID = 2**31 - 1   # token ids (an embedding row each)
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ID
+
+
 def _require(cond: bool, path: Path, what: str) -> None:
     if not cond:
         raise TokenizerError(f"{path}: unsupported tokenizer.json ({what})")
@@ -107,14 +114,30 @@ class ByteLevelBPE:
             spec = json.loads(self.path.read_text())
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise TokenizerError(f"{self.path}: not valid JSON ({exc})") from None
+        try:
+            self._load(spec)
+        except TokenizerError:
+            raise
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError, re.error) as exc:
+            # a field missing or of the wrong type anywhere in the spec: one error naming the file
+            raise TokenizerError(f"{self.path}: malformed tokenizer.json ({type(exc).__name__}: {exc})"[:500]) from None
+
+    def _load(self, spec) -> None:
+        _require(isinstance(spec, dict), self.path, f"a JSON {type(spec).__name__}, not an object")
         model = spec.get("model") or {}
         _require(model.get("type") == "BPE", self.path, f"model type {model.get('type')!r}, BPE expected")
         _require(not model.get("byte_fallback") and not model.get("continuing_subword_prefix")
                  and not model.get("end_of_word_suffix"), self.path, "BPE options other than byte-level")
         self.vocab: Dict[str, int] = dict(model["vocab"])
+        _require(all(isinstance(k, str) and _is_id(v) for k, v in self.vocab.items()), self.path,
+                 f"model.vocab must map strings to ids in [0, {MAX_ID}]")
         merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        _require(all(len(m) == 2 and all(isinstance(p, str) for p in m) for m in merges), self.path,
+                 "model.merges must be 'a b' strings or [a, b] pairs")
         self.ranks: Dict[Tuple[str, str], int] = {m: r for r, m in enumerate(merges)}
-        self.special: Dict[str, int] = {t["content"]: int(t["id"]) for t in spec.get("added_tokens") or []}
+        self.special: Dict[str, int] = {t["content"]: t["id"] for t in spec.get("added_tokens") or []}
+        _require(all(isinstance(k, str) and k and _is_id(v) for k, v in self.special.items()), self.path,
+                 f"added_tokens must have a non-empty 'content' and an 'id' in [0, {MAX_ID}]")
         self.vocab_size = max([*self.vocab.values(), *self.special.values()]) + 1
         self.nfc = self._normalizer(spec.get("normalizer"))
         self.split = re.compile(self._split_pattern(spec.get("pre_tokenizer")))

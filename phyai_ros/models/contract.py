@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Hashable, List, Mapp
 import numpy as np
 import torch
 
-from phyai_ros.control.rtc import RTC_MODES
+from phyai_ros.control.rtc import RTC_MODES, check_action_magnitudes
 
-from .files import read_json
+from .files import fixed_file, read_json
 
 if TYPE_CHECKING:
     from phyai_ros.control.rtc import RtcRequest
@@ -157,7 +157,7 @@ class PolicyAdapter(abc.ABC):
     def matches(cls, checkpoint: Path) -> bool:
         """Whether this family loads the folder: by default its config.json names one of ``checkpoint_types``
         (a missing "type" counts as ""). A family whose folders carry no config.json says how it knows its own."""
-        config = Path(checkpoint) / "config.json"
+        config = fixed_file(checkpoint, "config.json")
         return config.is_file() and read_json(config).get("type", "") in cls.checkpoint_types
 
     # ------------------------------------------------------------ loading
@@ -238,8 +238,7 @@ class PolicyAdapter(abc.ABC):
         prev = np.array(rtc.prefix, dtype=np.float32)
         if prev.ndim != 2 or prev.shape[1] != self.action_dim:
             raise ValueError(f"RTC prefix must be [n, {self.action_dim}], got {list(prev.shape)}")
-        if not np.isfinite(prev).all():
-            raise ValueError("RTC prefix contains NaN or inf")
+        check_action_magnitudes(prev, "RTC prefix")
         return prev
 
     @abc.abstractmethod

@@ -65,11 +65,20 @@ def inside(folder, name, what: str, source) -> Path:
     return path
 
 
+def fixed_file(folder, name: str) -> Path:
+    """``folder / name``, a file the format names (config.json, model.safetensors, tokenizer.json): like a name read
+    from a file (``inside``), a symlink leading out of ``folder`` is refused, with one error whether its target
+    exists or not, before anything looks at it (an optional file's absence would tell too). Returns the path as
+    named (errors keep naming it)."""
+    inside(folder, name, "file", folder)
+    return Path(folder) / name
+
+
 def read_safetensors(ckpt_dir) -> Dict[str, torch.Tensor]:
     """model.safetensors (or the shards model.safetensors.index.json names, each resolved inside the folder: a
     Hugging Face cache snapshot, whose files link to ../../blobs, is copied out first) of a checkpoint dir, on CPU."""
     d = require_file(ckpt_dir)
-    single, index = d / "model.safetensors", d / "model.safetensors.index.json"
+    single, index = fixed_file(d, "model.safetensors"), fixed_file(d, "model.safetensors.index.json")
     if single.is_file():
         return read_safetensors_file(single)
     if index.is_file():
@@ -177,5 +186,5 @@ def validate_keys(sd: Mapping[str, torch.Tensor], expected: Shapes, ignored: Ite
     raise CheckpointError("checkpoint does not match the model architecture:\n" + "\n".join(parts))
 
 
-__all__ = ["CheckpointError", "Shapes", "Fields", "inside", "require_file", "read_json", "read_safetensors_file",
+__all__ = ["CheckpointError", "Shapes", "Fields", "inside", "fixed_file", "require_file", "read_json", "read_safetensors_file",
            "read_safetensors", "require_finite", "validate_keys"]

@@ -24,7 +24,7 @@ from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 from phyai_ros.layers.quantized import QuantizedWeight, QuantScheme
 
-from .files import CheckpointError, read_json
+from .files import CheckpointError, fixed_file, read_json
 
 MANIFEST = "quantization.json"
 FORMAT = "phyai_ros-quantized-1"
@@ -45,7 +45,7 @@ def check_parts(parts: Iterable[str]) -> Tuple[str, ...]:
 def read_manifest(ckpt_dir) -> Optional[dict]:
     """The manifest of a quantized checkpoint folder, None for a float one; a manifest of another format or
     with an invalid scheme raises CheckpointError naming the file. ``scheme_obj``: the parsed QuantScheme."""
-    path = Path(ckpt_dir) / MANIFEST
+    path = fixed_file(ckpt_dir, MANIFEST)
     if not path.is_file():
         return None
     m = read_json(path)

@@ -37,6 +37,8 @@ with needs_ros(__name__):  # the one module that needs ROS to import: a missing 
     import rclpy
     from builtin_interfaces.msg import Duration
     from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+    from rcl_interfaces.msg import SetParametersResult
+    from rclpy.clock import Clock, ClockType
     from rclpy.event_handler import SubscriptionEventCallbacks
     from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
     from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
@@ -87,8 +89,12 @@ class PolicyNode(LifecycleNode):
         self.active = False
         self.configure_error = ""
         self._action_timer = None
+        self._clock_watchdog = None
         self._diagnostics_timer = None
         self._entities: list = []   # subscriptions, timers and publishers made at configure, destroyed at cleanup
+        # Every parameter of the table is read-only; rclpy's own use_sim_time is not, and switched at run time (to
+        # true with nothing on /clock) it would stop the action timer and every report at once.
+        self.add_on_set_parameters_callback(self._on_set_parameters)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def on_configure(self, state) -> TransitionCallbackReturn:
@@ -104,6 +110,11 @@ class PolicyNode(LifecycleNode):
 
     def on_activate(self, state) -> TransitionCallbackReturn:
         self._action_timer = self.create_timer(self.p.control.dt, self._guarded("action timer", self._tick))
+        # On the steady clock: when ROS time stands still (use_sim_time and /clock stopped) the timers on it stop,
+        # the diagnostics' included, and only this one can still say so (ControlLoop.timer_stalled).
+        self._clock_watchdog = self.create_timer(self.p.diagnostics.period,
+                                                 self._guarded("clock watchdog", self._watch_clock),
+                                                 clock=Clock(clock_type=ClockType.STEADY_TIME))
         # The executor serves timers due together in the order they were made: the report follows the tick it
         # reports on (a stepped replay reads from it whether the tick's inference is still in flight).
         self._restart_diagnostics_timer()
@@ -157,9 +168,10 @@ class PolicyNode(LifecycleNode):
 
     def _stop_acting(self) -> None:
         """The action timer stops; the deadline policy's safe behaviour is the last word to the robot."""
-        if self._action_timer is not None:
-            self.destroy_timer(self._action_timer)
-            self._action_timer = None
+        for timer in (self._action_timer, self._clock_watchdog):
+            if timer is not None:
+                self.destroy_timer(timer)
+        self._action_timer = self._clock_watchdog = None
         self.active = False
         held = self.loop.pause() if self.loop is not None else None
         if held is not None:
@@ -181,6 +193,22 @@ class PolicyNode(LifecycleNode):
         gc.collect()
         if _cuda_in_use():   # the policy ran on a GPU: its cached memory goes back too
             sys.modules["torch"].cuda.empty_cache()
+
+    def _on_set_parameters(self, params) -> SetParametersResult:
+        """Refuse a change of use_sim_time while active: the action timer, the stamps and the margins run on that
+        clock, and one switched under them (to simulated time with nothing on /clock) stops control silently."""
+        for param in params:
+            if param.name == "use_sim_time" and self.active and self.has_parameter("use_sim_time") \
+                    and param.value != self.get_parameter("use_sim_time").value:
+                return SetParametersResult(successful=False, reason=(
+                    "use_sim_time cannot change while the node is active (the action timer, stamps and margins run "
+                    "on that clock): deactivate first, or restart the node with -p use_sim_time:=..."))
+        return SetParametersResult(successful=True)
+
+    def _watch_clock(self) -> None:
+        """The report the stalled timers no longer make: /diagnostics with the watchdog's ERROR."""
+        if self.active and self.loop is not None and self.loop.timer_stalled():
+            self._publish_diagnostics()
 
     def _guarded(self, what: str, fn: Callable, with_info: bool = False) -> Callable:
         """An executor callback that cannot raise: an exception (a bug or an input no check foresaw) is

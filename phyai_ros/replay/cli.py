@@ -11,11 +11,16 @@ produced, every event, and per input topic how many messages were used, supersed
 rejected.  The output bag holds the node's outputs (ActionChunk, ControlMargin, commands,
 chunk trajectories, /diagnostics) plus ``/replay/summary`` and ``/replay/events``; feed it to
 ``report``.
+
+SIGINT (Ctrl-C) or SIGTERM stops the replay where it is: the node it started is stopped, the output bag is
+closed with what was recorded until then (its summary says the replay was interrupted), the summary is printed
+and, with ``--report``, the report written; the exit status is 128 + the signal's number.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from datetime import datetime
@@ -32,6 +37,30 @@ from phyai_ros.replay.player import MODES, ReplayNode, ReplayOptions, ReplayResu
 from phyai_ros.replay.report import make_report
 from phyai_ros.replay.runbag import json_default
 from phyai_ros.replay.scan import Event, check_playable, scan_bag
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM to the replay (``signum``): it stops and keeps what it recorded (player._replay)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_on_signals() -> dict:
+    """SIGINT and SIGTERM raise Interrupted in the main thread, once: later ones while the replay stops its node
+    and closes its output bag are only noted (that work is what keeps the recording). Returns the handlers it
+    replaced, for ``signal.signal`` to put back."""
+    raised = []
+
+    def handler(signum, frame):
+        if raised:
+            print(f"replay: {signal.Signals(signum).name} again: still stopping the node and closing the output bag",
+                  file=sys.stderr, flush=True)
+            return
+        raised.append(signum)
+        raise Interrupted(signum)
+    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,6 +224,15 @@ def run_replay(bag, *, out=None, options: Optional[ReplayOptions] = None, remaps
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    previous = _stop_on_signals()
+    try:
+        return _main(argv)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     a = build_parser().parse_args(argv)
     a.remap = [r for item in a.remap for r in item.replace(",", " ").split()]
     a.out = a.out or None
@@ -229,12 +267,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             proc = PolicyNodeProcess(a.params_file, overrides=overrides, log_path=a.node_log)
         result = run_replay(a.bag, out=a.out, options=options, node_name=a.node, node_info=info, node_process=proc,
                             wait_node=a.wait_node, log=log, session=session, **scan_args)
-    except KeyboardInterrupt:
-        print("replay: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        interrupted = 128 + getattr(exc, "signum", signal.SIGINT)
+        result = getattr(exc, "result", None)   # set when the replay was playing: its output bag is finished
+        print(f"replay: interrupted ({exc or 'SIGINT'})" + ("; the output bag keeps what was recorded"
+                                                          if result is not None else ""), file=sys.stderr, flush=True)
+        if result is None:
+            return interrupted
     except Exception as exc:  # noqa: BLE001 - a CLI reports one clear line
         print(f"replay: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    else:
+        interrupted = 0
     finally:
         if proc is not None:
             proc.stop()
@@ -244,6 +288,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.report == "true" and result.out_path is not None:
         rep = make_report(result.out_path)
         print(f"report: {rep.index} — {rep.verdict_line}")
+    if interrupted:
+        return interrupted
     failures = strict_failures(result) if a.strict else []
     if failures:
         print("replay: --strict: " + "; ".join(failures), file=sys.stderr)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -394,7 +395,19 @@ class _Playback:
 
 def _replay(playback: _Playback, log: Callable[[str], None]) -> ReplayResult:
     """Start the node's clock at the grid instant before the preroll, play the bag in the chosen mode and
-    collect what the node did."""
+    collect what the node did. Interrupted (KeyboardInterrupt: Ctrl-C, or the CLI's SIGTERM) while playing, the
+    replay stops there and keeps what was recorded: the result and the output bag are finished as for a replay cut
+    short (an ``interrupted`` event), then the interrupt goes on with the result attached (``.result``); earlier, the
+    output bag is closed as it is. A replay tool never loses what it recorded."""
+    try:
+        return _replay_bag(playback, log)
+    except BaseException:
+        if playback.output is not None:
+            playback.output.close()   # metadata.yaml written, the mcap finished / the db committed
+        raise
+
+
+def _replay_bag(playback: _Playback, log: Callable[[str], None]) -> ReplayResult:
     s, o = playback.session, playback.options
     playable = [it for it in s.items if it.role not in ("clock",)]
     if not playable:
@@ -406,18 +419,23 @@ def _replay(playback: _Playback, log: Callable[[str], None]) -> ReplayResult:
     domain = playback.shared_domain()   # again at the end: a node may join during the replay
     log(f"replay: node follows /clock; playing {len(s.items)} messages ({o.mode}"
         + (f" x{o.rate:g}" if o.mode == "realtime" else "") + ")")
-    played, lags = 0, []
-    complete = False
+    played, complete, interrupt = 0, False, None
+    play = _SteppedPlay(playback) if o.mode == "stepped" else _RealtimePlay(playback)
     try:
-        if o.mode == "stepped":
-            played = _SteppedPlay(playback).run(t0)
-        else:
-            played, lags = _RealtimePlay(playback).run(t0)
+        ran = play.run(t0)
+        played = ran if o.mode == "stepped" else ran[0]
         complete = played == len(s.items)
     except _NodeLost as exc:
         played = exc.played
         playback.recording.add_event(Event("node_lost", "the policy node exited during the replay",
                                            sim_ns=playback.clock_ns, source="replay"))
+    except KeyboardInterrupt as exc:
+        interrupt = exc
+        played = play.counts.played if o.mode == "stepped" else play.played
+        playback.recording.add_event(Event("interrupted", f"the replay was interrupted ({_signal_name(exc)}) after "
+                                           f"{played} of {len(s.items)} messages; what was recorded until then is "
+                                           "kept", sim_ns=playback.clock_ns, source="replay"))
+    lags = play.lags
     wall = time.monotonic() - w_start
     time.sleep(0.2)  # outputs still in flight
     for warning in dict.fromkeys(domain + playback.shared_domain()):
@@ -427,7 +445,15 @@ def _replay(playback: _Playback, log: Callable[[str], None]) -> ReplayResult:
     if playback.output is not None:
         _write_result(playback.output, result, playback.bag_ns)
     playback.recording.unsubscribe(playback.replay_node.node)
+    if interrupt is not None:
+        interrupt.result = result
+        raise interrupt
     return result
+
+
+def _signal_name(exc: BaseException) -> str:
+    signum = getattr(exc, "signum", signal.SIGINT)
+    return signal.Signals(signum).name
 
 
 @dataclass
@@ -449,6 +475,7 @@ class _SteppedPlay:
     def __init__(self, playback: _Playback):
         self.playback = playback
         self.counts = _StepCounts()
+        self.lags: List[float] = []   # none in stepped mode (no pace to be late against)
         self.pending = False        # inputs published since the last tick (the node gets ``settle`` to take them)
 
     def run(self, t0: int) -> int:
@@ -564,6 +591,8 @@ class _RealtimePlay:
         self.log0 = 0            # the bag time whose replay clock is the start instant
         self.wall0 = 0.0         # time.monotonic() at log0
         self.jumps: List[Tuple[int, int, int]] = []   # (bag time, clock before, clock after) still to come
+        self.played = 0          # messages played so far (what an interrupted replay got through)
+        self.lags: List[float] = []
 
     def run(self, t0: int) -> Tuple[int, list]:
         """Play every message; the number played and each message's lateness (s) against its pace."""
@@ -576,8 +605,7 @@ class _RealtimePlay:
         plan = self._clock_plan(self.log0, log_end)
         self.wall0 = time.monotonic()
         self.jumps = list(tm.jumps)
-        lags: List[float] = []
-        played = 0
+        lags = self.lags
         k = 0
         n_plan = len(plan)
         last_alive_check = time.monotonic()
@@ -595,17 +623,17 @@ class _RealtimePlay:
                     pb.set_clock(item.sim_ns, item.log_ns)
                 pb.publish(item, raw)
                 lags.append(lag)
-            played += 1
+            self.played += 1
             if time.monotonic() - last_alive_check > 0.5:
                 last_alive_check = time.monotonic()
                 if not pb.alive():
-                    raise _NodeLost(played)
+                    raise _NodeLost(self.played)
         while k < n_plan:
             self._wait_until(int(plan[k]))
             pb.set_clock(tm(int(plan[k])), int(plan[k]))
             k += 1
         self._run_on(log_end)
-        return played, lags
+        return self.played, lags
 
     def _clock_plan(self, log_start: int, log_end: int) -> np.ndarray:
         """Bag times (ns) at which /clock is published besides the messages: every 1/clock_hz and

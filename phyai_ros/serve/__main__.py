@@ -4,16 +4,21 @@ Starts (or joins, with ``--address``) a Ray instance, runs the application with 
 replicas without CUDA) and serves HTTP until interrupted. Beyond loopback (``--host``) a token is required:
 ``--token-file FILE`` or the environment variable PHYAI_SERVE_TOKEN (never on the command line, which every
 user of the machine can read); clients send it as ``Authorization: Bearer TOKEN`` (the node: policy.token).
+
+SIGINT (Ctrl-C) or SIGTERM stops it within seconds: Serve is shut down with a bound (``SHUTDOWN_S``; its own
+shutdown could take over half a minute on a busy machine), then Ray, and the process exits.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
 from .client import TOKEN_ENV
-from .engine import MAX_BODY_BYTES, ServeConfig
+from .engine import BODY_TIMEOUT_S, MAX_BODY_BYTES, MAX_CLIENT_REQUESTS, ServeConfig
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,6 +41,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="larger request bodies are refused (413) before they are read")
     ap.add_argument("--max-image-pixels", type=int, default=ServeConfig.max_image_pixels,
                     help="larger frames (width x height) are refused (400) from the request's tensor header")
+    ap.add_argument("--body-timeout-s", type=float, default=BODY_TIMEOUT_S,
+                    help="a request body not received within this is refused (408)")
+    ap.add_argument("--max-client-requests", type=int, default=MAX_CLIENT_REQUESTS,
+                    help="HTTP requests in flight per client address and replica; more are refused (429)")
     ap.add_argument("--token-file", default="", help="a file holding the token clients must send (default: "
                                                      "$PHYAI_SERVE_TOKEN); required with a --host beyond loopback")
     ap.add_argument("--host", default="127.0.0.1")
@@ -49,7 +58,8 @@ def config_from_args(a: argparse.Namespace) -> ServeConfig:
                        model_id=a.model_id, device=a.device, dtype=a.dtype, cuda_graphs=not a.no_cuda_graphs,
                        token_bucket=a.token_bucket, options=a.options, max_batch_size=a.max_batch_size,
                        batch_wait_s=a.batch_wait_ms / 1e3, max_body_bytes=int(a.max_body_mb * 2**20),
-                       max_image_pixels=a.max_image_pixels)
+                       max_image_pixels=a.max_image_pixels, body_timeout_s=a.body_timeout_s,
+                       max_client_requests=a.max_client_requests)
 
 
 def read_token(a: argparse.Namespace) -> str:
@@ -62,19 +72,35 @@ def read_token(a: argparse.Namespace) -> str:
     return os.environ.get(TOKEN_ENV, "").strip()
 
 
+SHUTDOWN_S = 10.0   # how long Serve's and then Ray's shutdown may take each before the process exits anyway
+
+
+def _bounded(fn, seconds: float) -> bool:
+    """fn() in a daemon thread, waited for at most ``seconds``: whether it finished."""
+    worker = threading.Thread(target=fn, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return not worker.is_alive()
+
+
 def main(argv=None) -> None:
+    import ray
     from ray import serve
 
     from .app import run_local
     a = parse_args(argv)
     endpoint = run_local(config_from_args(a), a.port, a.host, a.replicas, a.num_cpus, token=read_token(a),
                          ray_init={"address": a.address})
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):   # from here on a signal ends the wait below, and only that
+        signal.signal(signum, lambda *_: stop.set())
     print(f"serving {a.checkpoint} at {endpoint}/ (GET /info); Ctrl-C stops", flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        serve.shutdown()
+    while not stop.is_set():
+        time.sleep(0.2)
+    print("stopping: shutting Serve down", flush=True)
+    if not _bounded(serve.shutdown, SHUTDOWN_S):
+        print(f"Serve did not shut down within {SHUTDOWN_S:g} s; stopping Ray", flush=True)
+    _bounded(ray.shutdown, SHUTDOWN_S)
 
 
 if __name__ == "__main__":

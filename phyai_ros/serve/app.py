@@ -5,7 +5,9 @@ Routes of the HTTP ingress (loopback or the edge server's network):
     POST /       a ``wire`` request (robot id, images, state, task, seed, RTC state) -> a ``wire`` reply
                  (the chunk, the server's queue and inference times, the model id); 400 with a JSON message
                  for a malformed or refused request, 413 for a body over ``max_body_bytes`` (refused from its
-                 Content-Length, never read), 500 when inference failed
+                 Content-Length, never read), 408 for a body not received within ``body_timeout_s``, 429 when
+                 ``max_client_requests`` requests of the client's address are in flight already, 500 when inference
+                 failed or made a non-finite chunk
     GET  /info   the model (cameras, H, dims, RTC modes) and this replica's counters
 
 With a token (``run_local(token=...)``; required to bind beyond loopback) both routes answer 401 unless the
@@ -15,6 +17,11 @@ In-process callers (RL rollouts from a Ray actor, no HTTP) call ``infer`` throug
 ``wire.Request``. Both paths go through one ``serve.batch`` queue (bounded wait ``batch_wait_s``, at most
 ``max_batch_size`` requests) into ``BatchEngine``, which runs in a worker thread so the replica keeps
 answering health checks while it computes.
+
+Slow clients: a request holds one of the replica's ``max_ongoing_requests`` slots from its headers on, while its
+body streams in; 80 connections dripping a byte a second once held them all and locked every robot out. So the
+body must arrive within ``body_timeout_s`` (408), and one client address may have ``max_client_requests`` requests
+in flight (429 at once, before anything is read), which leaves the other robots their slots.
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ import ipaddress
 import json
 import os
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import Optional
 
 import torch
@@ -36,14 +43,15 @@ from starlette.responses import Response
 
 from .client import TOKEN_ENV
 from .engine import ServeConfig, engine_for
-from .wire import BadRequest, Failure, Request, decode_request, encode_reply
+from .wire import MAX_ROBOT_ID, BadRequest, Failure, Request, decode_request, encode_reply
 
 APP_NAME = "phyai_policy"
 BINARY = "application/octet-stream"
 
 
 def _error(status: int, message: str, robot_id: str = "") -> Response:
-    return Response(json.dumps({"error": message, "robot_id": robot_id}), status_code=status,
+    """A JSON error reply; the robot id it echoes is capped (MAX_ROBOT_ID), whichever path the request took."""
+    return Response(json.dumps({"error": message, "robot_id": str(robot_id)[:MAX_ROBOT_ID]}), status_code=status,
                     media_type="application/json")
 
 
@@ -59,6 +67,11 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:   # a host name: it may resolve to anything
         return False
+
+
+class BodyTimeout(Exception):
+    def __init__(self, timeout: float):
+        super().__init__(f"the request body did not arrive within {timeout:g} s (--body-timeout-s)")
 
 
 class BodyTooLarge(Exception):
@@ -98,6 +111,7 @@ class PolicyDeployment:
         self.token_sha256 = token_sha256
         self.engine = engine_for(self.cfg)
         self.counters: Counter = Counter()
+        self._in_flight: defaultdict = defaultdict(int)   # client address -> HTTP requests in flight
         self._batched.set_max_batch_size(self.cfg.max_batch_size)
         self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_s)
 
@@ -142,9 +156,27 @@ class PolicyDeployment:
             return _error(401, "unauthorized: this server needs 'Authorization: Bearer TOKEN' (policy.token)")
         if http.method == "GET" and http.url.path.rstrip("/").endswith("/info"):
             return Response(json.dumps(self.info()), media_type="application/json")
+        client = http.client.host if http.client is not None else "?"
+        if self._in_flight[client] >= self.cfg.max_client_requests:
+            self.counters["too_many_requests"] += 1
+            return _error(429, f"{self.cfg.max_client_requests} requests from {client} are in flight already "
+                               "(--max-client-requests); send the next when one is answered")
+        self._in_flight[client] += 1
+        try:
+            return await self._serve(http)
+        finally:
+            self._in_flight[client] -= 1
+            if not self._in_flight[client]:
+                del self._in_flight[client]
+
+    async def _serve(self, http: HttpRequest) -> Response:
         arrived = time.monotonic_ns()
         try:
-            request = decode_request(await read_body(http, self.cfg.max_body_bytes), self.cfg.max_image_pixels)
+            body = await asyncio.wait_for(read_body(http, self.cfg.max_body_bytes), self.cfg.body_timeout_s)
+            request = decode_request(body, self.cfg.max_image_pixels)
+        except asyncio.TimeoutError:
+            self.counters["body_timeout"] += 1
+            return _error(408, str(BodyTimeout(self.cfg.body_timeout_s)))
         except BodyTooLarge as exc:
             self.counters["too_large"] += 1
             return _error(413, str(exc))

@@ -21,6 +21,7 @@ import torch
 
 from phyai_ros.control.observation import (MAX_IMAGE_PIXELS, MAX_INSTRUCTION_CHARS, BadImageError, validate_image,
                                            validate_instruction, validate_state)
+from phyai_ros.control.rtc import check_action_magnitudes
 from phyai_ros.layers.profiles import selector_for
 from phyai_ros.models import family, family_for_checkpoint, import_target
 from phyai_ros.models.contract import DTYPES, ModelFiles, parse_options
@@ -28,6 +29,8 @@ from phyai_ros.models.contract import DTYPES, ModelFiles, parse_options
 from .wire import Failure, Reply, Request
 
 MAX_BODY_BYTES = 64 * 2**20   # a request body beyond this is refused (413) before it is read
+BODY_TIMEOUT_S = 10.0         # a request body not received within this is refused (408): slow clients hold no slot
+MAX_CLIENT_REQUESTS = 16      # HTTP requests in flight per client address and replica; more: 429
 
 
 @dataclass
@@ -50,6 +53,8 @@ class ServeConfig:
     max_body_bytes: int = MAX_BODY_BYTES           # HTTP request bodies beyond this: 413, not read
     max_image_pixels: int = MAX_IMAGE_PIXELS       # larger frames: 400, refused from the wire header
     max_task_chars: int = MAX_INSTRUCTION_CHARS    # longer tasks: 400
+    body_timeout_s: float = BODY_TIMEOUT_S         # the whole body within this, or 408
+    max_client_requests: int = MAX_CLIENT_REQUESTS # in flight from one client address (per replica), or 429
 
     @property
     def resolved_device(self) -> str:
@@ -129,6 +134,8 @@ class BatchEngine:
             except BadImageError as exc:
                 raise BadImageError(f"camera '{slot}': {exc}") from None
         validate_instruction(r.task, self.cfg.max_task_chars)
+        if r.rtc is not None:   # the in-process path too (the wire checks it on decoding)
+            check_action_magnitudes(r.rtc.prefix, "rtc.prefix")
         return validate_state(r.state, self.adapter.state_dim)
 
     def _prepare_all(self, requests: Sequence[Request], out: list) -> list:
@@ -162,7 +169,7 @@ class BatchEngine:
                 out[index] = Failure(requests[index].robot_id, 500, f"inference failed: {type(exc).__name__}: {exc}")
             return
         for (index, _), a in zip(group, actions):
-            out[index] = Reply(requests[index].robot_id, a, self.model_id)
+            out[index] = self._reply(requests[index], a)
 
     def _run_one(self, r: Request):
         """Families served one by one: their own predict, request by request."""
@@ -174,4 +181,13 @@ class BatchEngine:
             return Failure(r.robot_id, 400, f"robot '{r.robot_id}': {exc}")
         except Exception as exc:  # noqa: BLE001
             return Failure(r.robot_id, 500, f"inference failed: {type(exc).__name__}: {exc}")
-        return Reply(r.robot_id, np.asarray(actions, np.float32), self.model_id)
+        return self._reply(r, actions)
+
+    def _reply(self, r: Request, actions):
+        """The chunk's Reply, or a 500 Failure when it is not finite: a robot never gets NaN/inf to act on."""
+        actions = np.asarray(actions, np.float32)
+        bad = int(actions.size - np.isfinite(actions).sum())
+        if bad:
+            return Failure(r.robot_id, 500, f"robot '{r.robot_id}': inference produced {bad} non-finite values of "
+                                            f"{actions.size}; no chunk is returned")
+        return Reply(r.robot_id, actions, self.model_id)

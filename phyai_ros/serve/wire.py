@@ -20,7 +20,7 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from phyai_ros.control.observation import MAX_IMAGE_PIXELS, ObservationError, check_image_dims
-from phyai_ros.control.rtc import RtcRequest
+from phyai_ros.control.rtc import RtcRequest, check_action_magnitudes
 from phyai_ros.parameters import MAX_HORIZON
 
 _LEN = struct.Struct("<I")
@@ -28,6 +28,7 @@ _ST_LEN = struct.Struct("<Q")   # a safetensors buffer starts with its JSON head
 _RTC_FIELDS = ("mode", "schedule", "d", "horizon", "t0_ns", "dt_ns")
 MAX_CAMERAS = 16          # image tensors in one request
 MAX_VECTOR = 4096         # state length, action / RTC prefix width
+MAX_ROBOT_ID = 128        # characters of a robot id (error replies echo it)
 
 
 class BadRequest(ValueError):
@@ -179,8 +180,15 @@ def encode_request(r: Request) -> bytes:
 def _field(header: dict, name: str, kind, robot: str = ""):
     value = header.get(name)
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise BadRequest(f"{robot + ': ' if robot else ''}field '{name}' must be {kind.__name__}, got {value!r}")
+        raise BadRequest(f"{robot + ': ' if robot else ''}field '{name}' must be {kind.__name__}, got "
+                         f"{_shown(value)}")
     return value
+
+
+def _shown(value, limit: int = MAX_ROBOT_ID) -> str:
+    """repr(value) cut to ``limit`` characters: what an error message may echo of a sender's field."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 def _decode_rtc(spec, tensors: dict, robot: str) -> Optional[RtcRequest]:
@@ -193,6 +201,10 @@ def _decode_rtc(spec, tensors: dict, robot: str) -> Optional[RtcRequest]:
     if prefix.ndim != 2 or not 0 <= vals["d"] <= prefix.shape[0]:
         raise BadRequest(f"{robot}: rtc.prefix must be [n, D] with 0 <= d <= n, got {list(prefix.shape)} "
                          f"and d = {vals['d']}")
+    try:
+        check_action_magnitudes(prefix, "rtc.prefix")
+    except ValueError as exc:
+        raise BadRequest(f"{robot}: {exc}") from None
     prefix.flags.writeable = False
     return RtcRequest(prefix=prefix, **vals)
 
@@ -203,6 +215,8 @@ def decode_request(data: bytes, max_image_pixels: int = MAX_IMAGE_PIXELS) -> Req
     robot = _field(header, "robot_id", str)
     if not robot:
         raise BadRequest("field 'robot_id' is empty")
+    if len(robot) > MAX_ROBOT_ID:   # refused without echoing it: every later message names the robot
+        raise BadRequest(f"field 'robot_id' of {len(robot)} characters is longer than {MAX_ROBOT_ID}")
     task, seed = _field(header, "task", str, robot), _field(header, "seed", int, robot)
     tensors = _tensors(body, _check_request_tensors(robot, max_image_pixels))
     if "state" not in tensors:

@@ -15,7 +15,7 @@ import torch
 
 from .checkpoint_io import count_layers, normalize_key_aliases
 
-from phyai_ros.models.files import CheckpointError, Fields, read_json, read_safetensors, require_file
+from phyai_ros.models.files import CheckpointError, Fields, fixed_file, read_json, read_safetensors, require_file
 from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
 from phyai_ros.models.common.paligemma_keys import LM, VIS
 
@@ -45,7 +45,7 @@ def read_lerobot_checkpoint(ckpt_dir, policy_type: str, weights: bool = True
     ckpt_dir = require_file(ckpt_dir)
     if not ckpt_dir.is_dir():
         raise NotADirectoryError(f"checkpoint path is not a directory: {ckpt_dir}")
-    lr = read_json(ckpt_dir / "config.json")
+    lr = read_json(fixed_file(ckpt_dir, "config.json"))
     if lr.get("type", policy_type) != policy_type:
         raise CheckpointError(f"checkpoint {ckpt_dir}: config.json says type {lr.get('type')} but model.type "
                               f"(the policy type asked for) is {policy_type}")
@@ -87,7 +87,7 @@ def parse_features(lr: dict, source="config.json") -> Tuple[List[str], Optional[
 
 def find_model_dims(ckpt_dir: Path, policy_type: str) -> Optional[Tuple[dict, Path]]:
     """(model_dims.json, its path) next to config.json, else in the parent directory (parity-fixture layout)."""
-    for cand in (ckpt_dir / "model_dims.json", ckpt_dir.parent / "model_dims.json"):
+    for cand in (fixed_file(ckpt_dir, "model_dims.json"), fixed_file(ckpt_dir.parent, "model_dims.json")):
         if cand.is_file():
             d = read_json(cand)
             if d.get("policy_type", policy_type) == policy_type:

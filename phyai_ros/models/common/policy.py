@@ -20,6 +20,7 @@ import torch
 
 from phyai_ros.modeling import solver
 from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
+from phyai_ros.models.files import fixed_file
 from phyai_ros.models.cases import InputError, require_finite_tensor, require_range
 from phyai_ros.models.contract import (NO_FILES, NO_OPTIONS, CaseInfer, ModelFiles, PolicyAdapter, PredictCase,
                                        QuantizeRequest,
@@ -94,7 +95,7 @@ def norm_stats_file(given: Optional[Path], checkpoint: Path) -> Optional[Path]:
         return Path(given)
     if any(checkpoint.glob("policy_preprocessor_step_*_normalizer_processor.safetensors")):
         return None
-    if (checkpoint / "norm_stats.json").is_file():
+    if fixed_file(checkpoint, "norm_stats.json").is_file():
         return checkpoint / "norm_stats.json"
     raise FileNotFoundError(f"no statistics file given and the checkpoint folder '{checkpoint}' holds none "
                             "(a LeRobot normalizer .safetensors or norm_stats.json)")

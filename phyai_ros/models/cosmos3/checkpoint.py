@@ -20,7 +20,7 @@ from typing import Dict, Iterable, Mapping, Optional
 
 import torch
 
-from phyai_ros.models.files import CheckpointError, inside, read_json, require_finite, validate_keys
+from phyai_ros.models.files import CheckpointError, fixed_file, inside, read_json, require_finite, validate_keys
 
 from . import transformer as tfm
 from . import vae as vae_mod
@@ -135,20 +135,21 @@ def _component(index: dict, name: str, folder: Path) -> Path:
 def load_cosmos3_checkpoint(folder) -> Cosmos3Checkpoint:
     """Read and check a Cosmos3OmniPipeline folder (weights stay on disk until asked for)."""
     folder = Path(folder)
-    index = read_json(folder / "model_index.json")
+    index = read_json(fixed_file(folder, "model_index.json"))
     if index.get("_class_name") != PIPELINE_CLASS:
         raise CheckpointError(f"{folder / 'model_index.json'}: pipeline {index.get('_class_name')!r}, "
                               f"{PIPELINE_CLASS} expected")
     tdir, vdir = _component(index, "transformer", folder), _component(index, "vae", folder)
     sdir, kdir = _component(index, "scheduler", folder), _component(index, "text_tokenizer", folder)
-    tcfg = TransformerConfig.from_json(read_json(tdir / "config.json"), tdir / "config.json")
-    vcfg = VaeConfig.from_json(read_json(vdir / "config.json"), vdir / "config.json")
+    tcfg = TransformerConfig.from_json(read_json(fixed_file(tdir, "config.json")), tdir / "config.json")
+    vcfg = VaeConfig.from_json(read_json(fixed_file(vdir, "config.json")), vdir / "config.json")
     native = index.get("use_native_flow_schedule", False)
     system = index.get("default_use_system_prompt", True)
     if not isinstance(native, bool) or not isinstance(system, bool):
         raise CheckpointError(f"{folder / 'model_index.json'}: use_native_flow_schedule / default_use_system_prompt "
                               "must be booleans")
-    scfg = UniPCConfig.from_json(read_json(sdir / "scheduler_config.json"), sdir / "scheduler_config.json", native)
+    scfg = UniPCConfig.from_json(read_json(fixed_file(sdir, "scheduler_config.json")), sdir / "scheduler_config.json",
+                                 native)
     if tcfg.latent_channel != vcfg.z_dim:
         raise CheckpointError(f"{folder}: transformer latent_channel {tcfg.latent_channel} != VAE z_dim {vcfg.z_dim}")
     tw, vw = LazyTensors(tdir), LazyTensors(vdir)

@@ -19,9 +19,31 @@ from .prompt import VIEWPOINTS
 
 
 def _reader(cfg: dict, source: Optional[Path]):
-    """g(key, kind[, default]): one typed field of a diffusers config.json (models.files.Fields names the file)."""
+    """g(key, kind[, default]): one typed field of a diffusers config.json (models.files.Fields names the file),
+    within the range ``BOUNDS`` gives its key."""
     f = Fields(cfg, source or "config")
-    return lambda key, kind, *default: f.get(key, kind, default=default[0]) if default else f.get(key, kind)
+
+    def g(key, kind, *default):
+        lo, hi = BOUNDS.get(key, (None, None))
+        return f.get(key, kind, lo, hi, **({"default": default[0]} if default else {}))
+    return g
+
+
+# Every dimension and scale a config.json gives, bounded before anything is sized from it: generous around the
+# released model (4096 wide, 36 layers, 24 fps, margin 15000, VAE base 160), far below what exhausts a machine
+# (1e5 layers took seconds and most of a GB to refuse; a margin of 1e30 overflowed every predict).
+BOUNDS = {
+    "hidden_size": (1, 65536), "head_dim": (2, 1024), "num_attention_heads": (1, 1024),
+    "num_key_value_heads": (1, 1024), "intermediate_size": (1, 262144), "num_hidden_layers": (1, 1024),
+    "latent_channel": (1, 1024), "latent_patch_size": (1, 16), "patch_latent_dim": (1, 262144),
+    "action_dim": (1, 4096), "num_embodiment_domains": (1, 4096), "vocab_size": (1, 1 << 22),
+    "base_fps": (1, 1000), "unified_3d_mrope_temporal_modality_margin": (0, 1 << 20),
+    "rms_norm_eps": (0.0, 1.0), "rope_theta": (1.0, 1e9), "timestep_scale": (0.0, 10.0),
+    # the VAE
+    "base_dim": (1, 4096), "z_dim": (1, 1024), "num_res_blocks": (1, 16), "patch_size": (1, 16),
+    "in_channels": (1, 3 * 16 ** 2), "scale_factor_spatial": (1, 1024), "scale_factor_temporal": (1, 1024),
+}
+MAX_VAE_LEVELS, MAX_DIM_MULT = 8, 64   # dim_mult: at most 8 levels, each at most 64 x base_dim
 
 
 @dataclass(frozen=True)
@@ -186,11 +208,14 @@ class VaeConfig:
         if cfg.get("patch_size") is None:
             raise CheckpointError(f"{source}: patch_size is required (Wan 2.2's VAE patchifies its input)")
         lists = {k: g(k, list) for k in ("dim_mult", "temperal_downsample", "latents_mean", "latents_std")}
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in lists["dim_mult"]) \
+        if not 1 <= len(lists["dim_mult"]) <= MAX_VAE_LEVELS \
+                or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_DIM_MULT
+                           for v in lists["dim_mult"]) \
                 or not all(isinstance(v, bool) for v in lists["temperal_downsample"]) \
                 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in
                            lists["latents_mean"] + lists["latents_std"]):
-            raise CheckpointError(f"{source}: dim_mult / temperal_downsample / latents_mean / latents_std malformed")
+            raise CheckpointError(f"{source}: dim_mult (1 to {MAX_VAE_LEVELS} ints in [1, {MAX_DIM_MULT}]) / "
+                                  "temperal_downsample / latents_mean / latents_std malformed")
         try:
             return cls(base_dim=g("base_dim", int, 96), z_dim=g("z_dim", int, 16), dim_mult=tuple(lists["dim_mult"]),
                        num_res_blocks=g("num_res_blocks", int, 2),

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from phyai_ros.models.files import CheckpointError, read_json
+from phyai_ros.models.files import CheckpointError, fixed_file, read_json
 from phyai_ros.models.bpe import ByteLevelBPE
-from phyai_ros.models.chat_template import compile_chat_template, read_chat_template
+from phyai_ros.models.chat_template import check_renders, compile_chat_template, read_chat_template
 
 SYSTEM_PROMPT_VIDEO = "You are a helpful assistant who will generate videos from a give prompt."   # sic
 
@@ -94,8 +94,8 @@ class ChatTokenizer:
 
     def __init__(self, folder):
         folder = Path(folder)
-        self.bpe = ByteLevelBPE(folder / "tokenizer.json")
-        cfg = read_json(folder / "tokenizer_config.json")
+        self.bpe = ByteLevelBPE(fixed_file(folder, "tokenizer.json"))
+        cfg = read_json(fixed_file(folder, "tokenizer_config.json"))
         self.tokens = {k: cfg[k] for k in ("eos_token", "pad_token", "bos_token", "unk_token")
                        if isinstance(cfg.get(k), str)}
         if "eos_token" not in self.tokens:
@@ -104,14 +104,18 @@ class ChatTokenizer:
         self.vision_start_id = self.bpe.token_id("<|vision_start|>")
         self.pad_id = self.bpe.token_id(self.tokens["pad_token"]) if "pad_token" in self.tokens else self.eos_id
         self.vocab_size = self.bpe.vocab_size
-        self.template = compile_chat_template(read_chat_template(folder), str(folder))
+        self.template = compile_chat_template(read_chat_template(folder), f"{folder}'s chat template")
+        # rendered once here under its budget: a template that would hang or exhaust memory is refused at load
+        check_renders(self.template, **self._context("pick up the red cup", SYSTEM_PROMPT_VIDEO))
+
+    def _context(self, text: str, system: Optional[str]) -> dict:
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + \
+            [{"role": "user", "content": text}]
+        return {"messages": messages, "add_generation_prompt": True, "add_vision_id": False, **self.tokens}
 
     def chat_ids(self, text: str, system: Optional[str]) -> List[int]:
         """[system,] user turn with the generation prompt, tokenized, + end-of-turn + <|vision_start|>."""
-        messages = ([{"role": "system", "content": system}] if system is not None else []) + \
-            [{"role": "user", "content": text}]
-        rendered = self.template.render(messages=messages, add_generation_prompt=True, add_vision_id=False,
-                                        **self.tokens)
+        rendered = self.template.render(**self._context(text, system))
         return self.bpe.encode(rendered) + [self.eos_id, self.vision_start_id]
 
 

@@ -21,6 +21,9 @@ import torch
 
 from phyai_ros.models.files import CheckpointError
 
+MAX_TRAIN_TIMESTEPS = 100_000   # scheduler_config.json bounds (1000 and 1.0 / 5.0 in the released ones)
+MAX_FLOW_SHIFT = 1000.0
+
 Tensor = torch.Tensor
 
 
@@ -61,8 +64,8 @@ class UniPCConfig:
         disable = cfg.get("disable_corrector") or []
         solver = {"midpoint": "bh2", "heun": "bh2", "logrho": "bh2"}.get(solver, solver)   # diffusers' aliases
         ok = (isinstance(order, int) and 1 <= order <= 8 and solver in ("bh1", "bh2")
-              and final in ("zero", "sigma_min") and isinstance(steps, int) and steps >= 2
-              and isinstance(shift, (int, float)) and math.isfinite(shift) and shift > 0
+              and final in ("zero", "sigma_min") and isinstance(steps, int) and 2 <= steps <= MAX_TRAIN_TIMESTEPS
+              and isinstance(shift, (int, float)) and math.isfinite(shift) and 0 < shift <= MAX_FLOW_SHIFT
               and (terminal is None or (isinstance(terminal, (int, float)) and 0 <= terminal < 1))
               and isinstance(disable, list) and all(isinstance(i, int) for i in disable)
               and isinstance(cfg.get("lower_order_final", True), bool))

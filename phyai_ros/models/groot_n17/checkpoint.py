@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from phyai_ros.layers.quantized import QuantizedWeight
-from phyai_ros.models.files import (CheckpointError, Shapes, inside, read_json, read_safetensors,
+from phyai_ros.models.files import (CheckpointError, Shapes, fixed_file, inside, read_json, read_safetensors,
                                     read_safetensors_file, require_finite, validate_keys)
 from phyai_ros.models.quantized_checkpoint import read_manifest
 
@@ -173,7 +173,7 @@ class Pipelines:
 
 
 def read_pipelines(ckpt_dir: Path) -> Pipelines:
-    pre_path, post_path = ckpt_dir / "policy_preprocessor.json", ckpt_dir / "policy_postprocessor.json"
+    pre_path, post_path = fixed_file(ckpt_dir, "policy_preprocessor.json"), fixed_file(ckpt_dir, "policy_postprocessor.json")
     pre, post = _steps(pre_path), _steps(post_path)
     _, pack = _step(pre, (PACK_STEP,), pre_path)
     _, vlm = _step(pre, (VLM_STEP,), pre_path)
@@ -235,7 +235,7 @@ def load_groot_checkpoint(ckpt_dir, device="cpu", dtype: torch.dtype = torch.flo
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {ckpt_dir}")
-    lr = read_json(ckpt_dir / "config.json")
+    lr = read_json(fixed_file(ckpt_dir, "config.json"))
     if lr.get("type") != POLICY_TYPE:
         raise CheckpointError(f"checkpoint {ckpt_dir}: config.json says type {lr.get('type')!r}, not {POLICY_TYPE!r}")
     pipes = read_pipelines(ckpt_dir)
@@ -244,7 +244,7 @@ def load_groot_checkpoint(ckpt_dir, device="cpu", dtype: torch.dtype = torch.flo
         base_model, backbone = base_model or manifest.get("base_model"), backbone or manifest.get("backbone")
     base_dir = resolve_folder(base_model or lr.get("base_model_path"), ckpt_dir, "base_model_path")
     bb_dir = resolve_folder(backbone or pipes.vlm.get("model_name"), ckpt_dir, "backbone (VLM step model_name)")
-    cfg = groot_config(read_json(bb_dir / "config.json"), read_json(base_dir / "config.json"),
+    cfg = groot_config(read_json(fixed_file(bb_dir, "config.json")), read_json(fixed_file(base_dir, "config.json")),
                        str(bb_dir / "config.json"), str(base_dir / "config.json"))
     weights_file = ckpt_dir / "model.safetensors"
     sd = _drop_cut_layers(_canonical_keys(read_safetensors(ckpt_dir)), cfg.text.depth)
@@ -258,8 +258,8 @@ def load_groot_checkpoint(ckpt_dir, device="cpu", dtype: torch.dtype = torch.flo
     floats = [k for k in expected if not isinstance(sd[k], QuantizedWeight)]
     require_finite(sd, floats, weights_file)
     weights = {k: sd[k].to(device=device, dtype=dtype) if k in floats else sd[k].to(device) for k in expected}
-    proc = base_dir / "processor_config.json"
-    ids = base_dir / "embodiment_id.json"
+    proc = fixed_file(base_dir, "processor_config.json")
+    ids = fixed_file(base_dir, "embodiment_id.json")
     return GrootCheckpoint(weights, cfg, pipes, ckpt_dir, base_dir, bb_dir, lr,
                            read_json(proc) if proc.is_file() else {},
                            {k: int(v) for k, v in read_json(ids).items()} if ids.is_file() else {})

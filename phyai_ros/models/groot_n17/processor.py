@@ -26,10 +26,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from phyai_ros.models.files import CheckpointError, Fields, read_json
+from phyai_ros.models.files import CheckpointError, Fields, fixed_file, read_json
 
 from phyai_ros.models.bpe import ByteLevelBPE
-from phyai_ros.models.chat_template import compile_chat_template, read_chat_template
+from phyai_ros.models.chat_template import check_renders, compile_chat_template, read_chat_template
 from phyai_ros.runtime.lru import LruCache
 from phyai_ros.runtime.transfer import to_device
 
@@ -174,11 +174,15 @@ class QwenImageProcessor:
 
 
 # ------------------------------------------------------------------ prompt
-def render_chat_template(template: str, n_images: int, text: str) -> str:
-    """The backbone's chat template for one user message: n_images image entries, then the text."""
+def _chat_context(n_images: int, text: str) -> dict:
     content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": text}]
-    return compile_chat_template(template, "the backbone's chat template").render(
-        messages=[{"role": "user", "content": content}], add_generation_prompt=False)
+    return {"messages": [{"role": "user", "content": content}], "add_generation_prompt": False}
+
+
+def render_chat_template(template: str, n_images: int, text: str, source: str = "the backbone's chat template") -> str:
+    """The backbone's chat template for one user message: n_images image entries, then the text (under the
+    render budget of models/chat_template.py; ``source`` names the template in its errors)."""
+    return compile_chat_template(template, source).render(**_chat_context(n_images, text))
 
 
 # ------------------------------------------------------------------ the whole step
@@ -206,12 +210,16 @@ class GrootProcessor:
     def __init__(self, pack: Mapping, pack_state: Mapping[str, Tensor], vlm: Mapping, backbone_dir: Path,
                  image_token_id: int, camera_keys: Sequence[str], max_state_dim: int):
         self.pack = dict(pack)
-        self.tokenizer = ByteLevelBPE(backbone_dir / "tokenizer.json")
+        self.tokenizer = ByteLevelBPE(fixed_file(backbone_dir, "tokenizer.json"))
         self.template = read_chat_template(backbone_dir)
-        self.images = QwenImageProcessor.from_file(backbone_dir / "preprocessor_config.json")
+        self.template_source = f"{backbone_dir}'s chat template"
+        # rendered once here under its budget: a template that would hang or exhaust memory is refused at load
+        check_renders(compile_chat_template(self.template, self.template_source),
+                      **_chat_context(len(camera_keys) or 1, "pick up the red cup and put it in the bowl"))
+        self.images = QwenImageProcessor.from_file(fixed_file(backbone_dir, "preprocessor_config.json"))
         self._prompt_cache = LruCache(PROMPT_CACHE)   # (task, per-view pad counts) -> (prompt, token ids)
         self.geometry = FrameGeometry.from_step(vlm, "policy_preprocessor.json's VLM step config")
-        pad = read_json(backbone_dir / "tokenizer_config.json").get("pad_token") or "<|endoftext|>"
+        pad = read_json(fixed_file(backbone_dir, "tokenizer_config.json")).get("pad_token") or "<|endoftext|>"
         self.pad_id = self.tokenizer.token_id(pad if isinstance(pad, str) else pad["content"])
         self.image_token_id = image_token_id
         if self.tokenizer.token_id(IMAGE_PAD) != image_token_id:
@@ -305,7 +313,7 @@ class GrootProcessor:
         return self._prompt_cache.get_or_make((text, counts), lambda: self._render_ids(text, counts))
 
     def _render_ids(self, text: str, counts: Tuple[int, ...]) -> Tuple[str, Tuple[int, ...]]:
-        prompt = render_chat_template(self.template, len(counts), text)
+        prompt = render_chat_template(self.template, len(counts), text, self.template_source)
         pieces = prompt.split(IMAGE_PAD)
         if len(pieces) != len(counts) + 1:
             raise ValueError(f"chat template gave {len(pieces) - 1} image pads for {len(counts)} views")

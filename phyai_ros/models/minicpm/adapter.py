@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 from phyai_ros.models.cases import InputError
 from phyai_ros.models.contract import (DTYPES, NO_FILES, NO_OPTIONS, CaseInfer, ModelFiles, PolicyAdapter,
                                        PredictCase)
-from phyai_ros.models.files import CheckpointError, Fields, inside
+from phyai_ros.models.files import CheckpointError, Fields, fixed_file, inside, read_json
 from phyai_ros.runtime.groot_runner import GrootRunner
 from phyai_ros.runtime.transfer import stack_to_device, to_device
 
@@ -417,7 +417,7 @@ def _random_tensor(name: str, shape, gen) -> Tensor:
 
 
 def _config_cameras(folder: Path) -> tuple:
-    data = json.loads((Path(folder) / "config.json").read_text())
+    data = read_json(fixed_file(folder, "config.json"))
     cams = data.get("cameras")
     if cams is None:
         return ()

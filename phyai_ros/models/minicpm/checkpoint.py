@@ -24,7 +24,7 @@ from typing import Dict, Tuple
 
 import torch
 
-from phyai_ros.models.files import (CheckpointError, Fields, inside, read_json, read_safetensors,
+from phyai_ros.models.files import (CheckpointError, Fields, fixed_file, inside, read_json, read_safetensors,
                                     read_safetensors_file, require_finite, validate_keys)
 
 from .config import MiniCpmConfig, minicpm_config
@@ -52,7 +52,7 @@ class MiniCpmCheckpoint:
 def is_minicpm_folder(folder: Path) -> bool:
     """config.json of type minicpm_robot, or an untyped one beside a MiniCPM-V 4.6 backbone_config.json (a parity
     set)."""
-    config, backbone = folder / "config.json", folder / BACKBONE_CONFIG
+    config, backbone = fixed_file(folder, "config.json"), fixed_file(folder, BACKBONE_CONFIG)
     if not config.is_file():
         return False
     kind = read_json(config).get("type", "")
@@ -202,8 +202,8 @@ def load_checkpoint(folder, vlm_dtype: torch.dtype = torch.float32, head_dtype: 
     if not is_minicpm_folder(folder):
         raise CheckpointError(f"{folder}: not a MiniCPM-Robot checkpoint (config.json type {CHECKPOINT_TYPE!r}, or "
                               f"a parity set with {BACKBONE_CONFIG})")
-    config_path = folder / "config.json"
-    backbone_path = inside(folder, BACKBONE_CONFIG, "backbone config", config_path)
+    config_path = fixed_file(folder, "config.json")
+    backbone_path = fixed_file(folder, BACKBONE_CONFIG)
     config_data = read_json(config_path)
     source = weight_file(folder)
     sd = canonical(read_weights(folder), source)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from phyai_ros.models.bpe import ByteLevelBPE
-from phyai_ros.models.chat_template import compile_chat_template, read_chat_template
+from phyai_ros.models.chat_template import check_renders, compile_chat_template, read_chat_template
 from phyai_ros.models.files import CheckpointError, Fields, inside, read_json
 
 from .config import MiniCpmConfig
@@ -148,6 +148,10 @@ class PromptBuilder:
         self.use_image_id = settings.use_image_id
         self.per_frame = tokens_per_frame(config, *frame_size(settings))
         self.encode = lru_cache(maxsize=64)(self._encode)
+        # a template over its render budget is refused here, at load, naming its folder (models/chat_template.py)
+        check_renders(self.template, messages=[{"role": "user", "content": [{"type": "image"},
+                                                                            {"type": "text", "text": "warm up"}]}],
+                      add_generation_prompt=True, **self.tokens)
 
     def text(self, instruction: str, cameras: int) -> str:
         content = [{"type": "image"} for _ in range(cameras)] + [{"type": "text", "text": instruction}]
