@@ -129,23 +129,23 @@ def reference_head(hw: dict, h: dict, vl: torch.Tensor, state: torch.Tensor, noi
         p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
         return (p @ v).transpose(1, 2).reshape(b, tq, -1)
 
-    batch = state.shape[0]
-    actions = torch.zeros(batch, t_len, h["action_dim"])
+    batch, dev = state.shape[0], state.device
+    actions = torch.zeros(batch, t_len, h["action_dim"], device=dev)
     for step in (4, 3, 2, 1):
         t = step / 4
-        bucket = torch.full((batch,), min(int(t * 1000), 999), dtype=torch.int64)
+        bucket = torch.full((batch,), min(int(t * 1000), 999), dtype=torch.int64, device=dev)
         noisy = t * noise + (1 - t) * actions
         x = torch.cat([noisy, state[:, None].expand(batch, t_len, -1)], -1)
         a = bank(x, "action_encoder.W1")
         half = a.shape[-1] // 2
         c = torch.log(torch.tensor(10000.0)) / half
-        freq = torch.exp(-torch.arange(half, dtype=torch.float32) * c)
+        freq = torch.exp(-torch.arange(half, dtype=torch.float32, device=dev) * c.to(dev))
         angle = bucket.float()[:, None, None] * freq
         tau = torch.cat([angle.sin(), angle.cos()], -1).expand(-1, t_len, -1)
         hid = F.silu(bank(torch.cat([a, tau], -1), "action_encoder.W2"))
         af = bank(hid, "action_encoder.W3") + hw["position_embedding.weight"][:t_len]
         seq = torch.cat([hw["future_tokens.weight"].expand(batch, -1, -1), af], 1)
-        exponent = (-math.log(10000) * torch.arange(128, dtype=torch.float32)) / 127
+        exponent = (-math.log(10000) * torch.arange(128, dtype=torch.float32, device=dev)) / 127
         emb = bucket.float()[:, None] * torch.exp(exponent)[None]
         emb = torch.cat([emb.cos(), emb.sin()], -1)
         temb = lin(F.silu(lin(emb, "model.timestep_encoder.timestep_embedder.linear_1")),

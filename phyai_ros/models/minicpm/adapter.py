@@ -331,11 +331,13 @@ class MiniCpmAdapter(PolicyAdapter):
 
         def infer():
             # the set's prompts are the instructions as given: no template, no budget cut
-            keep, self.prompt_template = self.prompt_template, "{task}"
+            # and the reference's PIL resize on every device (the GPU's is within a level or two, not bit-exact)
+            keep = self.prompt_template, self.resize_mode
+            self.prompt_template, self.resize_mode = "{task}", "pil"
             try:
                 inputs = self.prepare(frames, state.numpy(), tasks, ids)
             finally:
-                self.prompt_template = keep
+                self.prompt_template, self.resize_mode = keep
             vl, actions = self.run_eager(inputs, noise)
             return ({"actions": actions, "actions.model": actions, "vl_embs": vl.float(),
                      "proc.input_ids": inputs.input_ids, "proc.attention_mask": inputs.attention_mask},

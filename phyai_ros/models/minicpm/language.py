@@ -35,7 +35,8 @@ def layer_prefix(i: int) -> str:
 
 
 def rope_tables(t: TextConfig, length: int, device, dtype=torch.float32) -> Tuple[Tensor, Tensor]:
-    """cos / sin [1, S, rotary_dim] for positions 0..S-1 (float32 math, as the reference)."""
+    """cos / sin [1, S, rotary_dim] for positions 0..S-1 (float32 math, then ``dtype``: the model's, as the
+    reference casts them)."""
     inv_freq = 1.0 / (t.rope_theta ** (torch.arange(0, t.rotary_dim, 2, dtype=torch.int64).float() / t.rotary_dim))
     freqs = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq[None]
     emb = torch.cat([freqs, freqs], dim=-1)[None]
@@ -136,7 +137,7 @@ def text_model(w: Weights, t: TextConfig, x: Tensor, attention_mask: Tensor, tab
     """inputs_embeds [B, S, W] -> the final RMSNorm's output [B, S, W] (what MiniCPM-V's hidden_states[-1] is).
     ``tables``: rope_tables of S; ``attention_mask`` [B, S] (1 = token)."""
     mask = causal_mask(attention_mask)
-    row_mask = None if x.shape[0] == 1 else attention_mask[..., None].to(x.dtype)
+    row_mask = attention_mask[..., None].to(x.dtype)   # padded rows zeroed before every GDN layer (x 1: exact)
     cos, sin = tables
     hidden: List[Tensor] = [x]
     y = ops.rms_norm(x, w[layer_prefix(0) + "input_layernorm.weight"], t.rms_eps)

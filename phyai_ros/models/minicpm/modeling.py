@@ -38,7 +38,7 @@ class MiniCpmModel:
     def rope(self, length: int) -> Tuple[Tensor, Tensor]:
         tables = self._rope.get(length)
         if tables is None:
-            tables = language.rope_tables(self.config.text, length, self.device)
+            tables = language.rope_tables(self.config.text, length, self.device, self.vlm_dtype)
             self._rope.put(length, tables)
         return tables
 
