@@ -32,3 +32,27 @@ def pytest_collection_modifyitems(config, items):
 # before triton is first imported (by any test module).
 if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# MiniCPM-Robot set A for its parity and GPU tests (one loading, test/fixture_sets.py's)
+@pytest.fixture(scope="module")
+def minicpm_set():
+    """MiniCPM-Robot set A's (expected, inputs, config.json), as exp / inp / meta below (a module's own fixture of
+    the same name takes precedence)."""
+    from fixture_sets import load_minicpm_set
+    return load_minicpm_set()
+
+
+@pytest.fixture(scope="module")
+def exp(minicpm_set):
+    return minicpm_set[0]
+
+
+@pytest.fixture(scope="module")
+def inp(minicpm_set):
+    return minicpm_set[1]
+
+
+@pytest.fixture(scope="module")
+def meta(minicpm_set):
+    return minicpm_set[2]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fixture_sets import load_minicpm_set, minicpm_fixture_dir
+from fixture_sets import minicpm_fixture_dir
 from phyai_ros import predict
 from phyai_ros.control.rtc import make_request
 from phyai_ros.models.minicpm.adapter import MiniCpmAdapter
@@ -21,26 +21,6 @@ TOL = 1e-4
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.skipif(not (SET / "expected.safetensors").is_file(), reason=f"no parity set at {SET}")]
-
-
-@pytest.fixture(scope="module")
-def fixture_set():
-    return load_minicpm_set(SET)
-
-
-@pytest.fixture(scope="module")
-def exp(fixture_set):
-    return fixture_set[0]
-
-
-@pytest.fixture(scope="module")
-def inp(fixture_set):
-    return fixture_set[1]
-
-
-@pytest.fixture(scope="module")
-def meta(fixture_set):
-    return fixture_set[2]
 
 
 def raw_frames(meta):

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from fixture_sets import load_minicpm_set, minicpm_fixture_dir
+from fixture_sets import minicpm_fixture_dir
 from phyai_ros import predict
 from phyai_ros.models import checkpoint_type
 from phyai_ros.models.files import CheckpointError
@@ -27,26 +27,6 @@ SET = minicpm_fixture_dir()
 TOL = 1e-4
 pytestmark = pytest.mark.skipif(not (SET / "expected.safetensors").is_file(),
                                 reason=f"MiniCPM-Robot parity set not found at {SET}")
-
-
-@pytest.fixture(scope="module")
-def fixture_set():
-    return load_minicpm_set(SET)
-
-
-@pytest.fixture(scope="module")
-def exp(fixture_set):
-    return fixture_set[0]
-
-
-@pytest.fixture(scope="module")
-def inp(fixture_set):
-    return fixture_set[1]
-
-
-@pytest.fixture(scope="module")
-def meta(fixture_set):
-    return fixture_set[2]
 
 
 @pytest.fixture(scope="module")
