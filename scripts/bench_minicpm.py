@@ -39,7 +39,7 @@ from phyai_ros.models.minicpm import head as head_mod  # noqa: E402
 from phyai_ros.models.minicpm import language, vision  # noqa: E402
 from phyai_ros.models.minicpm.adapter import MiniCpmAdapter  # noqa: E402
 from phyai_ros.models.minicpm.checkpoint import key_shapes  # noqa: E402
-from phyai_ros.models.minicpm.config import minicpm_config  # noqa: E402
+from phyai_ros.models.minicpm.config import written_config  # noqa: E402
 from phyai_ros.models.minicpm.processor import pixels_from_levels  # noqa: E402
 from phyai_ros.runtime.graphs import capture  # noqa: E402
 from phyai_ros.runtime.transfer import pinned_array  # noqa: E402
@@ -87,18 +87,7 @@ def write_checkpoint(root: Path, config: str, std: float = 0.02) -> float:
     (root / "backbone_config.json").write_text(json.dumps(backbone, indent=1))
     cfg = {"type": "minicpm_robot", "cameras": list(CAMERAS), "head": head, "sampler": {"num_steps": 4}}
     (root / "config.json").write_text(json.dumps(cfg, indent=1))
-    width = head["num_attention_heads"] * head["attention_head_dim"]
-    e, a, s = head["num_embodiments"], head["action_dim"], head["state_dim"]
-    shapes = {"model.transformer_blocks.0.attn1.to_q.weight": (width, width),
-              "model.transformer_blocks.0.attn1.to_k.weight": (width, backbone["text_config"]["hidden_size"]),
-              "action_encoder.W1.W": (e, a + s, width), "action_decoder.layer2.W": (e, head["decoder_hidden"], a),
-              "action_decoder.layer1.W": (e, head["output_dim"], head["decoder_hidden"]),
-              "model.transformer_blocks.0.ff.net.0.proj.weight": (4 * width, width),
-              "model.proj_out_2.weight": (head["output_dim"], width), "future_tokens.weight": (head["num_future_tokens"], width),
-              "position_embedding.weight": (head["max_seq_len"], width),
-              "model.timestep_encoder.timestep_embedder.linear_1.weight": (width, 256)}
-    shapes.update({f"model.transformer_blocks.{i}.attn1.to_q.weight": (width, width) for i in range(head["num_layers"])})
-    model_cfg = minicpm_config(backbone, root / "backbone_config.json", cfg, root / "config.json", shapes)
+    model_cfg = written_config(backbone, root / "backbone_config.json", head)
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     weights = {}
     for k, shape in sorted(key_shapes(model_cfg).items()):

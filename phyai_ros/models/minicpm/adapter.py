@@ -24,6 +24,7 @@ What differs from the other families, and why:
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 import json
 import shutil
 from pathlib import Path
@@ -44,7 +45,7 @@ from . import head as head_mod
 from . import language, vision
 from .checkpoint import (BACKBONE_CONFIG, CHECKPOINT_TYPE, PROCESSOR_DIR, MiniCpmCheckpoint, is_minicpm_folder,
                          key_shapes, load_checkpoint)
-from .config import HeadConfig, MiniCpmConfig, backbone_config
+from .config import written_config
 from .modeling import MiniCpmModel
 from .processor import (PRE_RESIZE, RESIZE_MODES, MiniCpmInputs, PromptBuilder, check_frames, frame_size, image_rows,
                         image_settings, level_table, resize_float, resize_pil)
@@ -91,10 +92,12 @@ class MiniCpmAdapter(PolicyAdapter):
         self.settings = settings
         self.frame_size = frame_size(settings)
         self.prompts = PromptBuilder(ckpt.processor_dir, self.config, settings)
+        # an instruction is cut to the budget once, not on each chunk (the node sends the same one for minutes)
+        self._fit = lru_cache(maxsize=64)(lambda text: self.prompts.tokenizer.cut_to(text, self.token_budget))
         self.prompt_template = _check_template(prompt_template)
         self.embodiment_id = ckpt.default_embodiment
-        names = list(camera_names) if camera_names else list(_config_cameras(ckpt.folder))
         fixed = _config_cameras(ckpt.folder)
+        names = list(camera_names) if camera_names else list(fixed)
         if fixed and sorted(names) != sorted(fixed):
             raise ValueError(f"camera slots {names} must be the checkpoint's cameras {list(fixed)}")
         self._cameras = names
@@ -154,7 +157,7 @@ class MiniCpmAdapter(PolicyAdapter):
         return self.config.head.horizon
 
     def fit_task(self, task: str, state=None):
-        return self.prompts.tokenizer.cut_to(task, self.token_budget)
+        return self._fit(task)
 
     # ---------------------------------------------------------------- stages
     def prepare_frames(self, frames: Sequence[np.ndarray]) -> Tensor:
@@ -164,6 +167,9 @@ class MiniCpmAdapter(PolicyAdapter):
         by_size: Dict[tuple, List[int]] = {}
         for i, f in enumerate(frames):
             by_size.setdefault(f.shape, []).append(i)
+        if len(by_size) == 1:   # one size: one upload, one resize, no scatter
+            return resize_float(resize_float(stack_to_device(list(frames), self.device), (PRE_RESIZE, PRE_RESIZE)),
+                                self.frame_size)
         out = torch.empty((len(frames), *self.frame_size, 3), dtype=torch.uint8, device=self.device)
         for idx in by_size.values():   # same-size views go over in one copy and are resized as one batch
             resized = resize_float(resize_float(stack_to_device([frames[i] for i in idx], self.device),
@@ -349,21 +355,20 @@ class MiniCpmAdapter(PolicyAdapter):
         """(vl_embs, actions) of a batch through the stages themselves (no runner): what predict's cases save."""
         obs = self.model.observation(inputs)
         vl = self.model.backbone(obs)
-        noise = self._noise(noise, inputs.input_ids.shape[0])
+        return vl, self._head(obs, vl, self._noise(noise, inputs.input_ids.shape[0]))
+
+    def _head(self, obs, vl, noise) -> Tensor:
+        """The context and the loop, eagerly, RTC off."""
         ctx = self.model.context(obs, vl)
-        actions = self.model.loop(ctx, self.model.step_tables(), noise, *self.model.solver_tensors(None, noise.shape[0]))
-        return vl, actions
+        return self.model.loop(ctx, self.model.step_tables(), noise, *self.model.solver_tensors(None, noise.shape[0]))
 
     def _head_only_case(self, vl_embs: Tensor, state: Tensor, ids: List[int], noise) -> CaseInfer:
         def infer():
             with torch.no_grad():
-                batch = state.shape[0]
                 obs = {"attention_mask": torch.ones(vl_embs.shape[:2], dtype=torch.int64, device=self.device),
                        "state": state.to(self.device, self.head_dtype),
                        "embodiment_id": torch.tensor(ids, dtype=torch.int64, device=self.device)}
-                trace: Dict[str, Tensor] = {}
-                actions = self._head_trace(obs, vl_embs.to(self.device, self.head_dtype), self._noise(noise, batch),
-                                           trace)
+                actions = self._head(obs, vl_embs.to(self.device, self.head_dtype), self._noise(noise, state.shape[0]))
             return {"actions": actions, "actions.model": actions}, {}
         return infer
 
@@ -390,16 +395,7 @@ class MiniCpmAdapter(PolicyAdapter):
         config = {"type": CHECKPOINT_TYPE, "cameras": list(cameras), "head": head_section,
                   "sampler": {"num_steps": 4}}
         (root / "config.json").write_text(json.dumps(config, indent=2))
-        h = head_section
-        vis, text, merge, times, image_token = backbone_config(json.loads((src / BACKBONE_CONFIG).read_text()),
-                                                               src / BACKBONE_CONFIG)
-        width = h["num_attention_heads"] * h["attention_head_dim"]
-        head_cfg = HeadConfig(width=width, num_heads=h["num_attention_heads"], depth=h["num_layers"],
-                              ffn_dim=4 * width, output_dim=h["output_dim"], cross_dim=text.width, hidden=width,
-                              decoder_hidden=h["decoder_hidden"], action_dim=action_dim, state_dim=state_dim,
-                              horizon=horizon, future_tokens=h["num_future_tokens"], max_seq_len=h["max_seq_len"],
-                              num_embodiments=embodiments, timestep_channels=256)
-        cfg = MiniCpmConfig(vis, text, head_cfg, merge, times, image_token)
+        cfg = written_config(json.loads((src / BACKBONE_CONFIG).read_text()), src / BACKBONE_CONFIG, head_section)
         gen = torch.Generator().manual_seed(seed)
         weights = {k: _random_tensor(k, s, gen) for k, s in key_shapes(cfg).items()}
         save_file(weights, str(root / "model.safetensors"))

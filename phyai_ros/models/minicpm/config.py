@@ -260,4 +260,20 @@ def minicpm_config(backbone: dict, backbone_source: Path, config: dict, config_s
     return MiniCpmConfig(vision, text, head, merge, times, image_token)
 
 
-__all__ = ["VisionConfig", "TextConfig", "HeadConfig", "MiniCpmConfig", "minicpm_config", "backbone_config"]
+def written_config(backbone: dict, backbone_source, head: dict, num_steps: int = 4) -> MiniCpmConfig:
+    """The architecture of a checkpoint this package writes (small ones for tests, the benchmark's full size):
+    backbone_config.json's dict and config.json's ``head`` section (the parity sets' field names), the head's
+    hidden width the DiT's and its FFN 4x, as in the released model."""
+    vision, text, merge, times, image_token = backbone_config(backbone, backbone_source)
+    width = head["num_attention_heads"] * head["attention_head_dim"]
+    h = HeadConfig(width=width, num_heads=head["num_attention_heads"], depth=head["num_layers"], ffn_dim=4 * width,
+                   output_dim=head["output_dim"], cross_dim=text.width, hidden=width,
+                   decoder_hidden=head["decoder_hidden"], action_dim=head["action_dim"], state_dim=head["state_dim"],
+                   horizon=head["action_horizon"], future_tokens=head["num_future_tokens"],
+                   max_seq_len=head["max_seq_len"], num_embodiments=head["num_embodiments"], timestep_channels=256,
+                   num_steps=num_steps)
+    return MiniCpmConfig(vision, text, h, merge, times, image_token)
+
+
+__all__ = ["VisionConfig", "TextConfig", "HeadConfig", "MiniCpmConfig", "minicpm_config", "backbone_config",
+           "written_config"]
