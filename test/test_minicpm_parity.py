@@ -266,3 +266,31 @@ def test_predict_refuses_a_tampered_frame(tmp_path, capsys):
                        str(dst / "config.json"), "--case", "a0_e2e", "--output", str(tmp_path / "o.safetensors")])
     assert rc == 2
     assert "sha256" in capsys.readouterr().err
+
+
+def test_predict_refuses_a_camera_file_outside_the_set_and_an_oversized_one(tmp_path, capsys):
+    """A case's file names come from outside: one leading out of the set's folder, or a PNG whose header says it is
+    larger than a frame may be, is refused on one line before anything is decoded."""
+    dst = _copy_set(tmp_path)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["cases"][0]["cams"][0]["file"] = "../outside.png"
+    cfg["cases"][0]["cams"][0].pop("sha256")
+    (dst / "config.json").write_text(json.dumps(cfg))
+    argv = ["--checkpoint", str(dst), "--inputs", str(dst / "inputs.safetensors"), "--tasks-json",
+            str(dst / "config.json"), "--case", "a0_e2e", "--output", str(tmp_path / "o.safetensors")]
+    assert predict.main(argv) == 2
+    assert "not inside" in capsys.readouterr().err
+    Image.new("RGB", (9000, 1)).save(dst / "frames" / "huge.png")
+    cfg["cases"][0]["cams"][0]["file"] = "frames/huge.png"
+    (dst / "config.json").write_text(json.dumps(cfg))
+    assert predict.main(argv) == 2
+    assert "larger than 8192 px" in capsys.readouterr().err
+
+
+def test_views_of_extreme_aspect_and_size_still_make_finite_chunks():
+    """Any frame the node's intake accepts is usable: every view is squashed to 448 x 448, whatever its shape."""
+    policy = MiniCpmAdapter.load(SET, camera_names=["a", "b"])
+    rng = np.random.default_rng(0)
+    for shapes in (((1, 300), (300, 1)), ((2160, 4096), (2, 2))):
+        images = {n: rng.integers(0, 256, (*s, 3), dtype=np.uint8) for n, s in zip("ab", shapes)}
+        assert np.isfinite(policy.predict(images, np.zeros(6, np.float32), "pick")).all()
