@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """In-process runner vs the same runner served on Ray Serve: Q(B) = B / T_sync(B) and T_amort(B) = T_sync(B) / B at
-B = 1..32 (served through the rollout client's DeploymentHandle), and the serving path's added latency at batch 1
-(p50 of HTTP and of the handle, minus the in-process p50).
+B = 1..32 (served through the rollout client's DeploymentHandle), the serving path's added latency at batch 1
+(p50 of HTTP and of the handle, minus the in-process p50), and N robots at once (--robots): each its own client
+in its own thread, one request after another (closed loop), their chunk times (p50 / p99) and the chunks per
+second of all of them against the in-process batch of N.
 
     .venv/bin/python scripts/bench_serve.py --batches 1,8     # CPU: the small fixture pi0.5 (fp32)
     python3 scripts/bench_serve.py --checkpoint DIR --tokenizer FILE --dtype bfloat16   # GPU: pi0.5 (a random
@@ -21,6 +23,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -57,6 +60,48 @@ def p50(fn, runs: int) -> float:
     return statistics.median(times)
 
 
+def robots_at_once(calls: list, per_robot: int) -> dict:
+    """Each of ``calls`` (one robot's request, as a function) in its own thread, ``per_robot`` times in a row after
+    one warm-up call, all starting together: every call's time (ms, p50 / p99) and all robots' chunks per second."""
+    times: list = []
+    failed: list = []
+    batch_sizes: list = []
+    start = threading.Barrier(len(calls) + 1)
+
+    def robot(call) -> None:
+        call()
+        start.wait()
+        for _ in range(per_robot):
+            t = time.perf_counter()
+            try:
+                batch_sizes.append(call().batch_size)
+            except Exception as exc:  # noqa: BLE001 - counted, and the robot goes on
+                failed.append(repr(exc)[:200])
+            times.append(time.perf_counter() - t)
+
+    threads = [threading.Thread(target=robot, args=(c,)) for c in calls]
+    for t in threads:
+        t.start()
+    start.wait()
+    wall = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - wall
+    ms = sorted(1e3 * t for t in times)
+    return {"robots": len(calls), "per_robot": per_robot, "p50_ms": statistics.median(ms),
+            "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))], "chunks_per_s": len(ms) / wall,
+            "failed": len(failed), "first_failure": failed[0] if failed else "",
+            "batch_size_p50": statistics.median(batch_sizes) if batch_sizes else 0}
+
+
+def one_reply(result):
+    """The rollout result's one reply; its Failure raised."""
+    (reply,) = result.results
+    if not hasattr(reply, "batch_size"):
+        raise RuntimeError(f"{reply.status}: {reply.message}")
+    return reply
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default="")
@@ -65,7 +110,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,2,4,8,16,32")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--replicas", type=int, default=1)
-    ap.add_argument("--batch-wait-ms", type=float, default=2.0)
+    ap.add_argument("--batch-wait-ms", type=float, default=0.0)
+    ap.add_argument("--robots", type=int, default=8, help="robots at once, each its own client (0: none)")
+    ap.add_argument("--per-robot", type=int, default=30, help="requests each of them sends, one after another")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--object-store-mb", type=int, default=2048, help="Ray's object store (a small /dev/shm suffices)")
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) / "bench_serve.json" if os.environ.get("OUT")
@@ -76,12 +123,14 @@ def main() -> None:
         a.checkpoint = str(make_small_checkpoint(Path(tempfile.mkdtemp()) / "pi05"))
         a.tokenizer = str(require_tokenizer())
     batches = [int(b) for b in a.batches.split(",")]
-    cfg = ServeConfig(a.checkpoint, a.tokenizer, dtype=a.dtype, max_batch_size=max(batches),
+    cfg = ServeConfig(a.checkpoint, a.tokenizer, dtype=a.dtype, max_batch_size=max(batches + [a.robots]),
                       batch_wait_s=a.batch_wait_ms / 1e3)
     engine = BatchEngine(cfg)
     print(f"model {engine.model_type} on {cfg.resolved_device} ({a.dtype}); {a.runs} runs per point, p50")
     inputs = {b: requests(engine, b) for b in batches}   # made once: only the policy path is timed
-    local = {b: p50(lambda b=b: engine.run(inputs[b]), a.runs) for b in batches}
+    if a.robots:
+        inputs.setdefault(a.robots, requests(engine, a.robots))
+    local = {b: p50(lambda b=b: engine.run(inputs[b]), a.runs) for b in inputs}
 
     # The replicas import what this process imports: the repository, and the wheels' folder on the GPU machine.
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -100,8 +149,15 @@ def main() -> None:
                           "batch_sizes": sorted({r.batch_size for r in replies}),
                           "failed": sum(len(res.failures) for res in seen)}
         one = requests(engine, 1)[0]
-        http_1 = p50(lambda: http.infer(one), a.runs * 2)
-        handle_1 = served.get(1) or p50(lambda: rollout.submit([one]), a.runs * 2)
+        http_1 = p50(lambda: http.infer(one), a.runs * 4)
+        handle_1 = p50(lambda: rollout.submit([one]), a.runs * 4)
+        fleet = {}
+        if a.robots:
+            fleet_http = [HttpPolicyClient(url, timeout=120) for _ in range(a.robots)]
+            fleet["http"] = robots_at_once([lambda c=c, r=r: c.infer(r)
+                                            for c, r in zip(fleet_http, inputs[a.robots])], a.per_robot)
+            fleet["handle"] = robots_at_once([lambda r=r: one_reply(rollout.submit([r])) for r in inputs[a.robots]],
+                                             a.per_robot)
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -114,13 +170,18 @@ def main() -> None:
     base = local.get(1) or p50(lambda: engine.run([one]), a.runs)   # noqa: B023
     print(f"batch 1 latency p50: in-process {base * 1e3:.2f} ms, handle {handle_1 * 1e3:.2f} ms "
           f"(+{(handle_1 - base) * 1e3:.2f} ms), HTTP {http_1 * 1e3:.2f} ms (+{(http_1 - base) * 1e3:.2f} ms); "
-          f"serve.batch wait {a.batch_wait_ms:g} ms included")
+          f"batch wait {a.batch_wait_ms:g} ms")
+    for path, f in fleet.items():
+        print(f"{f['robots']} robots at once over {path}: chunk p50 {f['p50_ms']:.2f} ms, p99 {f['p99_ms']:.2f} ms, "
+              f"{f['chunks_per_s']:.1f} chunks/s in all, batches of {f['batch_size_p50']:g} (in-process batch of {a.robots}: "
+              f"{a.robots / local[a.robots]:.1f} chunks/s, {local[a.robots] * 1e3:.2f} ms); {f['failed']} failed")
     if a.out is not None:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps({
             "model": engine.model_type, "device": cfg.resolved_device, "dtype": a.dtype, "runs": a.runs,
             "batch_wait_ms": a.batch_wait_ms, "batch1_ms": {"in_process": base * 1e3, "handle": handle_1 * 1e3,
                                                             "http": http_1 * 1e3},
+            "robots_at_once": {**fleet, "in_process_batch_ms": local[a.robots] * 1e3 if a.robots else None},
             "per_batch": {b: {"t_sync_in_process_ms": local[b] * 1e3, "t_sync_served_ms": served[b] * 1e3,
                               "q_in_process": b / local[b], "q_served": b / served[b],
                               "t_amort_served_ms": served[b] / b * 1e3, "replica": replica[b]} for b in batches}},

@@ -34,7 +34,7 @@ from phyai_ros.serve.rollout import RolloutClient  # noqa: E402
 from phyai_ros.serve import wire  # noqa: E402
 from phyai_ros.serve.wire import BadRequest, Failure, Reply, Request, decode_request, encode_request  # noqa: E402
 from ros_helpers import REPO  # noqa: E402
-from serve_drills import PREPARE_FAILS  # noqa: E402
+from serve_drills import PREPARE_FAILS, SLOW_TASK  # noqa: E402
 
 H = 20
 BATCH_WAIT_S = 0.25   # long enough on 2 busy cores that concurrent requests share one batch
@@ -159,6 +159,29 @@ def test_http_two_robots_in_one_batch_get_their_own_chunks(endpoint, engine):
         assert rep.robot_id == r.robot_id and rep.model_id == "pi05" and rep.batch_size == 2
         assert np.abs(rep.actions - _alone(engine, r)).max() <= 1e-5
         assert rep.inference_s > 0 and 0 < rep.queue_s < 5
+
+
+def test_robots_arriving_while_the_replica_computes_share_the_next_batch(endpoint):
+    """Three robots arriving 0.35 s apart (more than the batch wait) while a slow batch (2 s) holds the replica run
+    as one batch when it is free; Serve's own batch queue made them three batches of one, queued behind each other."""
+    rng = np.random.default_rng(9)
+    slow = _request(rng, "robot_slow", SLOW_TASK, 1)
+    late = [_request(rng, f"robot_late_{i}", "pick up the cup", 20 + i) for i in range(3)]
+    out = [None] * 4
+
+    def send(i, r):
+        out[i] = _client(endpoint).infer(r)
+    threads = [threading.Thread(target=send, args=(0, slow))]
+    threads[0].start()
+    time.sleep(0.8)
+    for i, r in enumerate(late, start=1):
+        threads.append(threading.Thread(target=send, args=(i, r)))
+        threads[-1].start()
+        time.sleep(BATCH_WAIT_S + 0.1)
+    for t in threads:
+        t.join(timeout=60)
+    assert all(isinstance(o, Reply) for o in out), out
+    assert out[0].batch_size == 1 and [o.batch_size for o in out[1:]] == [3, 3, 3]
 
 
 def test_remote_policy_timings_split_the_call(endpoint):

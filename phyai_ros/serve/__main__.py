@@ -34,7 +34,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--token-bucket", type=int, default=0)
     ap.add_argument("--options", default="", help="the family's run settings, 'key=value;...'")
     ap.add_argument("--max-batch-size", type=int, default=32)
-    ap.add_argument("--batch-wait-ms", type=float, default=5.0, help="serve.batch's bounded wait")
+    ap.add_argument("--batch-wait-ms", type=float, default=0.0,
+                    help="how long a batch's first request waits for more (0: a request that finds the replica "
+                         "idle runs at once; batches form from what arrives while it computes)")
     ap.add_argument("--replicas", type=int, default=0, help="0: one per GPU (1 without CUDA)")
     ap.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per CPU replica")
     ap.add_argument("--max-body-mb", type=float, default=MAX_BODY_BYTES / 2**20,

@@ -14,9 +14,11 @@ With a token (``run_local(token=...)``; required to bind beyond loopback) both r
 request carries ``Authorization: Bearer TOKEN``; the replicas hold only its SHA-256.
 
 In-process callers (RL rollouts from a Ray actor, no HTTP) call ``infer`` through the DeploymentHandle with a
-``wire.Request``. Both paths go through one ``serve.batch`` queue (bounded wait ``batch_wait_s``, at most
-``max_batch_size`` requests) into ``BatchEngine``, which runs in a worker thread so the replica keeps
-answering health checks while it computes.
+``wire.Request``. Both paths go through one batch queue (``batcher.BusyBatcher``, at most ``max_batch_size``
+requests) into ``BatchEngine``, which runs in a worker thread so the replica keeps answering health checks while
+it computes. Batches form while the engine is busy: a request that finds it idle runs at once, and those that
+arrive during a batch run together as the next one (``batch_wait_s`` > 0 holds each batch's first request that
+long for company).
 
 Slow clients: a request holds one of the replica's ``max_ongoing_requests`` slots from its headers on, while its
 body streams in; 80 connections dripping a byte a second once held them all and locked every robot out. So the
@@ -41,6 +43,7 @@ from ray import serve
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
+from .batcher import BusyBatcher
 from .client import TOKEN_ENV
 from .engine import ServeConfig, engine_for
 from .wire import MAX_ROBOT_ID, BadRequest, Failure, Request, decode_request, encode_reply
@@ -112,16 +115,18 @@ class PolicyDeployment:
         self.engine = engine_for(self.cfg)
         self.counters: Counter = Counter()
         self._in_flight: defaultdict = defaultdict(int)   # client address -> HTTP requests in flight
-        self._batched.set_max_batch_size(self.cfg.max_batch_size)
-        self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_s)
+        self.batcher = BusyBatcher(self._run_batch, self.cfg.max_batch_size, self.cfg.batch_wait_s)
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
-    async def _batched(self, requests: list) -> list:
+    def _run_batch(self, requests: list) -> list:
+        """One batch in the batcher's worker thread."""
         self.counters["batches"] += 1
-        out = await asyncio.to_thread(self.engine.run, requests)
+        out = self.engine.run(requests)
         for r in out:
             self.counters["replies" if not isinstance(r, Failure) else f"failed_{r.status}"] += 1
         return out
+
+    async def _batched(self, request: Request):
+        return await self.batcher.submit(request)
 
     async def infer(self, request: Request):
         """One request (in-process path): a ``Reply``, or a ``Failure`` naming the robot."""
@@ -130,9 +135,8 @@ class PolicyDeployment:
         return await self._batched(request)
 
     async def infer_many(self, requests: list) -> list:
-        """B requests in one call (the rollout path): they join the ``serve.batch`` queue in one event-loop turn,
-        so up to the batch size they run as one batch; sent as B calls, the submissions spread over more than
-        the batch wait and the batch splits. A reply or a Failure per request, in order; one that is not a
+        """B requests in one call (the rollout path): they join the batch queue in one event-loop turn, so
+        up to the batch size they run as one batch (sent as B calls, they arrive spread out and may split). A reply or a Failure per request, in order; one that is not a
         Request fails alone."""
         def one(r):
             if isinstance(r, Request):
@@ -201,6 +205,13 @@ def build_app(config: ServeConfig, num_replicas: int = 0, num_cpus: float = 1.0,
         dataclasses.asdict(config), token_digest(token))
 
 
+# Ray passes a call's arguments inline in the call up to this size, larger ones through its object store (a put by
+# the caller, a fetch by the replica): with Ray's default of 100 KiB, three 224x224 frames (450 KB) took the object
+# store's way and cost ~2.4 ms more per call on a 2-core machine. Requests stay far below this (the frames a model
+# takes); an operator's RAY_max_direct_call_object_size is kept, and a cluster joined by address keeps its own.
+DIRECT_CALL_BYTES = 8 * 2**20
+DIRECT_CALL_ENV = "RAY_max_direct_call_object_size"
+
 # Serve's controller kills an HTTP proxy that has not answered its ready check within Ray's 5 s (longer after each
 # restart) and ``serve.start`` then fails at once. On a busy CPU machine (a model warming up beside it) a proxy took
 # longer than that to import and bind. The environment variable is Ray's own; an operator's value is kept.
@@ -210,9 +221,11 @@ PROXY_READY_S = 30.0
 
 def init_local_ray(**ray_init) -> None:
     """``ray.init`` of a local instance (no dashboard unless asked) whose Serve proxies get ``PROXY_READY_S`` to
-    start: the instance's processes take this process's environment when it starts."""
+    start (the instance's processes take this process's environment when it starts) and whose calls carry
+    requests inline (``DIRECT_CALL_BYTES``)."""
     import ray
     os.environ.setdefault(PROXY_READY_ENV, str(PROXY_READY_S))
+    os.environ.setdefault(DIRECT_CALL_ENV, str(DIRECT_CALL_BYTES))
     ray_init.setdefault("include_dashboard", False)
     ray.init(**ray_init)
 

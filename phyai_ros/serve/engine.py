@@ -47,7 +47,7 @@ class ServeConfig:
     cuda_graphs: bool = True
     token_bucket: int = 0
     max_batch_size: int = 32
-    batch_wait_s: float = 0.005    # serve.batch's bounded wait for more requests
+    batch_wait_s: float = 0.0      # how long a batch's first request waits for more (0: batches form while busy)
     options: str = ""              # the family's run settings, as model.options ("key=value;...")
     engine: str = ""               # "module:Class" of a BatchEngine subclass to run; empty: BatchEngine
     max_body_bytes: int = MAX_BODY_BYTES           # HTTP request bodies beyond this: 413, not read

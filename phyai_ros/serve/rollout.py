@@ -1,7 +1,7 @@
 """The rollout API for RL: batches of observations in, chunks out, in-process through a DeploymentHandle.
 
 An RL actor (any Ray actor or driver in the cluster) holds a ``RolloutClient`` on the deployment's handle and
-submits B observations at once; they join the replicas' ``serve.batch`` queues like HTTP requests (same
+submits B observations at once; they join the replicas' batch queues like HTTP requests (same
 ``wire.Request``, same batch path) without HTTP or serialization beyond Ray's. Each call reports, for its
 batch, ``Q(B) = B / T_sync(B)`` (chunks per second) and ``T_amort(B) = T_sync(B) / B``, where ``T_sync(B)``
 is the wall time from submitting the B requests to holding all B chunks (design.md's definitions).
