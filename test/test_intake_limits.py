@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from phyai_ros.control import BadStateError, ControlConfig, JointStateMapper
-from phyai_ros.control.observation import MAX_ABS_STATE, validate_image
+from phyai_ros.control.observation import MAX_ABS_STATE, FrameLimits
 from phyai_ros.control.testing import encode_call_index, make_sim
 from phyai_ros.models.common.image import preprocess_uint8_images, resized_hw
 
@@ -48,14 +48,14 @@ def sim_feeding(side_image, **kw):
 @pytest.mark.parametrize("size", [SIZE, 28])
 @pytest.mark.parametrize("long", [1, 2, 3, 223, 224, 225, 448, 449, 2000])
 def test_aspect_limit_is_what_the_resize_needs(size, long):
-    """validate_image accepts a frame exactly when resize-with-pad to size x size keeps >= 1 px per side,
+    """The frame rule accepts a frame exactly when resize-with-pad to size x size keeps >= 1 px per side,
     and every frame it accepts goes through the real preprocessing."""
     for short in (1, 2):
         for hw in ((short, long), (long, short)):
             frame = np.zeros((*hw, 3), np.uint8)
             resizable = min(resized_hw(*hw, size, size)) >= 1
             try:
-                validate_image(frame, input_size=size)
+                FrameLimits(input_size=size).check(frame)
                 accepted = True
             except ValueError:
                 accepted = False

@@ -46,6 +46,49 @@ def test_parameter_defaults_are_the_control_loops_defaults():
     assert not differ, f"parameter defaults (left) differ from ControlConfig's (right): {differ}"
 
 
+def _field_type(name: str):
+    """The annotation of a dotted parameter's field, as a reader or a type checker sees it."""
+    import typing
+    section, _, field = name.rpartition(".")
+    holder = typing.get_type_hints(Parameters)[section] if section else Parameters
+    return typing.get_type_hints(holder)[field]
+
+
+def test_every_parameter_field_is_typed_as_its_spec():
+    """Each parameter's field carries its value's type (not Any): the type of its Spec's default, a tuple of the
+    element type for a list; the values Parameters.of makes are of that type, and a range is only on numbers."""
+    from typing import Tuple
+    scalar = {bool: bool, int: int, float: float, str: str}
+    p = Parameters.of({"control.dt": 1, "control.horizon": 50})   # an int where a float belongs is taken as one
+    values = p.values()
+    for name, spec in SPECS.items():
+        kind = type(spec.default)
+        expected = Tuple[type(spec.default[0]), ...] if kind is list else scalar[kind]
+        assert _field_type(name) == expected, name
+        value = values[name]
+        assert type(value) is (list if kind is list else kind), (name, value)
+        if spec.range is not None:
+            assert kind in (int, float), name
+    assert type(p.control.dt) is float and p.control.dt == 1.0
+
+
+def test_a_field_typed_unlike_its_default_cannot_be_declared():
+    """The table is read off the fields at import: one whose annotation disagrees with its default is refused."""
+    import dataclasses
+
+    from phyai_ros.parameters import _table, param
+
+    @dataclasses.dataclass(frozen=True)
+    class Section:
+        dt: float = param(1, "an int default on a float field")
+
+    @dataclasses.dataclass(frozen=True)
+    class Root:
+        section: Section
+    with pytest.raises(TypeError, match="parameter section.dt: its field is typed <class 'float'>"):
+        _table(Root)
+
+
 def test_every_parameter_is_declared_typed_ranged_documented_and_read_only(ros_context):
     from rcl_interfaces.msg import ParameterType
     node = make_node(ros_context)

@@ -24,8 +24,8 @@ import numpy as np
 from .chunk import ActionChunk
 from .clock import Clock, ClockRate, MonotonicClock, s_to_ns
 from .margin import ERROR, WARN, LatencyRecord, MarginMonitor, MarginReport, required_samples
-from .observation import (MAX_IMAGE_PIXELS, MAX_INSTRUCTION_CHARS, JointStateMapper, ObservationBuffer,
-                          ObservationError, ObservationSnapshot, StaleObservation)
+from .observation import (MAX_IMAGE_PIXELS, MAX_INSTRUCTION_CHARS, FrameLimits, JointStateMapper,
+                          ObservationBuffer, ObservationError, ObservationSnapshot, StaleObservation)
 from .rtc import (RTC_MODES, SCHEDULES, DelayEstimator, RtcRequest, check_action_magnitudes, make_request,
                   should_trigger)
 from .timer import DEADLINE_POLICIES, ActionTimer, DeliveryStats, Emission
@@ -183,11 +183,11 @@ class ControlLoop:
         self._counters: Dict[str, int] = {k: 0 for k in COUNTERS}
         self.buffer = ObservationBuffer(
             cfg.cameras, cfg.optional_cameras, state_dim=cfg.state_dim, max_age_ns=s_to_ns(cfg.max_observation_age),
-            image_hw=tuple(cfg.image_hw) if cfg.image_hw is not None else None,
+            frame=FrameLimits(max_pixels=cfg.max_image_pixels, input_size=cfg.image_input_size,
+                              expected_hw=tuple(cfg.image_hw) if cfg.image_hw is not None else None),
             future_tolerance_ns=s_to_ns(cfg.future_stamp_tolerance), default_instruction=cfg.default_instruction,
             max_state_age_ns=None if cfg.max_state_age is None else s_to_ns(cfg.max_state_age),
-            require_instruction=cfg.require_instruction, image_input_size=cfg.image_input_size,
-            max_image_pixels=cfg.max_image_pixels, max_instruction_chars=cfg.max_instruction_chars)
+            require_instruction=cfg.require_instruction, max_instruction_chars=cfg.max_instruction_chars)
         self.joint_mapper = JointStateMapper(cfg.state_joint_names) if cfg.state_joint_names else None
         self.timer = ActionTimer(self.dt_ns, cfg.deadline_policy, cfg.extrapolate_max_ticks, cfg.history_size)
         self.delay = DelayEstimator(cfg.delay_quantile, cfg.delay_window, cfg.initial_delay_ticks,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping, Optional, Sequence, Union
+from typing import Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -52,14 +52,6 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return v
 
 
-def max_aspect(input_size: int) -> int:
-    """Longest-to-shortest side ratio a frame may have for a policy whose images are resized with pad to
-    ``input_size`` squared (models/common/image.py): the long side is scaled to ``input_size`` and the
-    short one to ``int(short * input_size / long)``, which is 0 px (the resize fails, every inference
-    with it too) unless ``short * input_size >= long``."""
-    return int(input_size)
-
-
 # The intake limits: one home for the node's intake (its image converter and this buffer) and the served policy's
 # (serve.wire and serve.engine), so a robot's input means the same on every path.
 #
@@ -72,36 +64,62 @@ MAX_IMAGE_PIXELS = 4096 * 2160
 MAX_INSTRUCTION_CHARS = 16384
 
 
-def check_image_dims(width: int, height: int, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
-    """A frame's declared size (from a header, before decoding): non-empty and at most ``max_pixels``."""
-    if width <= 0 or height <= 0:
-        raise BadImageError(f"empty image {width}x{height} (WxH)")
-    if width * height > max_pixels:
-        raise BadImageError(f"image {width}x{height} (WxH) has {width * height:,} pixels, more than the limit of "
-                            f"{max_pixels:,}")
+@dataclass(frozen=True)
+class FrameLimits:
+    """What makes a camera frame usable, in one place: RGB ``uint8 [H, W, 3]``, not empty, at most ``max_pixels``
+    (width x height), of ``expected_hw`` (H, W) when given, and, for a policy whose frames are resized with pad to
+    a square ``input_size``, no more elongated than that resize keeps at least 1 px of (``max_aspect``).
 
+    Every path holds a frame to these: the node's image converter and the serve wire check the layout a message
+    or a tensor header declares before anything of its size is allocated (``check_layout``), the observation
+    buffer and the serve engine the decoded array (``check``), each with the limits it knows."""
 
-def validate_image(image, expected_hw: Optional[tuple] = None, input_size: Optional[int] = None,
-                   max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
-    """Decoded RGB frame: ndarray uint8 [H, W, 3], non-empty, at most ``max_pixels``, optional expected (H, W);
-    with the policy's square ``input_size``, an aspect ratio its resize-with-pad can handle (see ``max_aspect``)."""
-    if not isinstance(image, np.ndarray):
-        raise BadImageError(f"image must be a numpy array, got {type(image).__name__}")
-    if image.dtype != np.uint8:
-        raise BadImageError(f"image dtype must be uint8, got {image.dtype}")
-    if image.ndim != 3 or image.shape[2] != 3 or image.shape[0] == 0 or image.shape[1] == 0:
-        raise BadImageError(f"image shape must be [H, W, 3], got {list(image.shape)}")
-    check_image_dims(image.shape[1], image.shape[0], max_pixels)
-    if expected_hw is not None and tuple(image.shape[:2]) != tuple(expected_hw):
-        raise BadImageError(f"image size {list(image.shape[:2])} != expected {list(expected_hw)}")
-    if input_size is not None:
-        h, w = image.shape[:2]
-        if min(h, w) * max_aspect(input_size) < max(h, w):
-            raise BadImageError(
-                f"image {w}x{h} (WxH) is too elongated: aspect {max(h, w) / min(h, w):.0f}:1 exceeds "
-                f"{max_aspect(input_size)}:1, the most the policy's resize-with-pad to {input_size}x{input_size} "
-                f"keeps at least 1 px of")
-    return image
+    max_pixels: int = MAX_IMAGE_PIXELS
+    input_size: Optional[int] = None              # the policy's square image input; None: any aspect ratio
+    expected_hw: Optional[Tuple[int, int]] = None  # (H, W) every frame must have; None: any size
+    max_pixels_name: str = ""                     # the setting max_pixels comes from, named when a frame exceeds it
+
+    @property
+    def max_aspect(self) -> Optional[int]:
+        """Longest-to-shortest side ratio a frame may have: resize-with-pad to ``input_size`` squared (the pi
+        family's preprocessing) scales the long side to ``input_size`` and the short one to
+        ``int(short * input_size / long)``, which is 0 px (the resize fails, every inference with it too) unless
+        ``short * input_size >= long``. None without an ``input_size``."""
+        return None if self.input_size is None else int(self.input_size)
+
+    def check_layout(self, shape: Sequence[int], dtype: str = "uint8", camera: str = "") -> None:
+        """A frame's shape and dtype (numpy's name) alone, as a header declares them or an array has them;
+        BadImageError naming ``camera`` (when given) and what is wrong."""
+        fault = self._fault(tuple(shape), dtype)
+        if fault:
+            raise BadImageError(f"camera '{camera}': {fault}" if camera else fault)
+
+    def check(self, image, camera: str = "") -> np.ndarray:
+        """A decoded frame (``check_layout`` on its array); returns it unchanged."""
+        if not isinstance(image, np.ndarray):
+            fault = f"image must be a numpy array, got {type(image).__name__}"
+            raise BadImageError(f"camera '{camera}': {fault}" if camera else fault)
+        self.check_layout(image.shape, image.dtype.name, camera)
+        return image
+
+    def _fault(self, shape: tuple, dtype: str) -> str:
+        if dtype != "uint8":
+            return f"image dtype must be uint8, got {dtype}"
+        if len(shape) != 3 or shape[2] != 3:
+            return f"image shape must be [H, W, 3], got {list(shape)}"
+        h, w = int(shape[0]), int(shape[1])
+        if h <= 0 or w <= 0:
+            return f"empty image {w}x{h} (WxH)"
+        if w * h > self.max_pixels:
+            named = f" ({self.max_pixels_name})" if self.max_pixels_name else ""
+            return f"image {w}x{h} (WxH) has {w * h:,} pixels, more than the limit of {self.max_pixels:,}{named}"
+        if self.expected_hw is not None and (h, w) != tuple(self.expected_hw):
+            return f"image size {[h, w]} != expected {list(self.expected_hw)}"
+        if self.max_aspect is not None and min(h, w) * self.max_aspect < max(h, w):
+            return (f"image {w}x{h} (WxH) is too elongated: aspect {max(h, w) / min(h, w):.0f}:1 exceeds "
+                    f"{self.max_aspect}:1, the most the policy's resize-with-pad to {self.input_size}x"
+                    f"{self.input_size} keeps at least 1 px of")
+        return ""
 
 
 def validate_instruction(text, max_chars: int = MAX_INSTRUCTION_CHARS) -> str:
@@ -233,10 +251,9 @@ class ObservationBuffer:
     """Newest message per source.  Thread-safe (callbacks may run on several threads)."""
 
     def __init__(self, cameras: Sequence[str], optional_cameras: Sequence[str] = (), *,
-                 state_dim: Optional[int], max_age_ns: int, image_hw: Optional[tuple] = None,
+                 state_dim: Optional[int], max_age_ns: int, frame: FrameLimits = FrameLimits(),
                  future_tolerance_ns: int = 500_000_000, default_instruction: str = "",
                  max_state_age_ns: Optional[int] = None, require_instruction: bool = False,
-                 image_input_size: Optional[int] = None, max_image_pixels: int = MAX_IMAGE_PIXELS,
                  max_instruction_chars: int = MAX_INSTRUCTION_CHARS):
         names = list(cameras) + list(optional_cameras)
         if len(set(names)) != len(names):
@@ -246,9 +263,7 @@ class ObservationBuffer:
         self.state_dim = state_dim  # None: the policy takes no state
         self.max_age_ns = int(max_age_ns)
         self.max_state_age_ns = int(max_age_ns if max_state_age_ns is None else max_state_age_ns)
-        self.image_hw = tuple(image_hw) if image_hw is not None else None
-        self.image_input_size = image_input_size  # the policy's square image size (aspect check); None: any
-        self.max_image_pixels = int(max_image_pixels)
+        self.frame = frame   # what a camera frame must be (size, aspect for the policy's input)
         self.max_instruction_chars = int(max_instruction_chars)
         self.future_tolerance_ns = int(future_tolerance_ns)
         self.default_instruction = default_instruction
@@ -269,10 +284,7 @@ class ObservationBuffer:
     def put_image(self, slot: str, image, stamp_ns: int, now_ns: int) -> None:
         if slot not in self.required and slot not in self.optional:
             raise UnknownCameraError(f"unknown camera slot {slot!r}")
-        try:
-            img = validate_image(image, self.image_hw, self.image_input_size, self.max_image_pixels)
-        except BadImageError as e:
-            raise BadImageError(f"camera {slot!r}: {e}") from None
+        img = self.frame.check(image, camera=slot)
         with self._lock:
             self._check_stamp(self._images.get(slot), int(stamp_ns), now_ns, slot)
             self._images[slot] = _Item(_readonly(img), int(stamp_ns), int(now_ns))
@@ -348,8 +360,8 @@ class ObservationBuffer:
 
 __all__ = [
     "ObservationError", "BadImageError", "BadStateError", "MissingJointError", "UnknownCameraError",
-    "OutOfOrderStampError", "FutureStampError", "validate_image", "validate_state", "JointStateMapper",
-    "MAX_ABS_STATE", "MAX_IMAGE_PIXELS", "MAX_INSTRUCTION_CHARS", "check_image_dims", "max_aspect",
+    "OutOfOrderStampError", "FutureStampError", "FrameLimits", "validate_state", "JointStateMapper",
+    "MAX_ABS_STATE", "MAX_IMAGE_PIXELS", "MAX_INSTRUCTION_CHARS",
     "validate_instruction", "check_stamp",
     "ObservationSnapshot", "StaleObservation", "ObservationBuffer",
 ]

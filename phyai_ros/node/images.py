@@ -4,10 +4,11 @@ cv_bridge does the decoding (the distro's on the robot, the PyPI port here); thi
 module checks what cv_bridge would otherwise turn into a crash or a garbled image:
 unknown encodings, a data buffer that does not match width/height/step, and
 undecodable compressed payloads; rows padded beyond width (step > width * channels) are
-packed before conversion. A frame's size (width x height) is checked against the intake
-limit before anything of that size is made: from a raw message's fields, and from a PNG's or
-JPEG's header (a 105 KB PNG can decode to 6000x6000, 108 MB); other compressed formats are
-refused, as their size cannot be read before decoding.
+packed before conversion. The frame a message decodes to is held to the intake's one frame
+rule (control.observation.FrameLimits) before anything of its size is made: from a raw message's
+fields, and from a PNG's or JPEG's header (a 105 KB PNG can decode to 6000x6000, 108 MB); other
+compressed formats are refused, as their size cannot be read before decoding. The decoded array is
+held to the same rule again.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from phyai_ros import needs_ros
-from phyai_ros.control.observation import MAX_IMAGE_PIXELS, BadImageError, check_image_dims
+from phyai_ros.control.observation import MAX_IMAGE_PIXELS, BadImageError, FrameLimits
 
 # Encodings whose conversion to rgb8 is well defined for a policy camera.
 _CHANNELS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1}
@@ -91,13 +92,21 @@ class ImageConverter:
         with needs_ros(__name__):  # cv_bridge comes with ROS; the error types above need none
             from cv_bridge import CvBridge
         self._bridge = CvBridge()
-        self.max_pixels = int(max_pixels)
+        self.limits = FrameLimits(max_pixels=int(max_pixels), max_pixels_name="cameras.max_pixels")
 
     def _check_size(self, width: int, height: int, what: str) -> None:
+        """The rgb8 frame [height, width, 3] a message declares, held to the frame rule before it is decoded."""
         try:
-            check_image_dims(width, height, self.max_pixels)
+            self.limits.check_layout((height, width, 3))
         except BadImageError as exc:
-            raise ImageDecodeError(f"{what}: {exc} (cameras.max_pixels), not decoded") from None
+            raise ImageDecodeError(f"{what}: {exc}, not decoded") from None
+
+    def _checked(self, rgb, what: str) -> np.ndarray:
+        """What cv_bridge decoded, held to the frame rule (a header that understated the size is caught here)."""
+        try:
+            return np.ascontiguousarray(self.limits.check(rgb))
+        except BadImageError as exc:
+            raise ImageDecodeError(f"{what} did not decode to a usable RGB frame: {exc}") from None
 
     def from_image(self, msg) -> np.ndarray:
         encoding = msg.encoding
@@ -109,8 +118,6 @@ class ImageConverter:
                 if encoding.lower() in _CHANNELS else ""
             raise ImageDecodeError(
                 f"unsupported image encoding '{encoding}' ({hint}supported: {', '.join(sorted(_CHANNELS))})")
-        if msg.width == 0 or msg.height == 0:
-            raise ImageDecodeError(f"empty image {msg.width}x{msg.height}")
         self._check_size(msg.width, msg.height, encoding)
         if msg.step < msg.width * channels:
             raise ImageDecodeError(f"step {msg.step} too small for {msg.width} px of {encoding}")
@@ -123,7 +130,7 @@ class ImageConverter:
             rgb = self._bridge.imgmsg_to_cv2(msg, desired_encoding="rgb8")
         except Exception as exc:  # cv_bridge raises several unrelated types
             raise ImageDecodeError(f"cv_bridge could not convert {encoding}: {exc}") from exc
-        return np.ascontiguousarray(rgb)
+        return self._checked(rgb, encoding)
 
     def from_compressed(self, msg) -> np.ndarray:
         if len(msg.data) == 0:
@@ -139,6 +146,4 @@ class ImageConverter:
             rgb = self._bridge.compressed_imgmsg_to_cv2(msg, desired_encoding="rgb8")
         except Exception as exc:
             raise ImageDecodeError(_compressed_failure(msg, exc)) from exc
-        if rgb is None or rgb.ndim != 3 or rgb.shape[2] != 3:
-            raise ImageDecodeError(f"compressed image (format '{msg.format}') did not decode to RGB")
-        return np.ascontiguousarray(rgb)
+        return self._checked(rgb, f"compressed image (format '{msg.format}')")

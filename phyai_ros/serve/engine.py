@@ -1,6 +1,6 @@
 """The served policy's batch path: many robots' requests -> one runner call per compatible group.
 
-Every request first passes the node's intake checks (control.observation: image size / dtype / shape / aspect,
+Every request first passes the node's intake checks (control.observation: the frame rule ``FrameLimits``,
 state length and finiteness, task length), so a served robot's input is held to what an onboard node accepts.
 How a family is served is its adapter's to say (``serving``, phyai_ros/models/contract.py): "batched" families
 prepare each request alone (its own cameras, prompt, state; whatever a bad one raises, it fails alone: a 4xx
@@ -19,8 +19,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from phyai_ros.control.observation import (MAX_IMAGE_PIXELS, MAX_INSTRUCTION_CHARS, BadImageError, validate_image,
-                                           validate_instruction, validate_state)
+from phyai_ros.control.observation import (MAX_IMAGE_PIXELS, MAX_INSTRUCTION_CHARS, FrameLimits, validate_instruction,
+                                           validate_state)
 from phyai_ros.control.rtc import check_action_magnitudes
 from phyai_ros.layers.profiles import selector_for
 from phyai_ros.models import family, family_for_checkpoint, import_target
@@ -92,6 +92,9 @@ class BatchEngine:
             self.adapter = load_adapter(cfg)
         self.model_type = self.adapter.family
         self.model_id = cfg.model_id or self.model_type
+        # The frame rule of the node's intake, with the model's square input (aspect) and this server's size limit.
+        self.frame_limits = FrameLimits(max_pixels=cfg.max_image_pixels, input_size=self.adapter.image_size,
+                                        max_pixels_name="the server's max_image_pixels")
 
     def info(self) -> dict:
         """What a client needs to check its robot against the model (the node's checks, remote)."""
@@ -129,10 +132,7 @@ class BatchEngine:
         """The node's intake checks on one request (ObservationError, a ValueError, naming what is wrong);
         returns its state as the checked float32 copy."""
         for slot, image in r.images.items():
-            try:
-                validate_image(image, input_size=self.adapter.image_size, max_pixels=self.cfg.max_image_pixels)
-            except BadImageError as exc:
-                raise BadImageError(f"camera '{slot}': {exc}") from None
+            self.frame_limits.check(image, camera=slot)
         validate_instruction(r.task, self.cfg.max_task_chars)
         if r.rtc is not None:   # the in-process path too (the wire checks it on decoding)
             check_action_magnitudes(r.rtc.prefix, "rtc.prefix")

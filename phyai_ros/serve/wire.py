@@ -5,7 +5,8 @@ fields (robot id, task, seed, RTC scalars, timings), the safetensors part the ar
 prefix Y, the chunk). Both the HTTP route and the in-process handle carry the same ``Request``/``Reply``, so a
 robot's request means the same on every path. Decoding checks every field and raises ``BadRequest`` naming it;
 the tensors' names, dtypes and shapes are checked from the safetensors header before any array is made (an
-image larger than the intake limit, control.observation, is refused without being allocated).
+image tensor is held to the intake's frame rule, control.observation.FrameLimits, so one larger than the intake
+limit is refused without being allocated).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import numpy as np
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from phyai_ros.control.observation import MAX_IMAGE_PIXELS, ObservationError, check_image_dims
+from phyai_ros.control.observation import MAX_IMAGE_PIXELS, BadImageError, FrameLimits
 from phyai_ros.control.rtc import RtcRequest, check_action_magnitudes
 from phyai_ros.parameters import MAX_HORIZON
 
@@ -29,6 +30,10 @@ _RTC_FIELDS = ("mode", "schedule", "d", "horizon", "t0_ns", "dt_ns")
 MAX_CAMERAS = 16          # image tensors in one request
 MAX_VECTOR = 4096         # state length, action / RTC prefix width
 MAX_ROBOT_ID = 128        # characters of a robot id (error replies echo it)
+# safetensors' dtype names -> numpy's, which the frame rule speaks (one it lacks, e.g. BF16, is shown as it is)
+_NUMPY_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16", "U32": "uint32",
+                 "I32": "int32", "U64": "uint64", "I64": "int64", "F16": "float16", "F32": "float32",
+                 "F64": "float64"}
 
 
 class BadRequest(ValueError):
@@ -133,7 +138,14 @@ def _require(spec: tuple, name: str, dtype: str, rank: int, robot: str = "") -> 
     return shape
 
 
+def _numpy_dtype(name) -> str:
+    """A header's dtype in numpy's words (any JSON value a sender wrote there, shown as it is when numpy has none)."""
+    return _NUMPY_DTYPES.get(name, name) if isinstance(name, str) else repr(name)[:40]
+
+
 def _check_request_tensors(robot: str, max_image_pixels: int) -> Callable[[dict], None]:
+    frame = FrameLimits(max_pixels=max_image_pixels, max_pixels_name="the server's max_image_pixels")
+
     def check(specs: dict) -> None:
         images = [k for k in specs if k.startswith("image.")]
         unknown = sorted(set(specs) - set(images) - {"state", "rtc.prefix"})
@@ -142,14 +154,11 @@ def _check_request_tensors(robot: str, max_image_pixels: int) -> Callable[[dict]
         if len(images) > MAX_CAMERAS:
             raise BadRequest(f"{robot}: {len(images)} images, more than {MAX_CAMERAS}")
         for name in images:
-            h, w, c = _require(specs[name], name, "U8", 3, robot)
+            dtype, shape = specs[name]
             try:
-                check_image_dims(w, h, max_image_pixels)
-            except ObservationError as exc:
-                raise BadRequest(f"{robot}: camera '{name[len('image.'):]}': {exc}") from None
-            if c != 3:
-                raise BadRequest(f"{robot}: camera '{name[len('image.'):]}': image must be [H, W, 3], got "
-                                 f"{[h, w, c]}")
+                frame.check_layout(shape, _numpy_dtype(dtype), camera=name[len("image."):])
+            except BadImageError as exc:
+                raise BadRequest(f"{robot}: {exc}") from None
         if "state" in specs and _require(specs["state"], "state", "F32", 1, robot)[0] > MAX_VECTOR:
             raise BadRequest(f"{robot}: state of {specs['state'][1][0]} values, more than {MAX_VECTOR}")
         if "rtc.prefix" in specs:
