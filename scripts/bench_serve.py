@@ -106,6 +106,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default="")
     ap.add_argument("--tokenizer", default="")
+    ap.add_argument("--device", default="auto", help="auto: cuda when there is one")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--batches", default="1,2,4,8,16,32")
     ap.add_argument("--runs", type=int, default=5)
@@ -123,8 +124,8 @@ def main() -> None:
         a.checkpoint = str(make_small_checkpoint(Path(tempfile.mkdtemp()) / "pi05"))
         a.tokenizer = str(require_tokenizer())
     batches = [int(b) for b in a.batches.split(",")]
-    cfg = ServeConfig(a.checkpoint, a.tokenizer, dtype=a.dtype, max_batch_size=max(batches + [a.robots]),
-                      batch_wait_s=a.batch_wait_ms / 1e3)
+    cfg = ServeConfig(a.checkpoint, a.tokenizer, device=a.device, dtype=a.dtype,
+                      max_batch_size=max(batches + [a.robots]), batch_wait_s=a.batch_wait_ms / 1e3)
     engine = BatchEngine(cfg)
     print(f"model {engine.model_type} on {cfg.resolved_device} ({a.dtype}); {a.runs} runs per point, p50")
     inputs = {b: requests(engine, b) for b in batches}   # made once: only the policy path is timed

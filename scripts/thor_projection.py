@@ -5,8 +5,9 @@ bf16 and issue 15's weight schemes per part:
     python3 scripts/thor_projection.py                       # built-in H200 stage times (2026-12-01)
     python3 scripts/thor_projection.py --measured pi05=/tmp/bench.json --measured pi0=/tmp/bench0.json
 
---measured takes a ``scripts/bench_runtime.py`` JSON (its "stages" ms and its prefix length) instead of the
-built-in figures. No GPU needed: it is arithmetic on the measured times and the logical FLOPs and bytes.
+--measured takes a ``scripts/bench_runtime.py`` JSON (its "stages" ms and its prefix length), or the record of
+``python -m phyai_ros.bench pi05`` / ``pi0`` holding one, instead of the built-in figures. No GPU needed: it is
+arithmetic on the measured times and the logical FLOPs and bytes.
 """
 from __future__ import annotations
 
@@ -34,8 +35,11 @@ ROWS = [("bf16", "all bf16", formats_for(BF16))] + [
 
 
 def measured_from(path: Path, cameras: int = 3) -> tuple[StageTimes, int]:
-    """Stage times and prompt token count of a bench_runtime.py JSON."""
+    """Stage times and prompt token count of a bench_runtime.py JSON (or of the record of ``python -m
+    phyai_ros.bench pi05``, which holds it as its bench step's result)."""
     d = json.loads(path.read_text())
+    if d.get("bench") == "phyai_ros.bench":
+        d = d["result"]["bench"]
     st = d["stages"]
     budget = d["prefix_len_run"] - cameras * 256
     return StageTimes(st["vision"]["ms"] / 1e3, st["prefix"]["ms"] / 1e3, st["loop"]["ms"] / 1e3,
