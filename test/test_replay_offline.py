@@ -554,7 +554,8 @@ def test_a_bag_cannot_make_the_replay_import_the_module_its_type_names(tmp_path,
     """Security (issue 11, item 13): a bag whose topic type is ``evilpkg/msg/Widget`` next to an
     ``evilpkg/`` package in the working directory must not run that package's code: only registered
     interface packages (ament index) are imported; the topic is reported and not played."""
-    from phyai_ros.replay.player import ReplayNode, ReplayOptions, _Playback, ros_type
+    from phyai_ros.replay.playback import Playback
+    from phyai_ros.replay.player import ReplayNode, ReplayOptions, ros_type
     marker = tmp_path / "evil_code_ran"
     cwd = tmp_path / "cwd"
     (cwd / "evilpkg" / "msg").mkdir(parents=True)
@@ -574,7 +575,7 @@ def test_a_bag_cannot_make_the_replay_import_the_module_its_type_names(tmp_path,
         with pytest.raises(LookupError, match="unknown message type"):
             ros_type("evilpkg/msg/Widget")
         with ReplayNode(name="phyai_replay_security_test") as rn:
-            _Playback(rn, session, None, ReplayOptions(), None)
+            Playback(rn.node, session, None, ReplayOptions(), None)
         assert not marker.exists(), "the bag's type name imported and ran evilpkg"
         assert "evilpkg" not in sys.modules
     finally:

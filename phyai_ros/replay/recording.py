@@ -1,6 +1,6 @@
 """What the policy node publishes during a replay, recorded: chunks, margins, commands and its
 /diagnostics reports (parsed), thread-safe, in receipt order, each with the replay clock and bag time
-at receipt; optionally written raw to the output bag.  The replay (``player._Playback`` and its modes)
+at receipt; optionally written raw to the output bag.  The replay (``playback.Playback`` and its modes)
 drives the clock and waits on this record; it owns no output state itself.
 
 Only the judged node's reports are recorded (``diagnostics.NodeIdentity``: its name, and the process id

@@ -106,7 +106,7 @@ def load_run(path) -> Run:
 
 
 NUMBER, INT, STR, BOOL = "number", "int", "str", "bool"
-# The replay summary's fields (player.ReplayResult.summary) -> their kind; sections are nested tables of the same
+# The replay summary's fields (result.ReplayResult.summary) -> their kind; sections are nested tables of the same
 # ("*": any other key; "!": keys without which the table is left out whole).
 _COUNTS = {"*": INT}
 _ROW = {"*": INT, "!": ("played",) + CATEGORIES}
