@@ -42,8 +42,11 @@ setup(
     description="Onboard real-time execution of physical-AI robot policies (pi0.5, pi0, GR00T N1.7): core without ROS",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=find_packages(include=["phyai_ros", "phyai_ros.*"]) + ["phyai_ros.kernels", "phyai_ros.profiles",
-                                                                    "phyai_ros.share.msg", "phyai_ros.share.config"],
+    # kernels/candidates/ (kernels no shipped profile picks, kept for other devices' profiles) rides along as
+    # phyai_ros.kernels.candidates (package_dir maps it under kernels/).
+    packages=find_packages(include=["phyai_ros", "phyai_ros.*"]) + ["phyai_ros.kernels", "phyai_ros.kernels.candidates",
+                                                                    "phyai_ros.profiles", "phyai_ros.share.msg",
+                                                                    "phyai_ros.share.config"],
     package_dir={"phyai_ros.kernels": "kernels", "phyai_ros.profiles": "profiles", "phyai_ros.share.msg": "msg",
                  "phyai_ros.share.config": "config"},
     # Data only: the shipped operator profiles (found by device name: phyai_ros.layers.profiles), the message

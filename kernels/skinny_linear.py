@@ -50,7 +50,7 @@ if HAVE_TRITON:
     def rows_times_weight(X, sxm, W, swn, offs_m, mmask, offs_n, nmask, K, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         """fp32 [BLOCK_M, BLOCK_N] = X[offs_m, :K] @ W[offs_n, :K]^T over all of K (one split): the loop of the
-        kernels that own whole output tiles (kernels/post_norm.py)."""
+        kernels that own whole output tiles (kernels/candidates/post_norm.py)."""
         offs_k = tl.arange(0, BLOCK_K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):

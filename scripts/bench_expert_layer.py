@@ -53,7 +53,7 @@ if SMOKE:   # before triton is first imported
 
 import torch  # noqa: E402
 
-from phyai_ros.kernels import expert_layer as el  # noqa: E402
+from phyai_ros.kernels.candidates import expert_layer as el  # noqa: E402
 from phyai_ros.layers import dispatch, ops  # noqa: E402,F401  (dispatch registers the ops' candidates)
 from phyai_ros.layers import expert_stack as xs  # noqa: E402
 from phyai_ros.layers.profiling import rel_err  # noqa: E402

@@ -5,11 +5,14 @@ Why: the interpreter (how CI runs the kernels) checks their math, not their code
 ahead of time for a target with its bundled ptxas, so this catches, on any machine, what would otherwise
 only show on the robot: PTX that does not assemble (grid dependency control, the L2 prefetch's inline asm),
 tensor-core tiles that do not lower, shared memory past the per-block limit. Each kernel is compiled at the
-launch shapes the expert loop, the prefix and SigLIP use, with programmatic dependent launch on.
+launch shapes the expert loop, the prefix and SigLIP use, with programmatic dependent launch on: the kernels the
+shipped profiles pick (``SPECS``), then those of kernels/candidates/ (``CANDIDATE_SPECS``: no shipped or measured
+profile picks them, but they stay registered, so a Thor profile may, and they must assemble there).
 
     python scripts/compile_kernels.py                 # sm_90 (H200) and sm_101 (Jetson Thor)
     python scripts/compile_kernels.py --arch 90 --arch 100
     python scripts/compile_kernels.py --resources     # also registers, spills, pipelining per kernel
+    python scripts/compile_kernels.py --no-candidates # only the kernels the shipped profiles pick
 
 --resources compiles as Triton's launcher specialises at run time (pointers and 16-multiple integers hinted)
 and reads the cubin's resource usage with the bundled cuobjdump: registers per thread, spill stack, shared
@@ -31,7 +34,8 @@ os.environ["TRITON_INTERPRET"] = "0"  # JIT functions, not interpreted ones: com
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from phyai_ros.kernels.expert_layer import ATTN, DOWN, FINAL, GATE_UP, LAYER, OPROJ, QKV, ROWS  # noqa: E402
+from phyai_ros.kernels.candidates.expert_layer import (ATTN, DOWN, FINAL, GATE_UP, LAYER, OPROJ, QKV,  # noqa: E402
+                                                        ROWS)
 
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory per block on sm_90 / sm_100-class GPUs
 
@@ -50,7 +54,7 @@ def _fp32_persistent_stages() -> int:
     """The stages StackLaunch gives a persistent launch on fp32 operands at pi0.5's batch 2 (qkv asks three)."""
     import torch
 
-    from phyai_ros.kernels.expert_layer import launch_stages, stack_plans
+    from phyai_ros.kernels.candidates.expert_layer import launch_stages, stack_plans
     _, plans = stack_plans(100, 2, 50, 1024, 4096, 8, 1, 256, 1018, torch.device("cpu"))
     return launch_stages(plans, 256, 4)["persistent"]
 
@@ -73,21 +77,6 @@ SPECS = [
     ("skinny_linear", "_skinny_kernel", {},
      dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, PDL=True, PREFETCH=False, LINE=64, HAS_BIAS=True, ACT=1),
      dict(num_warps=4, num_stages=5)),
-    # GR00T's DiT MLP LayerNorm after the up-projection's dot (kernels/post_norm.py): the residual GEMM with its
-    # per-block statistics (16-wide blocks), the up-projection that merges them (96 blocks, 64-wide)
-    ("post_norm", "_residual_stats_kernel", {"STATS": "*fp32"},
-     dict(HAS_BIAS=True, BLOCK_M=64, BLOCK_N=16, BLOCK_K=128, PDL=True), dict(num_warps=4, num_stages=5)),
-    ("post_norm", "_norm_gemm_gelu_kernel", {"CS": "*fp32", "STATS": "*fp32"},
-     dict(HAS_BIAS=True, STATS_BLOCK=128, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, PDL=True),
-     dict(num_warps=4, num_stages=5)),
-    # the pi expert's (ada)RMSNorm after gate_up's dot: o-proj with the gated residual, xs and row sums; gate_up
-    # with rstd, shift's row and GeGLU (pi0.5's adaRMS)
-    ("post_norm", "_gated_residual_rms_kernel", {"STATS": "*fp32", "G": "*fp32", "SC": "*fp32", "SH": "*fp32"},
-     dict(HAS_GATE=True, HAS_SHIFT=True, BLOCK_M=64, BLOCK_N=16, BLOCK_K=128, PDL=True),
-     dict(num_warps=4, num_stages=5)),
-    ("post_norm", "_rms_gemm_geglu_kernel", {"STATS": "*fp32"},
-     dict(HAS_SHIFT=True, STATS_BLOCK=64, BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, PDL=True),
-     dict(num_warps=4, num_stages=4)),
     # GR00T's DiT (41 rows, bf16 bias): bias + GELU-tanh in the one-split GEMM and in the split-K sum
     ("skinny_linear", "_skinny_kernel", {},
      dict(BLOCK_M=64, BLOCK_N=16, BLOCK_K=128, PDL=True, PREFETCH=True, LINE=64, HAS_BIAS=True, ACT=1),
@@ -175,29 +164,52 @@ SPECS = [
           DIRECT=True, HAS_BIAS=True, ACT=1, PDL=True), dict(num_warps=4, num_stages=4)),
     ("quant_linear", "_quantize_rows_kernel", {"XS": "*fp32", "Y": "*fp8e4nv", "S": "*fp32"},
      dict(BLOCK=16384, STATIC=False, PDL=True), dict(num_warps=8)),
+]
+# kernels/candidates/ (no shipped or measured profile picks them; kernels/candidates/README.md says what each lost to)
+CANDIDATE_SPECS = [
+    # GR00T's DiT MLP LayerNorm after the up-projection's dot (post_norm.py): the residual GEMM with its per-block
+    # statistics (16-wide blocks), the up-projection that merges them (96 blocks, 64-wide)
+    ("candidates.post_norm", "_residual_stats_kernel", {"STATS": "*fp32"},
+     dict(HAS_BIAS=True, BLOCK_M=64, BLOCK_N=16, BLOCK_K=128, PDL=True), dict(num_warps=4, num_stages=5)),
+    ("candidates.post_norm", "_norm_gemm_gelu_kernel", {"CS": "*fp32", "STATS": "*fp32"},
+     dict(HAS_BIAS=True, STATS_BLOCK=128, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, PDL=True),
+     dict(num_warps=4, num_stages=5)),
+    # the pi expert's (ada)RMSNorm after gate_up's dot: o-proj with the gated residual, xs and row sums; gate_up
+    # with rstd, shift's row and GeGLU (pi0.5's adaRMS)
+    ("candidates.post_norm", "_gated_residual_rms_kernel",
+     {"STATS": "*fp32", "G": "*fp32", "SC": "*fp32", "SH": "*fp32"},
+     dict(HAS_GATE=True, HAS_SHIFT=True, BLOCK_M=64, BLOCK_N=16, BLOCK_K=128, PDL=True),
+     dict(num_warps=4, num_stages=5)),
+    ("candidates.post_norm", "_rms_gemm_geglu_kernel", {"STATS": "*fp32"},
+     dict(HAS_SHIFT=True, STATS_BLOCK=64, BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, PDL=True),
+     dict(num_warps=4, num_stages=4)),
     # GR00T's DiT attention blocks (41 rows, 32 heads of 48, width 1536): the q / k / v projection split over K with
     # the last split's attention over the rows; the q projection with attention over 103 cached keys, key mask
-    ("projected_attention", "_projected_attention_kernel", {"WS": "*fp32", "CNT": "*i32"},
+    ("candidates.projected_attention", "_projected_attention_kernel", {"WS": "*fp32", "CNT": "*i32"},
      dict(D=48, SELF=True, HAS_BIAS=True, HAS_MASK=False, BLOCK_T=64, BLOCK_D=64, BLOCK_K=64, BLOCK_L=64,
           DOT_PREC="tf32", PDL=True), dict(num_warps=4, num_stages=2)),
-    ("projected_attention", "_projected_attention_kernel", {"WS": "*fp32", "CNT": "*i32"},
+    ("candidates.projected_attention", "_projected_attention_kernel", {"WS": "*fp32", "CNT": "*i32"},
      dict(D=48, SELF=False, HAS_BIAS=True, HAS_MASK=True, BLOCK_T=64, BLOCK_D=64, BLOCK_K=64, BLOCK_L=128,
           DOT_PREC="tf32", PDL=True), dict(num_warps=4, num_stages=2)),
     # weights into L2 from a side branch: one line per lane, one bulk prefetch per segment (sm_90 and newer)
-    ("l2_prefetch", "_l2_prefetch_kernel", {"TABLE": "*i64"}, dict(BULK=False, BLOCK=512), dict(num_warps=4)),
-    ("l2_prefetch", "_l2_prefetch_kernel", {"TABLE": "*i64"}, dict(BULK=True, BLOCK=32), dict(num_warps=1)),
-    # the expert layer stack (kernels/expert_layer.py): each phase as its own kernel (pi0.5's adaRMS, split K and
-    # split keys with last-arriving merges), pi0's plain norm, the wide tiling, and the persistent step kernel
-    *(("expert_layer", "_expert_kernel", _EXPERT_TYPES, dict(_EXPERT, PHASES=phase, PREFETCH=prefetch), {})
-      for phase, prefetch in ((ROWS, False), (QKV, True), (ATTN, True), (OPROJ, True), (GATE_UP, True), (DOWN, True),
-                              (FINAL, False))),
-    ("expert_layer", "_expert_kernel", _EXPERT_TYPES, dict(_EXPERT, PHASES=QKV, ADA=False, ITEMS=False), {}),
-    ("expert_layer", "_expert_kernel", _EXPERT_TYPES,
+    ("candidates.l2_prefetch", "_l2_prefetch_kernel", {"TABLE": "*i64"}, dict(BULK=False, BLOCK=512),
+     dict(num_warps=4)),
+    ("candidates.l2_prefetch", "_l2_prefetch_kernel", {"TABLE": "*i64"}, dict(BULK=True, BLOCK=32),
+     dict(num_warps=1)),
+    # the expert layer stack (expert_layer.py): each phase as its own kernel (pi0.5's adaRMS, split K and split keys
+    # with last-arriving merges), pi0's plain norm, the wide tiling, and the persistent step kernel
+    *(("candidates.expert_layer", "_expert_kernel", _EXPERT_TYPES, dict(_EXPERT, PHASES=phase, PREFETCH=prefetch),
+       {}) for phase, prefetch in ((ROWS, False), (QKV, True), (ATTN, True), (OPROJ, True), (GATE_UP, True),
+                                   (DOWN, True), (FINAL, False))),
+    ("candidates.expert_layer", "_expert_kernel", _EXPERT_TYPES, dict(_EXPERT, PHASES=QKV, ADA=False, ITEMS=False),
+     {}),
+    ("candidates.expert_layer", "_expert_kernel", _EXPERT_TYPES,
      dict(_EXPERT, PHASES=GATE_UP, BLOCK_M=128, BN_G=64, BK_G=64, ITEMS=True), dict(num_warps=8)),
-    ("expert_layer", "_expert_kernel", _PERSISTENT_TYPES, dict(_EXPERT, PHASES=ROWS | LAYER | FINAL, TABLES=True), {}),
+    ("candidates.expert_layer", "_expert_kernel", _PERSISTENT_TYPES,
+     dict(_EXPERT, PHASES=ROWS | LAYER | FINAL, TABLES=True), {}),
     # the persistent kernel on fp32 operands at the stages launch_stages fits (three compiled to 284 KB of
     # shared memory on sm_90 and failed to launch on the H200 at batch 2, 2026-12-03)
-    ("expert_layer", "_expert_kernel",
+    ("candidates.expert_layer", "_expert_kernel",
      {**_PERSISTENT_TYPES, **{k: "*fp32" for k in ("H0", "HB", "XO", "QB", "AB", "MB", "COS", "SIN")}},
      dict(_EXPERT, PHASES=ROWS | LAYER | FINAL, TABLES=True, DOT_PREC="ieee", LINE=32),
      dict(num_warps=4, num_stages=_fp32_persistent_stages())),
@@ -258,7 +270,7 @@ def resources(kernel) -> str:
     return f"{usage[0]} {usage[1]} {'pipelined' if piped else 'no async copies'}"
 
 
-def compile_all(archs, with_resources: bool = False) -> int:
+def compile_all(archs, specs, with_resources: bool = False) -> int:
     import importlib
 
     import triton
@@ -268,7 +280,7 @@ def compile_all(archs, with_resources: bool = False) -> int:
     failures = 0
     for arch in archs:
         target = GPUTarget("cuda", arch, 64 if arch < 100 else 32)
-        for module, name, types, constexprs, options in SPECS:
+        for module, name, types, constexprs, options in specs:
             fn = getattr(importlib.import_module(f"phyai_ros.kernels.{module}"), name)
             label = f"sm_{arch} {module}.{name} {constexprs}"
             try:
@@ -284,7 +296,7 @@ def compile_all(archs, with_resources: bool = False) -> int:
                     problems.append("no griddepcontrol.wait (PDL would race)")
                 if constexprs.get("PDL") and "griddepcontrol.launch_dependents" not in ptx:
                     problems.append("no griddepcontrol.launch_dependents (the next kernel waits for the exit)")
-                if (constexprs.get("PREFETCH") or module == "l2_prefetch") and "prefetch.global.L2" not in ptx \
+                if (constexprs.get("PREFETCH") or module.endswith("l2_prefetch")) and "prefetch.global.L2" not in ptx \
                         and "cp.async.bulk.prefetch.L2" not in ptx:
                     problems.append("no L2 prefetch")
             except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
@@ -303,10 +315,13 @@ def main() -> None:
     ap.add_argument("--arch", type=int, action="append", help="compute capability as 90, 101, ... (repeat)")
     ap.add_argument("--resources", action="store_true",
                     help="compile with the run-time divisibility hints and print registers / spills / pipelining")
+    ap.add_argument("--no-candidates", action="store_true",
+                    help="only the kernels the shipped profiles pick (not those of kernels/candidates/)")
     args = ap.parse_args()
     archs = args.arch or [90, 101]
-    failures = compile_all(archs, args.resources)
-    print(f"{failures} failed of {len(SPECS) * len(archs)}")
+    specs = SPECS if args.no_candidates else SPECS + CANDIDATE_SPECS
+    failures = compile_all(archs, specs, args.resources)
+    print(f"{failures} failed of {len(specs) * len(archs)}")
     sys.exit(1 if failures else 0)
 
 

@@ -1,4 +1,5 @@
-"""Operator dispatch: the selector's choice rules, and the Triton adapters against the torch candidates.
+"""Operator dispatch: the selector's choice rules, and the Triton adapters of each op family (layers/norms.py,
+activations.py, linears.py, attention.py) against the torch candidates.
 
 The Triton candidates run here through Triton's interpreter on CPU tensors (the selector itself only offers
 them on CUDA); on the device the same comparisons run in bf16 at real shapes (test_kernels_gpu, profile_ops).
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from phyai_ros.kernels import common
-from phyai_ros.layers import dispatch
+from phyai_ros.layers import activations, attention, dispatch, linears, norms, ops
 from phyai_ros.layers.selector import Candidate, OperatorSelector
 from phyai_ros.modeling.config import SiglipConfig
 from phyai_ros.modeling.siglip import SiglipEncoder
@@ -68,8 +69,8 @@ def test_profiled_only_candidates_run_only_where_a_profile_names_them():
     assert sel.call("op", "k", cpu, 1) == 2 and sel.call("op", "other", cpu, 1) == 3
     # the pi family's skinny tilings stay defaults; GR00T's bias-epilogue ones (the same tilings) are profiled-only
     linear = dispatch.SELECTOR.candidates["linear"]
-    assert [c.name for c in linear if c.profiled_only] == ["triton_depth"] + list(dispatch.SKINNY_TILINGS)
-    assert not any(c.profiled_only for c in linear if c.supports is dispatch._skinny_without_bias)
+    assert [c.name for c in linear if c.profiled_only] == ["triton_depth"] + list(linears.SKINNY_TILINGS)
+    assert not any(c.profiled_only for c in linear if c.supports is linears._skinny_without_bias)
     assert dispatch.SELECTOR.candidates["rope_attention_with_prefix"][-1].name == "unfused"
 
 
@@ -90,32 +91,32 @@ def test_triton_adapters_match_torch_candidates_on_model_layouts():
     b, t, w, eps = 2, 5, 64, 1e-6
     h, y = r(b, t, w), r(b, t, w)
     mod = r(1, 3, 3, 1, w)  # [1, norms, (scale, shift, gate), 1, W] as the pi0.5 expert slices it
-    got = dispatch._triton_gated_ada(h, y, mod[:, 0, 2], mod[:, 1, 0], mod[:, 1, 1], eps)
-    want = dispatch._torch_gated_ada(h, y, mod[:, 0, 2], mod[:, 1, 0], mod[:, 1, 1], eps)
+    got = norms._triton_gated_ada(h, y, mod[:, 0, 2], mod[:, 1, 0], mod[:, 1, 1], eps)
+    want = norms._torch_gated_ada(h, y, mod[:, 0, 2], mod[:, 1, 0], mod[:, 1, 1], eps)
     for a, e in zip(got, want):
         assert (a - e).abs().max().item() < 1e-5
-    a = dispatch._triton_ada(h, mod[:, 2, 0], mod[:, 2, 1], eps)
-    assert (a - dispatch.ops.ada_rms_norm(h, mod[:, 2, 0], mod[:, 2, 1], eps)).abs().max().item() < 1e-5
+    a = norms._triton_ada(h, mod[:, 2, 0], mod[:, 2, 1], eps)
+    assert (a - ops.ada_rms_norm(h, mod[:, 2, 0], mod[:, 2, 1], eps)).abs().max().item() < 1e-5
     wt = r(w)
-    got = dispatch._triton_add_rms(h, y, wt, eps)
-    want = dispatch._torch_add_rms_norm(h, y, wt, eps)
+    got = norms._triton_add_rms(h, y, wt, eps)
+    want = norms._torch_add_rms_norm(h, y, wt, eps)
     assert all((a - e).abs().max().item() < 1e-5 for a, e in zip(got, want))
     gu = r(b, t, 2 * 48)
-    assert (dispatch._triton_geglu(gu) - dispatch._torch_geglu(gu)).abs().max().item() < 1e-5
+    assert (_candidate("geglu", "triton").fn(gu) - activations._torch_geglu(gu)).abs().max().item() < 1e-5
     q, kp, vp, ks, vs = r(b, 8, 6, 16), r(b, 1, 20, 16), r(b, 1, 20, 16), r(b, 1, 6, 16), r(b, 1, 6, 16)
     valid = torch.ones(b, 6, 26, dtype=torch.bool)
     valid[1, :, 12:20] = False
-    mask = dispatch.ops.bool_to_additive_mask(valid)
-    got = dispatch._triton_attention_with_prefix(q, kp, vp, ks, vs, mask)
-    want = dispatch._torch_attention_with_prefix(q, kp, vp, ks, vs, mask)
+    mask = ops.bool_to_additive_mask(valid)
+    got = attention._triton_attention_with_prefix(q, kp, vp, ks, vs, mask)
+    want = attention._torch_attention_with_prefix(q, kp, vp, ks, vs, mask)
     assert (got - want).abs().max().item() < 1e-5
     # the expert's attention straight from its QKV projection, RoPE in the kernel vs qkv_rope + attention
     qkv = r(b, 6, (8 + 2) * 32)
     kp, vp = r(b, 1, 20, 32), r(b, 1, 20, 32)
     pos = torch.arange(6)[None] + torch.tensor([[12], [20]])
-    cos, sin = dispatch.ops.rope_cos_sin(pos, 1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32)), torch.float32)
-    got = dispatch._triton_rope_attention(qkv, cos, sin, kp, vp, mask)
-    want = dispatch._unfused_rope_attention(qkv, cos, sin, kp, vp, mask)   # on the CPU: torch sub-ops
+    cos, sin = ops.rope_cos_sin(pos, 1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32)), torch.float32)
+    got = attention._triton_rope_attention(qkv, cos, sin, kp, vp, mask)
+    want = attention._unfused_rope_attention(qkv, cos, sin, kp, vp, mask)   # on the CPU: torch sub-ops
     assert got.shape == (b, 8, 6, 32) and (got - want).abs().max().item() < 1e-5
     assert got.transpose(1, 2).is_contiguous()   # written token-major: o_proj reads it as it lies
 
@@ -159,7 +160,7 @@ def test_siglip_head_merge_is_a_view(device):
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     n, t, nh, hd = 3, 256, 16, 72
     qkv = torch.randn(n, t, 3 * nh * hd, device=device, dtype=dtype).view(n, t, 3, nh, hd)
-    out = dispatch.ops.attention_unmasked(*(qkv[:, :, i].transpose(1, 2) for i in range(3)))
+    out = ops.attention_unmasked(*(qkv[:, :, i].transpose(1, 2) for i in range(3)))
     assert out.transpose(1, 2).is_contiguous()
 
 
@@ -169,16 +170,16 @@ def test_triton_layer_norm_adapters_match_torch_candidates(k):
     g = torch.Generator().manual_seed(k)
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     h, x, w, bias, ln_w, ln_b = r(2, 5, 100) * 3, r(2, 5, k), r(100, k) / k ** 0.5, r(100), r(100), r(100)
-    got = dispatch._triton_linear_add_layer_norm(h, x, w, bias, ln_w, ln_b, 1e-6)
-    want = dispatch._torch_linear_add_layer_norm(h, x, w, bias, ln_w, ln_b, 1e-6)
+    got = linears._triton_linear_add_layer_norm(h, x, w, bias, ln_w, ln_b, 1e-6)
+    want = linears._torch_linear_add_layer_norm(h, x, w, bias, ln_w, ln_b, 1e-6)
     for a, e in zip(got, want):
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(dispatch._triton_layer_norm(h, ln_w, ln_b, 1e-6),
-                               dispatch.ops.layer_norm(h, ln_w, ln_b, 1e-6), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(norms._triton_layer_norm(h, ln_w, ln_b, 1e-6),
+                               ops.layer_norm(h, ln_w, ln_b, 1e-6), rtol=1e-5, atol=1e-5)
 
 
 @needs_interpreter
-def test_siglip_runs_the_fused_layer_norms(monkeypatch):
+def test_siglip_runs_the_fused_layer_norms():
     """SigLIP through the Triton LayerNorm candidates (offered on CPU here) matches its torch path, and no call
     falls back (e.g. for a residual stream whose rows are not contiguous)."""
     g = torch.Generator().manual_seed(4)
@@ -190,9 +191,9 @@ def test_siglip_runs_the_fused_layer_norms(monkeypatch):
     fused = ("layer_norm", "linear_add_layer_norm")
     sel = OperatorSelector(candidates={op: [dataclasses.replace(c, devices=("cpu",)) if op in fused else c
                                             for c in cands] for op, cands in dispatch.SELECTOR.candidates.items()})
-    monkeypatch.setattr(dispatch, "SELECTOR", sel)
     sel.recording = {}
-    torch.testing.assert_close(enc(pixels), want, rtol=1e-5, atol=1e-5)
+    with sel.active():
+        torch.testing.assert_close(enc(pixels), want, rtol=1e-5, atol=1e-5)
     assert not sel.disabled
     assert {sel.choose(op, key, pixels.device, args).name
             for (op, key), (args, _) in sel.recording.items() if op in fused} == {"triton"}
@@ -205,9 +206,9 @@ def test_fused_qkv_rope_matches_split_and_rotate():
     qkv = torch.randn(b, t, (hq + 2 * hkv) * d, generator=g)
     pos = torch.arange(t)[None].expand(b, t) + torch.tensor([[0], [3]])
     inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
-    cos, sin = dispatch.ops.rope_cos_sin(pos, inv, torch.float32)
-    got = dispatch._triton_qkv_rope(qkv, cos, sin, hq, hkv, d)
-    want = dispatch._torch_qkv_rope(qkv, cos, sin, hq, hkv, d)
+    cos, sin = ops.rope_cos_sin(pos, inv, torch.float32)
+    got = attention._triton_qkv_rope(qkv, cos, sin, hq, hkv, d)
+    want = attention._torch_qkv_rope(qkv, cos, sin, hq, hkv, d)
     for a, e in zip(got, want):
         assert a.shape == e.shape and (a - e).abs().max().item() < 1e-5
 
@@ -225,14 +226,14 @@ def test_skinny_linear_matches_torch(rows, k, n, splits):
 
 def test_skinny_candidate_declines_shapes_it_cannot_take():
     w = torch.zeros(8, 4)
-    assert dispatch._skinny_shape(torch.zeros(50, 4), w)
-    assert not dispatch._skinny_shape(torch.zeros(65, 4), w)
-    assert dispatch._skinny_shape(torch.zeros(50, 4), w, torch.zeros(8))          # a [N] bias: the epilogue adds it
-    assert not dispatch._skinny_shape(torch.zeros(50, 4), w, torch.zeros(4))
-    assert not dispatch._skinny_shape(torch.zeros(50, 4, dtype=torch.float64), w)
+    assert linears._skinny_shape(torch.zeros(50, 4), w)
+    assert not linears._skinny_shape(torch.zeros(65, 4), w)
+    assert linears._skinny_shape(torch.zeros(50, 4), w, torch.zeros(8))          # a [N] bias: the epilogue adds it
+    assert not linears._skinny_shape(torch.zeros(50, 4), w, torch.zeros(4))
+    assert not linears._skinny_shape(torch.zeros(50, 4, dtype=torch.float64), w)
     # the pi family's bias-free tilings never take a bias; GR00T's bias candidate takes only a bias
-    assert not dispatch._skinny_without_bias(torch.zeros(50, 4), w, torch.zeros(8))
-    assert not dispatch._skinny_with_bias(torch.zeros(50, 4), w)
+    assert not linears._skinny_without_bias(torch.zeros(50, 4), w, torch.zeros(8))
+    assert not linears._skinny_with_bias(torch.zeros(50, 4), w)
 
 
 @pytest.mark.gpu
@@ -258,9 +259,9 @@ def test_fused_qkv_rope_bf16_on_the_device(t):
     hq, hkv, d = 8, 1, 256
     qkv = torch.randn(1, t, (hq + 2 * hkv) * d, device="cuda", generator=g).bfloat16()
     inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
-    cos, sin = dispatch.ops.rope_cos_sin(torch.arange(t, device="cuda")[None] + 700, inv, torch.bfloat16)
-    got = dispatch._triton_qkv_rope(qkv, cos, sin, hq, hkv, d)
-    want = dispatch._torch_qkv_rope(qkv.float(), cos.float(), sin.float(), hq, hkv, d)
+    cos, sin = ops.rope_cos_sin(torch.arange(t, device="cuda")[None] + 700, inv, torch.bfloat16)
+    got = attention._triton_qkv_rope(qkv, cos, sin, hq, hkv, d)
+    want = attention._torch_qkv_rope(qkv.float(), cos.float(), sin.float(), hq, hkv, d)
     for a, e in zip(got, want):
         assert ((a.float() - e).norm() / e.norm()).item() < 8e-3
 
@@ -274,9 +275,9 @@ def test_linear_add_layer_norm_bf16_on_the_device(k):
     r = lambda *s, sc=1.0: torch.randn(*s, device="cuda", generator=g) * sc  # noqa: E731
     h, x = r(3, 256, 1152, sc=4.0).bfloat16(), r(3, 256, k).bfloat16()
     w, bias, ln_w, ln_b = r(1152, k, sc=k ** -0.5).bfloat16(), r(1152).bfloat16(), r(1152), r(1152)
-    got = dispatch._triton_linear_add_layer_norm(h, x, w, bias, ln_w, ln_b, 1e-6)
-    eager = dispatch._torch_linear_add_layer_norm(h, x, w, bias, ln_w, ln_b, 1e-6)
-    ref = dispatch._torch_linear_add_layer_norm(h.float(), x.float(), w.float(), bias.float(), ln_w, ln_b, 1e-6)
+    got = linears._triton_linear_add_layer_norm(h, x, w, bias, ln_w, ln_b, 1e-6)
+    eager = linears._torch_linear_add_layer_norm(h, x, w, bias, ln_w, ln_b, 1e-6)
+    ref = linears._torch_linear_add_layer_norm(h.float(), x.float(), w.float(), bias.float(), ln_w, ln_b, 1e-6)
     for a, e, f in zip(got, eager, ref):
         assert a.dtype == torch.bfloat16 and torch.isfinite(a).all()
         rel = lambda u: ((u.float() - f).norm() / f.norm()).item()  # noqa: E731
@@ -298,7 +299,7 @@ def test_cublaslt_gelu_epilogue_is_the_tanh_gelu_on_the_device(rows, k, n):
     assert cand.supports(xb, wb, bb) and not cand.supports(xb, wb, None) and not cand.supports(x, w, b)
     assert not cand.supports(xb[:41], wb, bb)            # few rows: the skinny kernels' (PDL-chained in the DiT)
     got = cand.fn(xb, wb, bb)
-    eager = dispatch._torch_linear_gelu_tanh(xb, wb, bb)
+    eager = linears._torch_linear_gelu_tanh(xb, wb, bb)
     pre = torch.nn.functional.linear(xb.float(), wb.float(), bb.float())
     tanh = torch.nn.functional.gelu(pre, approximate="tanh")
     rel = lambda u, f: ((u.float() - f).norm() / f.norm()).item()  # noqa: E731
@@ -366,27 +367,27 @@ def test_forcing_torch_runs_fused_ops_unfused_and_reference_errors_propagate():
 def test_fused_candidates_decline_what_the_kernels_cannot_take():
     c = _epilogue_case(torch.float32)
     x, w, h = c["x"], c["w"], c["h"]
-    assert dispatch._skinny_residual(x, w, h)
-    assert not dispatch._skinny_residual(torch.zeros(1, 65, 48), w, torch.zeros(1, 65, 32))   # the prefix
-    assert not dispatch._skinny_residual(x, w, h.bfloat16())
-    assert not dispatch._skinny_residual(x, w, h[:, :4])
+    assert linears._skinny_residual(x, w, h)
+    assert not linears._skinny_residual(torch.zeros(1, 65, 48), w, torch.zeros(1, 65, 32))   # the prefix
+    assert not linears._skinny_residual(x, w, h.bfloat16())
+    assert not linears._skinny_residual(x, w, h[:, :4])
     mod = (c["gate"], c["scale"], c["shift"])
-    assert dispatch._skinny_per_item(x, w, h, *mod, 1e-6)
+    assert linears._skinny_per_item(x, w, h, *mod, 1e-6)
     tok = _epilogue_case(torch.float32, per_token=True)
-    assert not dispatch._skinny_per_item(x, w, h, tok["gate"], tok["scale"], tok["shift"], 1e-6)
+    assert not linears._skinny_per_item(x, w, h, tok["gate"], tok["scale"], tok["shift"], 1e-6)
 
 
 @needs_interpreter
 def test_fused_triton_candidates_match_unfused_on_model_layouts():
     c = _epilogue_case(torch.float32, seed=3)
     eps = 1e-6
-    got = dispatch._triton_linear_geglu(c["x"], c["gate_up_w"])
-    assert (got - dispatch._unfused_linear_geglu(c["x"], c["gate_up_w"])).abs().max().item() < 1e-5
+    got = linears._triton_linear_geglu(c["x"], c["gate_up_w"])
+    assert (got - linears._unfused_linear_geglu(c["x"], c["gate_up_w"])).abs().max().item() < 1e-5
     args = (c["x"], c["w"], c["h"], c["norm_w"], eps)
-    for a, e in zip(dispatch._triton_linear_add_rms(*args), dispatch._unfused_linear_add_rms(*args)):
+    for a, e in zip(linears._triton_linear_add_rms(*args), linears._unfused_linear_add_rms(*args)):
         assert a.shape == e.shape and (a - e).abs().max().item() < 1e-5
     args = (c["x"], c["w"], c["h"], c["gate"], c["scale"], c["shift"], eps)
-    for a, e in zip(dispatch._triton_linear_gated_ada(*args), dispatch._unfused_linear_gated_ada(*args)):
+    for a, e in zip(linears._triton_linear_gated_ada(*args), linears._unfused_linear_gated_ada(*args)):
         assert a.shape == e.shape and (a - e).abs().max().item() < 1e-5
 
 
@@ -404,7 +405,7 @@ def test_fused_ops_are_chosen_for_expert_rows_only():
 
 # ----------------------------------------------------------------------------- every profiled tiling is correct
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", [*dispatch.PREFIX_ATTENTION_TILINGS, "triton_short"])
+@pytest.mark.parametrize("name", [*attention.PREFIX_ATTENTION_TILINGS, "triton_short"])
 def test_every_prefix_attention_tiling_matches_fp32(name):
     """The prefix pass's self-attention (816 tokens, 8 heads on one KV head, padded prompt) and GR00T's DiT
     cross-attention in bf16, each launch shape the profile may pick, on the rows that attend somewhere (padding
@@ -414,17 +415,17 @@ def test_every_prefix_attention_tiling_matches_fp32(name):
     q, k, v = r(1, 8, 816, 256), r(1, 1, 816, 256), r(1, 1, 816, 256)
     pad = torch.ones(1, 816, dtype=torch.bool, device="cuda")
     pad[:, 800:] = False
-    mask = dispatch.ops.bool_to_additive_mask(pad[:, :, None] & pad[:, None, :])
+    mask = ops.bool_to_additive_mask(pad[:, :, None] & pad[:, None, :])
     fn = next(c for c in dispatch.SELECTOR.candidates["attention"] if c.name == name).fn
     got = fn(q, k, v, mask)
-    want = dispatch.ops.attention(q.float(), k.float(), v.float(), mask)
+    want = ops.attention(q.float(), k.float(), v.float(), mask)
     rows = pad[:, None, :, None]
     assert ((got.float() - want) * rows).norm() / (want * rows).norm() < 8e-3
     # GR00T's DiT cross-attention: 32 heads of 48, 41 action rows against 103 VL keys, the padded ones masked
     q, k, v = r(1, 32, 41, 48), r(1, 32, 103, 48), r(1, 32, 103, 48)
-    keys = dispatch.ops.bool_to_additive_mask(torch.arange(103, device="cuda")[None, None] < 97)  # [1, 1, 1, 103]
+    keys = ops.bool_to_additive_mask(torch.arange(103, device="cuda")[None, None] < 97)  # [1, 1, 1, 103]
     got = fn(q, k, v, keys)
-    want = dispatch.ops.attention(q.float(), k.float(), v.float(), keys)
+    want = ops.attention(q.float(), k.float(), v.float(), keys)
     assert (got.float() - want).norm() / want.norm() < 8e-3
 
 def _candidate(op, name):
@@ -453,7 +454,7 @@ def test_the_unprofiled_skinny_tiling_is_within_a_tenth_of_the_h200_profiles_bes
             rows, (n, k) = dims[0][0] * dims[0][1], dims[1]
             if rows not in PI_EXPERT_ROWS or not us:
                 continue
-            pick = dispatch.depth_tiling(n, k, sms=132)
+            pick = linears.depth_tiling(n, k, sms=132)
             assert us[pick] <= 1.10 * min(us.values()), (op, key, pick, us[pick], min(us.values()))
             checked += 1
     assert checked >= 10
@@ -473,18 +474,18 @@ def test_the_unprofiled_short_attention_beats_sdpa_at_every_profiled_short_shape
         us = {name: r["us"] for name, r in results.items() if isinstance(r, dict) and r.get("ok")}
         (b, hq, lq, d), (_, hkv, lk, _) = ([int(x) for x in part.split("x")] for part in key.split("|")[0].split(","))
         q, k = torch.empty(b, hq, lq, d, device="meta"), torch.empty(b, hkv, lk, d, device="meta")
-        short = dispatch._short_attention(q, k, k)
+        short = attention._short_attention(q, k, k)
         assert short == (lk <= 256 and d <= 128), key
         if not short:
             continue
-        pick = us[dispatch.short_attention_tiling(b * hkv, hq // hkv * lq, sms=132)]
+        pick = us[attention.short_attention_tiling(b * hkv, hq // hkv * lq, sms=132)]
         assert pick < us["sdpa"] and pick <= 1.15 * min(us.values()), (key, pick, us)
         checked += 1
     assert checked >= 8
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", [*dispatch.SKINNY_TILINGS, "triton_depth"])
+@pytest.mark.parametrize("name", [*linears.SKINNY_TILINGS, "triton_depth"])
 def test_every_skinny_tiling_matches_fp32_at_the_expert_shapes(name):
     """The profile may pick any tiling on some device: each one, at the action expert's bf16 shapes, is as
     close to the fp32 result as one bf16 rounding allows (plain GEMMs, GeGLU and both norm epilogues)."""
@@ -496,7 +497,7 @@ def test_every_skinny_tiling_matches_fp32_at_the_expert_shapes(name):
         x, w = r(1, 50, k).to(bf), r(n, k, sc=k ** -0.5).to(bf)
         assert rel(_candidate("linear", name).fn(x, w), x.float() @ w.float().T) < 4e-3, (k, n)
     x, w = r(1, 50, 1024).to(bf), r(8192, 1024, sc=1024 ** -0.5).to(bf)
-    ref = dispatch._torch_geglu(x.float() @ w.float().T)
+    ref = activations._torch_geglu(x.float() @ w.float().T)
     assert rel(_candidate("linear_geglu", name).fn(x, w), ref) < 8e-3
     for k in (2048, 4096):
         x, w = r(1, 50, k).to(bf), r(1024, k, sc=k ** -0.5).to(bf)
@@ -504,32 +505,32 @@ def test_every_skinny_tiling_matches_fp32_at_the_expert_shapes(name):
         gate, scale, shift = (r(1, 1, 1024, sc=0.5) for _ in range(3))
         y = x.float() @ w.float().T
         normed, res = _candidate("linear_add_rms_norm", name).fn(x, w, h, norm_w, 1e-6)
-        want = dispatch._torch_add_rms_norm(y, h.float(), norm_w, 1e-6)
+        want = norms._torch_add_rms_norm(y, h.float(), norm_w, 1e-6)
         assert rel(normed, want[0]) < 8e-3 and rel(res, want[1]) < 4e-3, k
         res, normed = _candidate("linear_gated_ada_rms_norm", name).fn(x, w, h, gate, scale, shift, 1e-6)
-        want = dispatch._torch_gated_ada(h.float(), y, gate, scale, shift, 1e-6)
+        want = norms._torch_gated_ada(h.float(), y, gate, scale, shift, 1e-6)
         assert rel(res, want[0]) < 4e-3 and rel(normed, want[1]) < 8e-3, k
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", list(dispatch.ATTENTION_TILINGS))
+@pytest.mark.parametrize("name", list(attention.ATTENTION_TILINGS))
 def test_every_expert_attention_tiling_matches_fp32(name):
     g = torch.Generator(device="cuda").manual_seed(1)
     r = lambda *s: torch.randn(*s, device="cuda", generator=g).to(torch.bfloat16)  # noqa: E731
     q, kp, vp, ks, vs = r(1, 8, 50, 256), r(1, 1, 968, 256), r(1, 1, 968, 256), r(1, 1, 50, 256), r(1, 1, 50, 256)
     allowed = torch.ones(1, 50, 1018, dtype=torch.bool, device="cuda")
     allowed[..., 900:968] = False   # padded prompt tokens
-    mask = dispatch.ops.bool_to_additive_mask(allowed)   # the model's mask form (suffix.py)
+    mask = ops.bool_to_additive_mask(allowed)   # the model's mask form (suffix.py)
     got = _candidate("attention_with_prefix", name).fn(q, kp, vp, ks, vs, mask)
-    want = dispatch._torch_attention_with_prefix(q.float(), kp.float(), vp.float(), ks.float(), vs.float(), mask)
+    want = attention._torch_attention_with_prefix(q.float(), kp.float(), vp.float(), ks.float(), vs.float(), mask)
     assert ((got.float() - want).norm() / want.norm()).item() < 8e-3
     # the same launch shape with RoPE applied in the kernel, from a QKV projection output
     qkv = r(1, 50, 10 * 256)
     inv = 1.0 / (10000 ** (torch.arange(0, 256, 2, device="cuda").float() / 256))
-    cos, sin = dispatch.ops.rope_cos_sin(torch.arange(900, 950, device="cuda")[None], inv, torch.bfloat16)
+    cos, sin = ops.rope_cos_sin(torch.arange(900, 950, device="cuda")[None], inv, torch.bfloat16)
     got = _candidate("rope_attention_with_prefix", name).fn(qkv, cos, sin, kp, vp, mask)
-    q, k, v = dispatch._torch_qkv_rope(qkv.float(), cos.float(), sin.float(), 8, 1, 256)
-    want = dispatch._torch_attention_with_prefix(q, kp.float(), vp.float(), k, v, mask)
+    q, k, v = attention._torch_qkv_rope(qkv.float(), cos.float(), sin.float(), 8, 1, 256)
+    want = attention._torch_attention_with_prefix(q, kp.float(), vp.float(), k, v, mask)
     assert ((got.float() - want).norm() / want.norm()).item() < 8e-3
 
 

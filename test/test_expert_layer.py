@@ -1,4 +1,4 @@
-"""The action expert's few-kernel layer stack (kernels/expert_layer.py) against fp32 torch references.
+"""The action expert's few-kernel layer stack (kernels/candidates/expert_layer.py) against fp32 torch references.
 
 Without CUDA the kernels run through Triton's interpreter on CPU tensors (programs one after another: the
 last-arriving tile of a split is the last program, so the ticket logic is exercised; a persistent launch runs
@@ -15,9 +15,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from phyai_ros.kernels import common  # noqa: E402
-from phyai_ros.kernels import expert_attention as ea  # noqa: E402
-from phyai_ros.kernels import expert_gemm as eg  # noqa: E402
-from phyai_ros.kernels import expert_layer as el  # noqa: E402
+from phyai_ros.kernels.candidates import expert_attention as ea  # noqa: E402
+from phyai_ros.kernels.candidates import expert_gemm as eg  # noqa: E402
+from phyai_ros.kernels.candidates import expert_layer as el  # noqa: E402
 from phyai_ros.layers import ops  # noqa: E402
 
 DEVICE = "cpu" if common.interpret_mode() else "cuda"

@@ -1,4 +1,4 @@
-"""The expert layer stack (kernels/expert_layer.py) on a CUDA device at the real shapes (``gpu`` marker).
+"""The expert layer stack (kernels/candidates/expert_layer.py) on a CUDA device at the real shapes (``gpu`` marker).
 
 Shapes: the Gemma-300M expert (W 1024, 8 heads of 256 on one KV head, MLP 4096, 18 layers) as pi0.5 runs it
 (50 action tokens, adaRMS with gated residuals, a 968-key prefix cache) and as pi0 does (51 tokens: the state
@@ -21,7 +21,7 @@ import types
 import pytest
 import torch
 
-from phyai_ros.kernels import expert_layer as el
+from phyai_ros.kernels.candidates import expert_layer as el
 from phyai_ros.layers import ops
 from phyai_ros.layers.expert_stack import ExpertNorms, unfused
 from phyai_ros.layers.selector import OperatorSelector

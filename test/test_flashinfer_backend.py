@@ -90,7 +90,7 @@ def test_candidates_are_profiled_only_cuda_and_before_each_reference(monkeypatch
     pairs = fb.candidates()
     assert sorted(op for op, _ in pairs) == ["attention", "attention_with_prefix", "geglu", "rms_norm"]
     for op, c in pairs:
-        assert op in dispatch._REGISTRY and c.name == fb.NAME
+        assert op in dispatch.SELECTOR.candidates and c.name == fb.NAME
         assert c.profiled_only and c.devices == ("cuda",) and c.capture_safe and c.supports is not None
         assert c.available()
 

@@ -37,7 +37,8 @@ def package_py_files(root: Path) -> set:
     ``phyai_ros/kernels``, the source tree), less what rosidl generates (``phyai_ros/msg``)."""
     files = {p.relative_to(root).as_posix() for p in (root / "phyai_ros").rglob("*.py")}
     if root == REPO:
-        files |= {f"phyai_ros/kernels/{p.name}" for p in (REPO / "kernels").glob("*.py")}
+        files |= {f"phyai_ros/kernels/{p.relative_to(REPO / 'kernels').as_posix()}"
+                  for p in (REPO / "kernels").rglob("*.py")}
     return {f for f in files if not f.startswith("phyai_ros/msg/")}
 
 
@@ -74,6 +75,7 @@ def test_installed_tree_has_what_ros2_run_and_launch_need(installed):
 def test_installed_package_imports_without_the_source_tree(installed):
     _, site = installed
     code = ("import sys, phyai_ros, phyai_ros.kernels.rms_norm as k, phyai_ros.node.parameters;"
+            "import phyai_ros.kernels.candidates.expert_layer, phyai_ros.layers.dispatch;"
             "from phyai_ros.msg import ActionChunk, ControlMargin;"
             "import importlib.util as u;"
             "print(phyai_ros.__file__); print(k.__file__); print(u.find_spec('kernels'))")

@@ -43,8 +43,9 @@ def _nan(*shape, dtype=torch.float32):
 
 # --------------------------------------------------------------------------- packaging
 def test_import_without_triton():
-    """Modules import on a machine without triton; available() says False and the
-    fused ops raise a clear error; the references still work."""
+    """Modules import on a machine without triton (the kernels, kernels/candidates and the layers, which import
+    their kernel modules at the top: kernels/common.py is the one guard); available() says False, the layers offer
+    no Triton candidate and the fused ops raise a clear error; the references still work."""
     code = textwrap.dedent("""
         import sys
         class _Block:
@@ -54,10 +55,17 @@ def test_import_without_triton():
         sys.meta_path.insert(0, _Block())
         import torch
         from phyai_ros.kernels import rms_norm, ada_rms_norm, geglu, layer_norm, split_kv_attention, skinny_epilogue
-        from phyai_ros.kernels import expert_layer
-        for m in (rms_norm, ada_rms_norm, geglu, layer_norm, split_kv_attention, skinny_epilogue, expert_layer):
+        from phyai_ros.kernels.candidates import expert_layer, l2_prefetch, post_norm, projected_attention
+        for m in (rms_norm, ada_rms_norm, geglu, layer_norm, split_kv_attention, skinny_epilogue, expert_layer,
+                  post_norm):
             assert m.available() is False, m
+        from phyai_ros.layers import dispatch, registry
+        assert registry.triton_ok() is False
+        triton_cands = [c for cands in dispatch.SELECTOR.candidates.values() for c in cands
+                        if c.available is registry.triton_ok]
+        assert len(triton_cands) > 100 and not any(c.available() for c in triton_cands)
         x = torch.randn(3, 8); w = torch.randn(8)
+        torch.testing.assert_close(dispatch.rms_norm(x, w, 1e-6), rms_norm.rms_norm_ref(x, w, 1e-6))
         rms_norm.rms_norm_ref(x, w)
         try:
             rms_norm.rms_norm(x, w)
@@ -733,14 +741,14 @@ def test_depth_tiling_of_the_dit_candidates(n):
     """The DiT GEMMs' launch where no profile has an entry (depth_tiling, one rule with the pi family's): one K
     split where the N blocks fill half the device, split-K otherwise (here 4 'SMs': N = 1536 and N = 32); both
     agree with fp32 torch."""
-    from phyai_ros.layers import dispatch
+    from phyai_ros.layers import linears
     x, w = _gemm(DIT_ROWS, DIT_W, n, seed=n)
     b, h = _rand(n, scale=0.5, seed=2), _rand(1, DIT_ROWS, n, scale=3.0, seed=3)
-    torch.testing.assert_close(dispatch._depth_tiling(dispatch._triton_linear_gelu_tanh, x, w, b),
+    torch.testing.assert_close(linears._depth_tiling(linears._triton_linear_gelu_tanh, x, w, b),
                                sl.linear_ref(x, w, b, "gelu_tanh"), **TOL)
-    torch.testing.assert_close(dispatch._depth_tiling(dispatch._triton_linear, x, w, b), sl.linear_ref(x, w, b), **TOL)
+    torch.testing.assert_close(linears._depth_tiling(linears._triton_linear, x, w, b), sl.linear_ref(x, w, b), **TOL)
     one, zero = torch.ones(n, device=DEVICE), torch.zeros(n, device=DEVICE)
-    got = dispatch._depth_tiling(dispatch._triton_skinny_add_layer_norm, h, x, w, b, one, zero, 1e-5)
+    got = linears._depth_tiling(linears._triton_skinny_add_layer_norm, h, x, w, b, one, zero, 1e-5)
     for a, e in zip(got, se.linear_add_layer_norm_ref(h, x, w, b, one, zero, 1e-5)):
         torch.testing.assert_close(a, e, **TOL)
 
@@ -751,18 +759,18 @@ def test_dit_attention_through_the_selector_is_token_major(splits):
     """GR00T's DiT attention through the selector's Triton candidate: q / k / v as views of one fused QKV
     projection (head width 48), cross-attention with the additive pad mask; the output is written token-major,
     so the [B, T, H*d] the output projection reads is a view (no copy kernel), and equals the fp32 reference."""
-    from phyai_ros.layers import dispatch, ops
+    from phyai_ros.layers import attention, ops
     b, h, t, d, keys = 2, 4, 9, 48, 13
     qkv = _rand(b, t, 3 * h * d, seed=11)
     q, k, v = (x.view(b, t, h, d).transpose(1, 2) for x in qkv.chunk(3, dim=-1))
     tiling = {} if splits is None else {"num_splits": splits}
-    out = dispatch._triton_attention(q, k, v, None, **tiling)
+    out = attention._triton_attention(q, k, v, None, **tiling)
     assert out.transpose(1, 2).is_contiguous()
     torch.testing.assert_close(out, ops.attention(q, k, v, None), rtol=1e-4, atol=1e-4)
     kv = _rand(b, h, keys, d, seed=12), _rand(b, h, keys, d, seed=13)
     allowed = torch.ones(b, 1, keys, dtype=torch.bool, device=DEVICE)
     allowed[1, :, 9:] = False
     mask = ops.bool_to_additive_mask(allowed, torch.float32)
-    out = dispatch._triton_attention(q, *kv, mask, **tiling)
+    out = attention._triton_attention(q, *kv, mask, **tiling)
     assert out.transpose(1, 2).is_contiguous()
     torch.testing.assert_close(out, ops.attention(q, *kv, mask), rtol=1e-4, atol=1e-4)

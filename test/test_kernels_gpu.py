@@ -509,11 +509,11 @@ def test_groot_selector_keeps_the_dit_gemms_on_the_library_by_default():
     """Without a profile the DiT's 41-row GEMMs with bias stay on the library GEMM (the skinny kernels were
     slower in the loop on the H200: they are profiled-only), while the pi family's bias-free expert GEMMs keep
     their skinny default; the LLM's 103 rows stay on the library GEMM."""
-    from phyai_ros.layers.dispatch import _selector
+    from phyai_ros.layers.registry import current_selector
     from phyai_ros.layers.selector import shape_key
     x, w = _gemm(41, 1536, 6144, torch.bfloat16)
     b = _rand(6144, dtype=torch.bfloat16, seed=1)
-    sel, dev = _selector(), x.device
+    sel, dev = current_selector(), x.device
     assert sel.choose("linear_gelu_tanh", shape_key(x, w), dev, (x, w, b)).name == "torch"
     assert sel.choose("linear", shape_key(x, w), dev, (x, w, b)).name == "torch"
     assert sel.choose("linear", shape_key(x, w), dev, (x, w, None)).name.startswith("triton")

@@ -1,4 +1,5 @@
-"""Weights prefetched into L2 on a side branch (kernels/l2_prefetch.py, layers/prefetch_branch.py): the host side.
+"""Weights prefetched into L2 on a side branch (kernels/candidates/l2_prefetch.py, layers/prefetch_branch.py): the
+host side.
 
 The kernel is inline PTX (no interpreter): it is compiled for sm_90 and Thor by test_kernels_compile.py and run
 by test_l2_prefetch_gpu.py. Here: the segment plan covers exactly the bytes asked for, in rows the bulk form can
@@ -10,7 +11,7 @@ import types
 import pytest
 import torch
 
-from phyai_ros.kernels import l2_prefetch as kl2
+from phyai_ros.kernels.candidates import l2_prefetch as kl2
 from phyai_ros.layers import dispatch
 from phyai_ros.layers import expert_stack as xs
 from phyai_ros.layers import prefetch_branch as branch

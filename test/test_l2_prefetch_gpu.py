@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from phyai_ros.kernels import l2_prefetch as kl2
+from phyai_ros.kernels.candidates import l2_prefetch as kl2
 from phyai_ros.layers import expert_stack as xs
 from phyai_ros.layers import prefetch_branch as branch
 from phyai_ros.modeling.suffix import SuffixContext

@@ -1,4 +1,4 @@
-"""A norm applied after the next GEMM's dot (kernels/post_norm.py) against fp32 references: GR00T's DiT (the
+"""A norm applied after the next GEMM's dot (kernels/candidates/post_norm.py) against fp32 references: GR00T's DiT (the
 residual GEMM's per-block statistics, their merge into each row's mean and rstd, the normalised GELU
 up-projection; dispatch.linear_add_norm_gelu) and the pi expert ((ada)RMSNorm between the output GEMM and the
 GeGLU gate_up; dispatch.linear_gated_norm_geglu), each op against its two-op reference. Interpreter on the CPU
@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from phyai_ros.kernels import common  # noqa: E402
-from phyai_ros.kernels import post_norm as pn  # noqa: E402
+from phyai_ros.kernels.candidates import post_norm as pn  # noqa: E402
 from phyai_ros.layers import dispatch, ops  # noqa: E402
 
 DEVICE = "cpu" if common.interpret_mode() else "cuda"

@@ -1,4 +1,4 @@
-"""An attention block's input projection and its attention in one kernel (kernels/projected_attention.py;
+"""An attention block's input projection and its attention in one kernel (kernels/candidates/projected_attention.py;
 dispatch.projected_attention, GR00T's DiT): against the fp32 reference and against the two selector ops it
 replaces. Interpreter on the CPU (fp32, small shapes); GR00T's real shapes in bf16 under the ``gpu`` marker."""
 import os
@@ -10,8 +10,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from phyai_ros.kernels import common  # noqa: E402
-from phyai_ros.kernels import projected_attention as pa  # noqa: E402
-from phyai_ros.layers import dispatch  # noqa: E402
+from phyai_ros.kernels.candidates import projected_attention as pa  # noqa: E402
+from phyai_ros.layers import attention  # noqa: E402
 
 DEVICE = "cpu" if common.interpret_mode() else "cuda"
 needs_triton = pytest.mark.skipif(not common.available(), reason="triton not usable here")
@@ -77,13 +77,13 @@ def test_a_row_whose_keys_are_all_masked_gives_zero_and_the_others_are_unchanged
 
 def test_the_reference_is_the_two_ops_it_replaces():
     """projected_attention_ref (the kernel's yardstick) is the projection, the heads and attention as the DiT ran
-    them before the op existed (dispatch's unfused candidate, here on the CPU)."""
+    them before the op existed (the op's unfused candidate, here on the CPU)."""
     y, w, bias, kc, vc = _cross(seed=30, device="cpu")
     mask = _key_mask(2, 21, [17, 21], device="cpu")
-    unfused = dispatch._unfused_projected_attention(y, w, bias, 3, kc, vc, mask)
+    unfused = attention._unfused_projected_attention(y, w, bias, 3, kc, vc, mask)
     torch.testing.assert_close(unfused, pa.projected_attention_ref(y, w, bias, 3, kc, vc, mask), rtol=1e-5, atol=1e-6)
     w3, b3 = _rand(3 * 48, 96, scale=0.1, seed=31, device="cpu"), _rand(3 * 48, seed=32, device="cpu")
-    torch.testing.assert_close(dispatch._unfused_projected_attention(y, w3, b3, 3),
+    torch.testing.assert_close(attention._unfused_projected_attention(y, w3, b3, 3),
                                pa.projected_attention_ref(y, w3, b3, 3), rtol=1e-5, atol=1e-6)
 
 
@@ -121,7 +121,7 @@ def test_groot_dit_blocks_in_bf16_match_fp32_and_graph_replay(batch, cross):
     want = pa.projected_attention_ref(y.float(), w.float(), bias.float(), 32,
                                       None if kc is None else kc.float(), None if vc is None else vc.float(),
                                       None if mask is None else mask.float())
-    unfused = dispatch._unfused_projected_attention(y, w, bias, 32, kc, vc, mask).float()
+    unfused = attention._unfused_projected_attention(y, w, bias, 32, kc, vc, mask).float()
     bound = 1.5 * float((unfused - want).norm() / want.norm()) + 2e-3
     got = pa.projected_attention(y, w, bias, 32, kc, vc, mask)
     assert float((got.float() - want).norm() / want.norm()) < bound

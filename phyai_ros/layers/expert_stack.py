@@ -3,19 +3,19 @@
 Why the whole stack is one op: the fused forms keep state between layers that the per-op path does not have
 (the residual's row statistics instead of the normed activations, workspaces, ticket counters), and the
 persistent forms run several layers in one kernel; only at the stack's boundary (the residual stream in, the
-final norm's output out) do all forms agree. ``layers.dispatch.expert_stack`` selects among them:
+final norm's output out) do all forms agree. ``expert_stack`` (the op, below) selects among them:
 
 * ``unfused`` (the reference, last): today's per-op path, each op selected on its own (skinny GEMMs with
   fused epilogues, the split-KV attention, ...), bit for bit what the models ran before this op existed;
-* ``kernels``: kernels/expert_layer.py's phases, five kernels per layer, no reducers (up to 64 rows;
+* ``kernels``: kernels/candidates/expert_layer.py's phases, five kernels per layer, no reducers (up to 64 rows;
   ``kernels_wide`` is the same for more rows, ``kernels_s1`` / ``kernels_n16`` other tilings);
 * ``layer`` / ``step``: the same phases as one persistent kernel per layer / per denoising step;
 * ``unfused_l2_*``: the reference with each layer's o / gate_up / down weights (and the next layer's qkv)
   prefetched into L2 on a side branch while its attention runs (layers/prefetch_branch.py): the same kernels,
   the same values, the GEMMs reading L2 instead of HBM.
 
-Every fused form is profiled-only (``FUSED_FORMS``): without a device profile that measured it faster, the
-reference runs.
+Every fused form is profiled-only (``FUSED_FORMS``, ``PREFETCH_FORMS``): without a device profile that measured it
+faster, the reference runs; on the H200 none was (kernels/candidates/README.md).
 
 Training-time RTC (modulation per token), quantized weights and anything the kernels do not take run the
 reference. Design: design.md §8.
@@ -27,10 +27,15 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from phyai_ros.layers import dispatch
+from phyai_ros.kernels.candidates import expert_layer as expert_layer_kernels
 from phyai_ros.layers import prefetch_branch as branch
+from phyai_ros.layers.attention import rope_attention_with_prefix
+from phyai_ros.layers.linears import linear, linear_add_rms_norm, linear_gated_ada_rms_norm
+from phyai_ros.layers.norms import ada_rms_norm, rms_norm
 from phyai_ros.layers.ops import attn_tokens
-from phyai_ros.layers.selector import SELECTOR, Candidate
+from phyai_ros.layers.post_norm import linear_gated_norm_geglu
+from phyai_ros.layers.registry import CUDA, current_selector, register, triton_ok
+from phyai_ros.layers.selector import Candidate, shape_key
 
 Tensor = torch.Tensor
 
@@ -85,27 +90,27 @@ def unfused(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, 
     see ``prefetched_weights``); the values are the same."""
     n = len(layers)
     if norms.adaptive:
-        x = dispatch.ada_rms_norm(h, norms.scale(0), norms.shift(0), eps)
+        x = ada_rms_norm(h, norms.scale(0), norms.shift(0), eps)
     else:
-        x = dispatch.rms_norm(h, norms.scale(0), eps)
+        x = rms_norm(h, norms.scale(0), eps)
     for i, layer in enumerate(layers):
-        qkv = dispatch.linear(x, layer.qkv_w)
+        qkv = linear(x, layer.qkv_w)
         if prefetch is not None:
             branch.fork(layer, prefetched_weights(layers, i, reach), prefetch)
-        a = attn_tokens(dispatch.rope_attention_with_prefix(qkv, ctx.cos, ctx.sin, *kv[i], ctx.mask))
+        a = attn_tokens(rope_attention_with_prefix(qkv, ctx.cos, ctx.sin, *kv[i], ctx.mask))
         if norms.adaptive:
-            h, m = dispatch.linear_gated_norm_geglu(a, layer.o_w, h, norms.gate(2 * i), norms.scale(2 * i + 1),
-                                                    norms.shift(2 * i + 1), layer.gate_up_w, eps)
-            h, x = dispatch.linear_gated_ada_rms_norm(m, layer.down_w, h, norms.gate(2 * i + 1),
-                                                      norms.scale(2 * i + 2), norms.shift(2 * i + 2), eps)
+            h, m = linear_gated_norm_geglu(a, layer.o_w, h, norms.gate(2 * i), norms.scale(2 * i + 1),
+                                           norms.shift(2 * i + 1), layer.gate_up_w, eps)
+            h, x = linear_gated_ada_rms_norm(m, layer.down_w, h, norms.gate(2 * i + 1), norms.scale(2 * i + 2),
+                                             norms.shift(2 * i + 2), eps)
         else:
-            h, m = dispatch.linear_gated_norm_geglu(a, layer.o_w, h, None, norms.scale(2 * i + 1), None,
-                                                    layer.gate_up_w, eps)
+            h, m = linear_gated_norm_geglu(a, layer.o_w, h, None, norms.scale(2 * i + 1), None, layer.gate_up_w,
+                                           eps)
             if i + 1 < n:
-                x, h = dispatch.linear_add_rms_norm(m, layer.down_w, h, norms.scale(2 * i + 2), eps)
+                x, h = linear_add_rms_norm(m, layer.down_w, h, norms.scale(2 * i + 2), eps)
             else:
-                h = h + dispatch.linear(m, layer.down_w)
-                x = dispatch.rms_norm(h, norms.scale(2 * n), eps)
+                h = h + linear(m, layer.down_w)
+                x = rms_norm(h, norms.scale(2 * n), eps)
     if prefetch is not None:
         branch.join(h.device)
     return x
@@ -134,15 +139,14 @@ def prefetch_fits(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertN
 
 def fused(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, eps: float, *, launch: str,
           tiling: Optional[dict] = None) -> Tensor:
-    """kernels/expert_layer.py's stack in one of its launch forms."""
-    from phyai_ros.kernels.expert_layer import expert_stack
+    """kernels/candidates/expert_layer.py's stack in one of its launch forms."""
     scales, shifts, gates = norms.rows()
     k0 = kv[0][0]
-    return expert_stack(h.contiguous(), [la.qkv_w for la in layers], [la.o_w for la in layers],
-                        [la.gate_up_w for la in layers], [la.down_w for la in layers], [k for k, _ in kv],
-                        [v for _, v in kv], ctx.mask, ctx.cos, ctx.sin, scales, shifts, gates, eps,
-                        n_heads=layers[0].qkv_w.shape[0] // k0.shape[-1] - 2 * k0.shape[1], launch=launch,
-                        tiling=tiling)
+    return expert_layer_kernels.expert_stack(
+        h.contiguous(), [la.qkv_w for la in layers], [la.o_w for la in layers], [la.gate_up_w for la in layers],
+        [la.down_w for la in layers], [k for k, _ in kv], [v for _, v in kv], ctx.mask, ctx.cos, ctx.sin, scales,
+        shifts, gates, eps, n_heads=layers[0].qkv_w.shape[0] // k0.shape[-1] - 2 * k0.shape[1], launch=launch,
+        tiling=tiling)
 
 
 def fits(h: Tensor, layers: Sequence, kv: Sequence, ctx, norms: ExpertNorms, eps: float,
@@ -206,16 +210,23 @@ def candidates() -> list:
     """The selector's candidates for "expert_stack", the reference last."""
     out = []
     for name, launch, tiling, (lo, hi) in FUSED_FORMS:
-        out.append(Candidate(name, functools.partial(fused, launch=launch, tiling=tiling), ("cuda",),
-                             available=dispatch.triton_ok,
+        out.append(Candidate(name, functools.partial(fused, launch=launch, tiling=tiling), CUDA, available=triton_ok,
                              supports=functools.partial(fits, min_rows=lo, max_rows=hi), profiled_only=True))
     for name, plan, reach in PREFETCH_FORMS:
-        out.append(Candidate(name, functools.partial(unfused, prefetch=plan, reach=reach), ("cuda",),
-                             available=dispatch.triton_ok, supports=functools.partial(prefetch_fits, plan=plan),
-                             profiled_only=True))
+        out.append(Candidate(name, functools.partial(unfused, prefetch=plan, reach=reach), CUDA, available=triton_ok,
+                             supports=functools.partial(prefetch_fits, plan=plan), profiled_only=True))
     out.append(Candidate("unfused", unfused))
     return out
 
 
-for _c in candidates():
-    SELECTOR.register("expert_stack", _c)
+register("expert_stack", candidates())
+
+
+def expert_stack(h: Tensor, layers, kv, ctx, norms: ExpertNorms, eps: float) -> Tensor:
+    """The action expert's layers on its residual stream h [B, T, W] -> the final norm's output [B, T, W].
+    layers: per layer qkv_w / o_w / gate_up_w / down_w (GemmaLayer); kv: per layer the prefix cache (k, v);
+    ctx: the suffix's mask and RoPE tables (modeling.suffix.SuffixContext); norms: ExpertNorms (adaRMS modulation
+    or plain weights, 2 * depth + 1 of them)."""
+    kind = ("ada" if norms.adaptive else "rms") + ("_tok" if norms.per_token else "")
+    key = f"{shape_key(h, kv[0][0])}|{kind}{len(layers)}"
+    return current_selector().call("expert_stack", key, h.device, h, layers, kv, ctx, norms, eps)

@@ -1,11 +1,11 @@
 """flashinfer as an optional operator backend: profiled-only candidates named "flashinfer" for the selector.
 
-Offered (``candidates()``, inserted by dispatch.py before each op's reference): ``attention_with_prefix`` (the
+Offered (``candidates()``, inserted by registry.register before each op's reference): ``attention_with_prefix`` (the
 action expert's queries over [prefix KV cache; suffix]), ``attention`` (the prefix self-attention, Qwen3-VL),
 ``rms_norm`` and ``geglu``. All are ``profiled_only``: only a device profile (scripts/profile_ops.py) that
 measured them faster and correct picks them. Without the package, or with ``PHYAI_FLASHINFER=0``, the list is
 empty and nothing changes; the package is imported on the first call of a candidate (about a second), not when
-dispatch is imported, and a failed import takes the candidates out for the rest of the process.
+the layers are imported, and a failed import takes the candidates out for the rest of the process.
 
 Attention: the additive mask as a custom mask
 --------------------------------------------

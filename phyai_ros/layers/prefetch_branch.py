@@ -1,5 +1,5 @@
 """Weights prefetched into L2 on a side branch of the stream, so that a latency-bound kernel on the main stream
-(the expert's attention) overlaps the HBM reads of the GEMMs after it (kernels/l2_prefetch.py says why).
+(the expert's attention) overlaps the HBM reads of the GEMMs after it (kernels/candidates/l2_prefetch.py says why).
 
 ``fork(owner, tensors, plan)`` makes the side stream wait for the work queued so far on the current stream, then
 queues the prefetch there; ``join(device)`` makes the current stream wait for the side stream. Under CUDA-graph
@@ -17,14 +17,14 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from phyai_ros.kernels import l2_prefetch as kl2
+from phyai_ros.kernels.candidates import l2_prefetch as kl2
 
 _TABLES_ATTR = "_l2_prefetch_tables"
 _local = threading.local()   # one side stream per thread and device: two threads capturing at once stay apart
 
 
 class PrefetchPlan(NamedTuple):
-    """How to prefetch: kernels/l2_prefetch.py's ``mode`` ("bulk" or "lines") with ``programs`` programs over
+    """How to prefetch: kernels/candidates/l2_prefetch.py's ``mode`` ("bulk" or "lines") with ``programs`` programs over
     segments of ``segment_bytes``."""
     mode: str = "bulk"
     programs: int = 8

@@ -1,6 +1,6 @@
 """Operator candidates for linear layers whose weight is a ``QuantizedWeight``.
 
-``dispatch`` routes every linear op to its quantized twin ("linear" -> "qlinear", "linear_geglu" ->
+``layers/linears.py`` routes every linear op to its quantized twin ("linear" -> "qlinear", "linear_geglu" ->
 "qlinear_geglu", ...) when the weight is quantized, so the models call the same functions either way; this
 module registers the twins' candidates with the selector when the layers package is imported (layers/__init__). The
 candidates, in preference order:
@@ -21,12 +21,18 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from phyai_ros.layers import dispatch, ops
+from phyai_ros.kernels import layer_norm as layer_norm_kernels
+from phyai_ros.kernels import quant_linear as quant_kernels
+from phyai_ros.kernels import skinny_epilogue as epilogue_kernels
+from phyai_ros.layers import ops
+from phyai_ros.layers.activations import geglu
+from phyai_ros.layers.linears import SKINNY_ROWS, linear
+from phyai_ros.layers.norms import add_rms_norm, gated_ada_rms_norm
 from phyai_ros.layers.quantized import QuantizedWeight, observe
-from phyai_ros.layers.selector import SELECTOR, Candidate
+from phyai_ros.layers.registry import CUDA, register, triton_ok
+from phyai_ros.layers.selector import Candidate
 
 Tensor = torch.Tensor
-_CUDA = ("cuda",)
 
 # Launch shapes of the quantized weight-streaming GEMM (block_k is the group size for int4).
 QUANT_TILINGS = {
@@ -52,14 +58,13 @@ def _kargs(w: QuantizedWeight):
 def torch_qlinear(x: Tensor, w: QuantizedWeight, bias=None) -> Tensor:
     """Dequantize-and-GEMM in x's dtype (8-bit values are exact there; the per-channel scales multiply the
     product), activations fake-quantized to fp8 first for W8A8."""
-    from phyai_ros.kernels.quant_linear import quantize_activations_ref
     dt = x.dtype
     if w.group:
         return F.linear(x, w.dequantize(dt), bias)
     xs = None
     if w.act_quant:
         static = None if observe(w, x) or w.act_quant == "dynamic" else w.act_scale
-        xq, xs = quantize_activations_ref(x.reshape(-1, x.shape[-1]), static)
+        xq, xs = quant_kernels.quantize_activations_ref(x.reshape(-1, x.shape[-1]), static)
         x = xq.to(dt).view(x.shape)
     y = F.linear(x, w.q.to(dt)).float() * w.scale
     if xs is not None:
@@ -70,31 +75,29 @@ def torch_qlinear(x: Tensor, w: QuantizedWeight, bias=None) -> Tensor:
 
 
 def _unfused_geglu(x, w):
-    return dispatch.geglu(dispatch.linear(x, w))
+    return geglu(linear(x, w))
 
 
 def _unfused_add_rms(x, w, residual, norm_w, eps):
-    return dispatch.add_rms_norm(dispatch.linear(x, w), residual, norm_w, eps)
+    return add_rms_norm(linear(x, w), residual, norm_w, eps)
 
 
 def _unfused_gated_ada(x, w, h, gate, scale, shift, eps):
-    return dispatch.gated_ada_rms_norm(h, dispatch.linear(x, w), gate, scale, shift, eps)
+    return gated_ada_rms_norm(h, linear(x, w), gate, scale, shift, eps)
 
 
 def _torch_add_layer_norm(h, x, w, bias, ln_w, ln_b, eps):
-    h = h + dispatch.linear(x, w, bias)
+    h = h + linear(x, w, bias)
     return h, ops.layer_norm(h, ln_w, ln_b, eps)
 
 
 def _unfused_gelu_tanh(x, w, bias):
-    return ops.gelu_tanh(dispatch.linear(x, w, bias))
+    return ops.gelu_tanh(linear(x, w, bias))
 
 
 # ----------------------------------------------------------------------------- kernels
-# Each adapter imports its kernel module when its candidate first runs: the kernels need Triton (the optional
-# 'gpu' extra), and a machine without it must still import the layers and run the torch candidates.
 def _few_rows(x, w, *rest) -> bool:
-    return x.numel() // x.shape[-1] <= dispatch.SKINNY_ROWS and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return x.numel() // x.shape[-1] <= SKINNY_ROWS and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _few_rows_per_item(x, w, h, gate, scale, shift, eps) -> bool:
@@ -102,40 +105,34 @@ def _few_rows_per_item(x, w, h, gate, scale, shift, eps) -> bool:
 
 
 def _triton_qlinear(x, w, bias=None, act=None, **tiling):
-    from phyai_ros.kernels.quant_linear import quant_linear
-    return quant_linear(x, *_kargs(w), bias=bias, act=act, **tiling)
+    return quant_kernels.quant_linear(x, *_kargs(w), bias=bias, act=act, **tiling)
 
 
 def _triton_qgeglu(x, w, **tiling):
-    from phyai_ros.kernels.quant_linear import quant_linear_geglu
-    return quant_linear_geglu(x, *_kargs(w), **tiling)
+    return quant_kernels.quant_linear_geglu(x, *_kargs(w), **tiling)
 
 
 def _triton_qadd_rms(x, w, residual, norm_w, eps, **tiling):
-    from phyai_ros.kernels.quant_linear import quant_partials
-    from phyai_ros.kernels.skinny_epilogue import norm_from_partials
-    return norm_from_partials(quant_partials(x, *_kargs(w), **tiling), x, residual, None, norm_w, None, eps)
+    return epilogue_kernels.norm_from_partials(quant_kernels.quant_partials(x, *_kargs(w), **tiling), x, residual,
+                                               None, norm_w, None, eps)
 
 
 def _triton_qgated_ada(x, w, h, gate, scale, shift, eps, **tiling):
-    from phyai_ros.kernels.quant_linear import quant_partials
-    from phyai_ros.kernels.skinny_epilogue import norm_from_partials
     n = h.shape[-1]
     g, sc, sh = (t.reshape(-1, n) for t in (gate, scale, shift))
-    normed, new_h = norm_from_partials(quant_partials(x, *_kargs(w), **tiling), x, h, (g, sc, sh), None,
-                                       h.numel() // n // g.shape[0], eps)
+    normed, new_h = epilogue_kernels.norm_from_partials(quant_kernels.quant_partials(x, *_kargs(w), **tiling), x, h,
+                                                        (g, sc, sh), None, h.numel() // n // g.shape[0], eps)
     return new_h, normed
 
 
 def _triton_qadd_layer_norm(h, x, w, bias, ln_w, ln_b, eps):
     """The quantized GEMM without its bias (any candidate), then the add + LayerNorm kernel adds bias and h."""
-    from phyai_ros.kernels.layer_norm import add_layer_norm
-    return add_layer_norm(h, dispatch.linear(x, w), bias, ln_w, ln_b, eps)
+    return layer_norm_kernels.add_layer_norm(h, linear(x, w), bias, ln_w, ln_b, eps)
 
 
 def _scaled_mm_ok() -> bool:
     return torch.cuda.is_available() and hasattr(torch, "_scaled_mm") and \
-        torch.cuda.get_device_capability() >= (8, 9) and dispatch.triton_ok()
+        torch.cuda.get_device_capability() >= (8, 9) and triton_ok()
 
 
 def _scaled_mm_fits(x, w, bias=None) -> bool:
@@ -146,32 +143,30 @@ def _scaled_mm_fits(x, w, bias=None) -> bool:
 
 def _scaled_mm_qlinear(x, w, bias=None):
     """fp8 x fp8 on tensor cores with row-wise scales (activations per token, weights per channel)."""
-    from phyai_ros.kernels.quant_linear import quantize_rows
     k = x.shape[-1]
-    xq, xs = quantize_rows(x.reshape(-1, k), w.act_scale if w.act_quant == "static" else None)
+    xq, xs = quant_kernels.quantize_rows(x.reshape(-1, k), w.act_scale if w.act_quant == "static" else None)
     y = torch._scaled_mm(xq, w.q.t(), scale_a=xs[:, None], scale_b=w.scale[None, :],
                          bias=None if bias is None else bias.to(x.dtype), out_dtype=x.dtype)
     return y.view(*x.shape[:-1], w.shape[0])
 
 
 def _tiled(name: str, fn, supports) -> list:
-    return [Candidate(name + suffix[len("triton"):], functools.partial(fn, **tiling), _CUDA, available=dispatch.triton_ok,
+    return [Candidate(name + suffix[len("triton"):], functools.partial(fn, **tiling), CUDA, available=triton_ok,
                       supports=supports) for suffix, tiling in QUANT_TILINGS.items()]
 
 
 QUANT_REGISTRY = {
     "qlinear": [*_tiled("triton", _triton_qlinear, _few_rows),
-                Candidate("scaled_mm", _scaled_mm_qlinear, _CUDA, available=_scaled_mm_ok, supports=_scaled_mm_fits),
+                Candidate("scaled_mm", _scaled_mm_qlinear, CUDA, available=_scaled_mm_ok, supports=_scaled_mm_fits),
                 Candidate("torch", torch_qlinear)],
     "qlinear_geglu": [*_tiled("triton", _triton_qgeglu, _few_rows), Candidate("unfused", _unfused_geglu)],
     "qlinear_add_rms_norm": [*_tiled("triton", _triton_qadd_rms, _few_rows), Candidate("unfused", _unfused_add_rms)],
     "qlinear_gated_ada_rms_norm": [*_tiled("triton", _triton_qgated_ada, _few_rows_per_item),
                                    Candidate("unfused", _unfused_gated_ada)],
-    "qlinear_add_layer_norm": [Candidate("triton", _triton_qadd_layer_norm, _CUDA, available=dispatch.triton_ok),
+    "qlinear_add_layer_norm": [Candidate("triton", _triton_qadd_layer_norm, CUDA, available=triton_ok),
                                Candidate("torch", _torch_add_layer_norm)],
     "qlinear_gelu_tanh": [*_tiled("triton", functools.partial(_triton_qlinear, act="gelu_tanh"), _few_rows),
                           Candidate("unfused", _unfused_gelu_tanh)],
 }
 for _op, _cands in QUANT_REGISTRY.items():
-    for _c in _cands:
-        SELECTOR.register(_op, _c)
+    register(_op, _cands)

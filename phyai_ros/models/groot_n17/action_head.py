@@ -232,11 +232,10 @@ def dit(w: Weights, h: HeadConfig, x: Tensor, table: StepTable, ctx: HeadContext
     bias) as one selector op, linear_add_layer_norm; the LayerNorm before a block's attention (and before the
     output layer) carries that block's AdaLayerNorm modulation as its affine, so no separate modulation kernel
     runs (one bf16 rounding instead of two). A block's input projection and its attention are one selector op
-    (projected_attention: where a profile picks it, one kernel, kernels/projected_attention.py); the cross-attention
-    blocks' keys and values come from the observation's context. The attention half's output GEMM, residual add,
-    the MLP's LayerNorm
-    and its GELU up-projection are one selector op (linear_add_norm_gelu: where a profile picks it, the
-    LayerNorm is applied after the up-projection's dot, kernels/post_norm.py)."""
+    (projected_attention: where a profile picks it, one kernel, kernels/candidates/projected_attention.py); the
+    cross-attention blocks' keys and values come from the observation's context. The attention half's output GEMM,
+    residual add, the MLP's LayerNorm and its GELU up-projection are one selector op (linear_add_norm_gelu: where a
+    profile picks it, the LayerNorm is applied after the up-projection's dot, kernels/candidates/post_norm.py)."""
     scale, shift = table.mods[0]
     y = dispatch.layer_norm(x, scale, shift, ATTN_EPS)
     for i in range(h.dit_layers):

@@ -35,8 +35,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from .common import HAVE_TRITON, available, check_tensors, pdl, release_dependents, tl, triton, wait_for_producer
-from .skinny_linear import MAX_ROWS, fit_stages, skinny_rows, split_plan
+from ..common import HAVE_TRITON, available, check_tensors, pdl, release_dependents, tl, triton, wait_for_producer
+from ..skinny_linear import MAX_ROWS, fit_stages, skinny_rows, split_plan
 
 __all__ = ["available", "residual_with_stats", "norm_linear_gelu", "residual_with_stats_ref", "norm_linear_gelu_ref",
            "merge_stats_ref", "column_sums", "gated_residual_rms", "rms_linear_geglu", "gated_residual_rms_ref",
@@ -113,8 +113,8 @@ def rms_linear_geglu_ref(h, scale, shift, gate_up_w, eps: float) -> torch.Tensor
 
 # --------------------------------------------------------------------------- kernels
 if HAVE_TRITON:
-    from .geglu import gelu_tanh_f32
-    from .skinny_linear import rows_times_weight
+    from ..geglu import gelu_tanh_f32
+    from ..skinny_linear import rows_times_weight
 
     @triton.jit
     def output_tile(X, sxm, W, swn, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,

@@ -40,13 +40,13 @@ from typing import Optional, Sequence
 
 import torch
 
-from .common import (HAVE_TRITON, LOG2E, available, cdiv, check_tensors, interpret_mode, next_power_of_2, num_sms,
+from ..common import (HAVE_TRITON, LOG2E, available, cdiv, check_tensors, interpret_mode, next_power_of_2, num_sms,
                       pdl, require_triton, tl, triton, wait_for_producer)
 from .expert_attention import attention_plan, expert_attention_ref
 from .expert_gemm import (GEGLU, RESID, ROPE, gated_residual_ref, gemm_plan, norm_geglu_ref, norm_qkv_rope_ref,
                           row_norm_ref)
-from .skinny_linear import fit_stages
-from .split_kv_attention import mask_strides
+from ..skinny_linear import fit_stages
+from ..split_kv_attention import mask_strides
 
 __all__ = ["available", "StackLaunch", "ROWS", "QKV", "ATTN", "OPROJ", "GATE_UP", "DOWN", "FINAL", "LAYER", "LAUNCHES",
            "DEFAULT_TILING", "expert_stack", "expert_stack_ref", "stack_plans", "launch_stages", "kernels_per_step"]

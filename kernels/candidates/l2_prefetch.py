@@ -26,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from .common import HAVE_TRITON, interpret_mode, tl, triton
+from ..common import HAVE_TRITON, interpret_mode, tl, triton
 
 __all__ = ["LINE_BYTES", "MODES", "segment_rows", "segment_table", "l2_prefetch", "mode_supported"]
 

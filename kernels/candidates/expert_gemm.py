@@ -1,7 +1,7 @@
 """The action expert's GEMMs as tiles with their neighbours fused in: the norm before, the epilogue after.
 
 One tile function (``gemm_tile``) serves the four GEMMs of an expert layer, so that the same code runs as its
-own kernel (one tile per program) or as a phase of the persistent kernel (kernels/expert_layer.py):
+own kernel (one tile per program) or as a phase of the persistent kernel (kernels/candidates/expert_layer.py):
 
 * **prologue, NORM**: x = (ada)RMSNorm(h) formed on the fly from the residual stream h and the per-row sums of
   squares the producer of h left behind (``STATS`` [n_stats, M] fp32, one partial per column block of the
@@ -30,10 +30,10 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .ada_rms_norm import ada_rms_norm_ref
-from .common import HAVE_TRITON, cdiv, next_power_of_2, num_sms, prefetch_l2, tl, triton
-from .geglu import geglu_ref
-from .rms_norm import rms_norm_ref
+from ..ada_rms_norm import ada_rms_norm_ref
+from ..common import HAVE_TRITON, cdiv, next_power_of_2, num_sms, prefetch_l2, tl, triton
+from ..geglu import geglu_ref
+from ..rms_norm import rms_norm_ref
 
 __all__ = ["RESID", "ROPE", "GEGLU", "MAX_SPLITS", "GemmPlan", "gemm_plan", "row_norm_ref", "norm_qkv_rope_ref",
            "norm_geglu_ref", "gated_residual_ref"]
@@ -131,7 +131,7 @@ def gemm_plan(m: int, n_blocks: int, k: int, device: torch.device, *, block_m: O
 
 # --------------------------------------------------------------------------- tile functions
 if HAVE_TRITON:
-    from .geglu import gelu_tanh_f32
+    from ..geglu import gelu_tanh_f32
 
     @triton.jit
     def rows_rstd(STATS, n_stats, M, rows, rmask, width, eps, STATS_BLOCK: tl.constexpr):

@@ -1,7 +1,7 @@
 """The action expert's attention as tiles whose last-arriving split merges: no merge kernel.
 
     q, k_suffix, v_suffix   read from the fused QKV rows [M = B*T, (Hq + 2 Hkv) D] (q and k already rotated:
-                            kernels/expert_gemm.py's ROPE mode), where they lie
+                            kernels/candidates/expert_gemm.py's ROPE mode), where they lie
     k_prefix, v_prefix      the prefix KV cache [B, Hkv, P, D] (keys rotated)
     mask                    additive (float) or validity (bool) over the P + T keys, [B, 1|T, P+T] (strides)
     out                     token-major rows [M, Hq D], the o-projection's input
@@ -23,9 +23,9 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .common import HAVE_TRITON, cdiv, num_sms, prefetch_l2, tl, triton
+from ..common import HAVE_TRITON, cdiv, num_sms, prefetch_l2, tl, triton
 from .expert_gemm import MAX_SPLITS_CONST, MAX_SPLITS
-from .split_kv_attention import split_kv_attention_ref
+from ..split_kv_attention import split_kv_attention_ref
 
 __all__ = ["AttentionPlan", "attention_plan", "expert_attention_ref"]
 
@@ -73,7 +73,7 @@ def attention_plan(batch: int, n_kv_heads: int, group: int, tokens: int, keys: i
 
 
 if HAVE_TRITON:
-    from .split_kv_attention import masked_softmax_step
+    from ..split_kv_attention import masked_softmax_step
 
     @triton.jit
     def attend_keys(q, m_i, l_i, acc, kb, vb, kn, vn, start, stop, key_off, b, qi, rmask, MASK, smb, smq, smk,

@@ -14,8 +14,8 @@ work in a 3-4 us kernel; each DiT block pays both launches, ramps and tails, 128
 How: one program per (batch item, head, K split) computes that head's q (and k, v) over its slice of K, the
 reduction split so that the projection streams its weights from ~2 programs per multiprocessor. Each split writes
 its fp32 partial to a dense workspace slot, then takes a ticket (CTA barrier, acq_rel atomic at GPU scope, as
-kernels/expert_gemm.py); the program that draws the last ticket sums the partials in split order (deterministic,
-loads past L1), adds the bias, rounds q / k / v to the activation dtype as the projection's output would be, runs
+kernels/candidates/expert_gemm.py); the program that draws the last ticket sums the partials in split order
+(deterministic, loads past L1), adds the bias, rounds q / k / v to the activation dtype as the projection's output would be, runs
 the head's attention (all keys in one block, softmax in fp32; a row with every key masked gives 0) and writes its
 output columns; it resets the counter, so the next call or graph replay starts at 0.
 
@@ -29,8 +29,8 @@ from typing import Dict, Optional
 
 import torch
 
-from .rope import split_heads
-from .common import (HAVE_TRITON, LOG2E, cdiv, check_tensors, next_power_of_2, num_sms, pdl, tl, triton,
+from ..rope import split_heads
+from ..common import (HAVE_TRITON, LOG2E, cdiv, check_tensors, next_power_of_2, num_sms, pdl, tl, triton,
                      wait_for_producer)
 
 __all__ = ["MAX_ROWS", "MAX_KEYS", "MAX_SPLITS", "fits", "projected_attention", "projected_attention_ref"]
