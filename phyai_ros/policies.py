@@ -99,6 +99,10 @@ class ControlPolicy:
                 raise ValueError(f"{source} produces non-finite actions: the warm-up chunk on a synthetic "
                                  f"observation holds {bad} NaN/Inf of {chunk.size} values")
 
+    def release(self) -> None:
+        """The runner's graphs and buffers dropped (the node's cleanup)."""
+        self.adapter.release()
+
 
 def _checkpoint_folder(p: Parameters) -> Path:
     if not p.model.checkpoint or not Path(p.model.checkpoint).is_dir():

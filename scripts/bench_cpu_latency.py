@@ -19,9 +19,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from phyai_ros.modeling import solver  # noqa: E402
-from phyai_ros.modeling.config import GemmaConfig, SiglipConfig  # noqa: E402
-from phyai_ros.models.pi05 import Pi05Config, Pi05Adapter, make_random_checkpoint  # noqa: E402
+from phyai_ros.models.pi.modeling import solver  # noqa: E402
+from phyai_ros.models.pi.modeling.config import GemmaConfig, SiglipConfig  # noqa: E402
+from phyai_ros.models.pi.pi05 import Pi05Config, Pi05Adapter, make_random_checkpoint  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "lerobot_parity"
 TOKENIZER = FIXTURES / "tokenizer" / "tokenizer.model"

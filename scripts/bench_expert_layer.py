@@ -58,7 +58,7 @@ from phyai_ros.layers import dispatch, ops  # noqa: E402,F401  (dispatch registe
 from phyai_ros.layers import expert_stack as xs  # noqa: E402
 from phyai_ros.layers.profiling import rel_err  # noqa: E402
 from phyai_ros.layers.selector import SELECTOR  # noqa: E402
-from phyai_ros.modeling.suffix import SuffixContext  # noqa: E402
+from phyai_ros.models.pi.modeling.suffix import SuffixContext  # noqa: E402
 
 W, HQ, HKV, D, I, DEPTH = 1024, 8, 1, 256, 4096, 18
 MODELS = {"pi05": dict(T=50, P=968, kind="ada"), "pi0": dict(T=51, P=816, kind="plain")}
@@ -259,9 +259,9 @@ def forced_selector(name: str):
 
 def runner_part(model: str, ckpt: Path, names, res: dict, budget: float, iters: int) -> None:
     from call_timing import call_ms, flow_runner_inputs
-    from phyai_ros.models.pi0.checkpoint import load_pi0_checkpoint
-    from phyai_ros.models.pi05.checkpoint import load_pi05_checkpoint
-    from phyai_ros.runtime.runner import FlowRunner
+    from phyai_ros.models.pi.pi0.checkpoint import load_pi0_checkpoint
+    from phyai_ros.models.pi.pi05.checkpoint import load_pi05_checkpoint
+    from phyai_ros.models.pi.runner import FlowRunner
     loader = load_pi0_checkpoint if model == "pi0" else load_pi05_checkpoint
     ck = loader(ckpt, device="cuda", dtype=torch.bfloat16)
     m, cfg = ck.model, ck.config

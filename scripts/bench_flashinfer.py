@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 def inputs(kind: str, b: int, dev):
     from phyai_ros.layers import ops
-    from phyai_ros.modeling.suffix import suffix_context
+    from phyai_ros.models.pi.modeling.suffix import suffix_context
     p, d = 3 * 256 + 200, 256
     pad = torch.zeros(b, p, dtype=torch.bool, device=dev)
     pad[:, :3 * 256] = True

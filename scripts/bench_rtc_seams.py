@@ -55,7 +55,7 @@ RUNS = {"off": (NAMES["plain"], "off"), "guided": (NAMES["plain"], "guided"),
 
 def load_policy(ckpt: Path, tokenizer: Path, noise_seed: int = 0):
     """The node's policy object for a checkpoint folder (its own norm_stats.json)."""
-    from phyai_ros.models.pi05 import Pi05Adapter
+    from phyai_ros.models.pi.pi05 import Pi05Adapter
     from phyai_ros.policies import ControlPolicy
     adapter = Pi05Adapter.from_files(ckpt, tokenizer, ckpt / "norm_stats.json", camera_names=list(SLOTS.values()))
     return ControlPolicy(adapter, noise_seed=noise_seed)   # guided RTC: the adapter's default max guidance

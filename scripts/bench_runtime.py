@@ -29,12 +29,12 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from phyai_ros.models import pi0, pi05  # noqa: E402
-from phyai_ros.modeling.config import GemmaConfig, SiglipConfig  # noqa: E402
-from phyai_ros.models.pi0 import checkpoint as pi0_checkpoint  # noqa: E402
-from phyai_ros.models.pi05 import checkpoint as pi05_checkpoint  # noqa: E402
+from phyai_ros.models.pi import pi0, pi05  # noqa: E402
+from phyai_ros.models.pi.modeling.config import GemmaConfig, SiglipConfig  # noqa: E402
+from phyai_ros.models.pi.pi0 import checkpoint as pi0_checkpoint  # noqa: E402
+from phyai_ros.models.pi.pi05 import checkpoint as pi05_checkpoint  # noqa: E402
 from phyai_ros.runtime.roofline import flow_stage_costs  # noqa: E402
-from phyai_ros.runtime.runner import FlowRunner  # noqa: E402
+from phyai_ros.models.pi.runner import FlowRunner  # noqa: E402
 from phyai_ros.runtime.transfer import pinned_array  # noqa: E402
 from call_timing import call_ms, startup_in_child  # noqa: E402  (scripts/, next to this file)
 

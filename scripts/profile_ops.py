@@ -66,8 +66,8 @@ def record_model_calls(args) -> dict:
 
 
 def load_model(ckpt, tokenizer):
-    from phyai_ros.models import pi0, pi05
-    from phyai_ros.models.pi05.checkpoint import make_random_model
+    from phyai_ros.models.pi import pi0, pi05
+    from phyai_ros.models.pi.pi05.checkpoint import make_random_model
     if ckpt is None:
         cfg = pi05.Pi05Config()
         return make_random_model(cfg, seed=0, std=0.02, dtype=torch.bfloat16, device="cuda"), cfg
@@ -80,7 +80,7 @@ def load_model(ckpt, tokenizer):
 
 
 def record_calls(model, cfg, b: int, s: int) -> dict:
-    from phyai_ros.runtime.runner import FlowRunner
+    from phyai_ros.models.pi.runner import FlowRunner
     runner = FlowRunner(model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False,
                         state_dim=cfg.max_state_dim)
     images, masks, tokens, tmask, state, noise = flow_runner_inputs(cfg, b, s)

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from phyai_ros.layers.quantized import QuantScheme, apply_calibration, calibrating  # noqa: E402
 from phyai_ros.layers.selector import SELECTOR, OperatorSelector  # noqa: E402
-from phyai_ros.models.common.quantization import quantize_model  # noqa: E402
+from phyai_ros.models.pi.quantization import quantize_model  # noqa: E402
 
 # (label, scheme, parts); static W8A8 is calibrated on the run's own observations (in-sample).
 CASES = [
@@ -106,11 +106,11 @@ def fixture_rows(policy_type: str) -> list:
 
 # ----------------------------------------------------------------------------- full size (CUDA bf16)
 def full_rows(policy_type: str, batch: int = 1) -> list:
-    from phyai_ros.models import pi0, pi05
-    from phyai_ros.models.pi0 import checkpoint as pi0_ckpt
-    from phyai_ros.models.pi05 import checkpoint as pi05_ckpt
-    from phyai_ros.modeling import solver
-    from phyai_ros.runtime.runner import FlowRunner
+    from phyai_ros.models.pi import pi0, pi05
+    from phyai_ros.models.pi.pi0 import checkpoint as pi0_ckpt
+    from phyai_ros.models.pi.pi05 import checkpoint as pi05_ckpt
+    from phyai_ros.models.pi.modeling import solver
+    from phyai_ros.models.pi.runner import FlowRunner
     cfg_cls, ckpt = {"pi05": (pi05.Pi05Config, pi05_ckpt), "pi0": (pi0.Pi0Config, pi0_ckpt)}[policy_type]
     cfg = cfg_cls()
     dev = "cuda"

@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from phyai_ros.models import pi0, pi05  # noqa: E402
+from phyai_ros.models.pi import pi0, pi05  # noqa: E402
 from phyai_ros.runtime.projection import (DEVICES, H200, MEASURED_H200, STAGES, StageTimes, formats_for,  # noqa: E402
                                           project, total)
 from phyai_ros.runtime.roofline import BF16, W4A16, W8A8_FP8, W8A16  # noqa: E402

@@ -19,7 +19,7 @@ state and action ranges. Training times are drawn in [0, 4 episodes); held-out t
 
 Cost: vision and the VLM stay at their random initialization (frozen), so each cached observation's prefix
 K/V is computed once and training runs the action expert only (flow matching through
-``Pi05Model.denoise_velocity``, phyai_ros/models/pi05/training.py). The defaults take about 2.5 minutes of
+``Pi05Model.denoise_velocity``, phyai_ros/models/pi/pi05/training.py). The defaults take about 2.5 minutes of
 training per model on a quiet 2-core machine (4-6 minutes with other work running; 11 minutes for both,
 start to end, when the committed checkpoints were made). Seeded: two runs with the same arguments gave
 bit-identical weights here (torch CPU kernels; another CPU or thread count may differ in the last bits).
@@ -45,8 +45,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from phyai_ros.models.pi05 import Pi05Adapter, make_random_checkpoint  # noqa: E402
-from phyai_ros.models.pi05.training import (flow_matching_loss, lerobot_state_dict, sample_flow_time,  # noqa: E402
+from phyai_ros.models.pi.pi05 import Pi05Adapter, make_random_checkpoint  # noqa: E402
+from phyai_ros.models.pi.pi05.training import (flow_matching_loss, lerobot_state_dict, sample_flow_time,  # noqa: E402
                                             train_parameters)
 from phyai_ros.replay.demo_bag import (DEFAULT_CAMERAS, DEFAULT_INSTRUCTION, Renderer, arm_joints,  # noqa: E402
                                        scene_state)

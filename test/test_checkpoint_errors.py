@@ -9,8 +9,8 @@ import torch
 
 from node_harness import make_small_checkpoint, require_tokenizer
 from phyai_ros.models.files import CheckpointError
-from phyai_ros.models.pi0 import Pi0Adapter
-from phyai_ros.models.pi05 import Pi05Adapter
+from phyai_ros.models.pi.pi0 import Pi0Adapter
+from phyai_ros.models.pi.pi05 import Pi05Adapter
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_empty_or_corrupt_tokenizer_names_the_file(small, tmp_path, content):
 def test_nan_in_a_used_weight_is_refused_naming_the_tensor(small, tmp_path):
     """Only the weights inference uses count: Inf in an unused lm_head still loads."""
     from safetensors.torch import load_file, save_file
-    from phyai_ros.models.common.paligemma_keys import UNUSED_KEYS
+    from phyai_ros.models.pi.paligemma_keys import UNUSED_KEYS
     ckpt = broken_copy(small, tmp_path)
     sd = load_file(str(ckpt / "model.safetensors"))
     unused = next(k for k in sorted(sd) if k in UNUSED_KEYS)

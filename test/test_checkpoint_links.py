@@ -9,12 +9,12 @@ import pytest
 
 from phyai_ros.fixtures import make_small_checkpoint, require_tokenizer
 from phyai_ros.models.bpe import ByteLevelBPE, TokenizerError
-from phyai_ros.models.common.lerobot_checkpoint import read_lerobot_checkpoint
+from phyai_ros.models.pi.lerobot_checkpoint import read_lerobot_checkpoint
 from phyai_ros.models.cosmos3.checkpoint import write_byte_tokenizer
 from phyai_ros.models.cosmos3.prompt import ChatTokenizer
 from phyai_ros.models.contract import ModelFiles
 from phyai_ros.models.files import CheckpointError
-from phyai_ros.models.pi05.adapter import Pi05Adapter
+from phyai_ros.models.pi.pi05.adapter import Pi05Adapter
 
 
 def _relink(path, target) -> None:

@@ -8,7 +8,8 @@ import torch
 
 from phyai_ros.control import DelayEstimator
 from phyai_ros.control.testing import make_sim
-from phyai_ros.modeling.solver import pad_prev_chunk, rtc_prefix_weights
+from phyai_ros.models.pi.modeling.solver import pad_prev_chunk
+from phyai_ros.models.rtc_weights import rtc_prefix_weights
 
 from control_cases import DT, MS, H, cfg  # noqa: F401
 

@@ -1,4 +1,4 @@
-"""The Cosmos3 runner (phyai_ros/runtime/cosmos3_runner.py) and batching.
+"""The Cosmos3 runner (phyai_ros/models/cosmos3/runner.py) and batching.
 
 CPU (CI): the conditioning is computed once per observation and kept (several chunks from one observation
 equal fresh runs), a new observation invalidates it, the text keys / values stay while the instruction does, prompt padding to a token bucket and batching several
@@ -73,7 +73,7 @@ def test_text_cache_is_kept_while_the_instruction_stays(fx):
     """The text pathway's keys / values follow the prompt rows alone: a new image with the same instruction keeps
     them (not run again) and gives what a runner computing everything gives, bit for bit; another instruction of
     the same padded length (the same bucket) runs them again; no key always runs them."""
-    from phyai_ros.runtime.cosmos3_runner import Cosmos3Runner
+    from phyai_ros.models.cosmos3.runner import Cosmos3Runner
     pol = policy(fx, token_bucket=64)
     runner = Cosmos3Runner(pol.stages, use_graphs=False)
     image, (vis, act) = noise(fx)
@@ -104,7 +104,7 @@ def test_text_cache_is_kept_while_the_instruction_stays(fx):
 
 
 def test_sample_needs_an_observation(pol, fx):
-    from phyai_ros.runtime.cosmos3_runner import Cosmos3Runner
+    from phyai_ros.models.cosmos3.runner import Cosmos3Runner
     image, (vis, act) = noise(fx)
     x = pol.prepare({"image": image}, fx["case"]["instruction"])
     runner = Cosmos3Runner(pol.stages, use_graphs=False)
@@ -185,7 +185,7 @@ def test_bf16_graphs_finite_and_close(fx):
 def test_the_runner_keeps_a_bounded_set_of_shape_buckets(fx):
     """Instructions of three padded lengths (three buckets) through a runner that keeps two: two stay, the least
     recently used goes, and a bucket made again computes what it computed before."""
-    from phyai_ros.runtime.cosmos3_runner import MAX_BUCKETS, Cosmos3Runner
+    from phyai_ros.models.cosmos3.runner import MAX_BUCKETS, Cosmos3Runner
     pol = policy(fx, token_bucket=4)
     pol.runner = Cosmos3Runner(pol.stages, use_graphs=False, max_buckets=2)
     image, (vis, act) = noise(fx)

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from phyai_ros.kernels import common
 from phyai_ros.layers import activations, attention, dispatch, linears, norms, ops
 from phyai_ros.layers.selector import Candidate, OperatorSelector
-from phyai_ros.modeling.config import SiglipConfig
-from phyai_ros.modeling.siglip import SiglipEncoder
+from phyai_ros.models.pi.modeling.config import SiglipConfig
+from phyai_ros.models.pi.modeling.siglip import SiglipEncoder
 
 # test/conftest.py switches Triton's interpreter on where there is no GPU.
 needs_interpreter = pytest.mark.skipif(not (common.HAVE_TRITON and common.interpret_mode()),

@@ -25,7 +25,7 @@ from phyai_ros.kernels.candidates import expert_layer as el
 from phyai_ros.layers import ops
 from phyai_ros.layers.expert_stack import ExpertNorms, unfused
 from phyai_ros.layers.selector import OperatorSelector
-from phyai_ros.modeling.suffix import SuffixContext
+from phyai_ros.models.pi.modeling.suffix import SuffixContext
 
 pytestmark = pytest.mark.gpu
 

@@ -18,12 +18,12 @@ from phyai_ros.kernels import common  # noqa: E402
 from phyai_ros.layers import dispatch, ops  # noqa: E402
 from phyai_ros.layers.expert_stack import FUSED_FORMS, ExpertNorms, fits  # noqa: E402
 from phyai_ros.layers.selector import OperatorSelector  # noqa: E402
-from phyai_ros.modeling.config import GemmaConfig, SiglipConfig  # noqa: E402
-from phyai_ros.models.pi0 import Pi0Config  # noqa: E402
-from phyai_ros.models.pi0 import checkpoint as pi0_checkpoint  # noqa: E402
-from phyai_ros.models.pi0.modeling import Pi0Model  # noqa: E402
-from phyai_ros.models.pi05 import Pi05Config  # noqa: E402
-from phyai_ros.models.pi05.checkpoint import make_random_model, random_state_dict  # noqa: E402
+from phyai_ros.models.pi.modeling.config import GemmaConfig, SiglipConfig  # noqa: E402
+from phyai_ros.models.pi.pi0 import Pi0Config  # noqa: E402
+from phyai_ros.models.pi.pi0 import checkpoint as pi0_checkpoint  # noqa: E402
+from phyai_ros.models.pi.pi0.modeling import Pi0Model  # noqa: E402
+from phyai_ros.models.pi.pi05 import Pi05Config  # noqa: E402
+from phyai_ros.models.pi.pi05.checkpoint import make_random_model, random_state_dict  # noqa: E402
 
 needs_interpreter = pytest.mark.skipif(not (common.HAVE_TRITON and common.interpret_mode()),
                                        reason="Triton interpreter check for CPU-only machines")

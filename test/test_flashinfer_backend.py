@@ -15,7 +15,7 @@ import torch
 from phyai_ros.layers import dispatch, ops
 from phyai_ros.layers import flashinfer_backend as fb
 from phyai_ros.layers.ops import MASK_VALUE
-from phyai_ros.modeling.suffix import suffix_context
+from phyai_ros.models.pi.modeling.suffix import suffix_context
 
 P_SLOTS, P_TOKENS = 3 * 256, 200          # pi0.5 prefix: 3 camera slots of 256 tokens, a 200-token prompt budget
 P = P_SLOTS + P_TOKENS

@@ -29,7 +29,7 @@ from phyai_ros.layers import dispatch, ops  # noqa: E402
 from phyai_ros.layers import flashinfer_backend as fb  # noqa: E402
 from phyai_ros.layers import profiling  # noqa: E402
 from phyai_ros.layers.selector import device_signature, shape_key  # noqa: E402
-from phyai_ros.modeling.suffix import suffix_context  # noqa: E402
+from phyai_ros.models.pi.modeling.suffix import suffix_context  # noqa: E402
 
 if not fb.available():
     pytest.skip("flashinfer switched off (PHYAI_FLASHINFER=0)", allow_module_level=True)

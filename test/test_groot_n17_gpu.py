@@ -1,4 +1,4 @@
-"""GR00T N1.7 through the observation runner (phyai_ros/runtime/groot_runner.py) against the LeRobot fixtures.
+"""GR00T N1.7 through the observation runner (phyai_ros/runtime/stage_runner.py) against the LeRobot fixtures.
 
 CPU (CI): the runner's eager path on its static buffers equals the adapter's eager path bit for bit and the
 fixtures within 1e-4 (plain, native RTC, float resize), and it keeps / resets per-observation state as it
@@ -28,13 +28,13 @@ def fx():
 def setup(fx, device="cpu", dtype=torch.float32, resize_mode="auto", use_graphs=True, weights=None):
     """(policy, prepared inputs of the plain case, runner)."""
     from phyai_ros.models.groot_n17 import GrootAdapter
-    from phyai_ros.runtime.groot_runner import GrootRunner
+    from phyai_ros.runtime.stage_runner import StageRunner
     pol = GrootAdapter.from_files(GROOT / "checkpoint", device=device, dtype=dtype, resize_mode=resize_mode)
     if weights is not None:
         weights(pol.weights)
     inputs = pol.prepare(fx["images"], fx["inp"]["raw.observation.state"], fx["meta"]["tasks"],
                          fx["inp"]["embodiment_id"].tolist())
-    return pol, inputs, GrootRunner(pol.model, use_graphs=use_graphs)
+    return pol, inputs, StageRunner(pol.model, use_graphs=use_graphs)
 
 
 def rtc_request(fx, pol):

@@ -88,14 +88,14 @@ def test_a_long_task_is_cut_to_the_token_budget_at_a_word(policy):
 def test_the_runner_keeps_a_bounded_set_of_prompt_length_buckets(policy):
     """Tasks of six lengths (six prompt-length buckets) through a runner that keeps three: three stay, and a bucket
     made again after its eviction computes what it computed before."""
-    from phyai_ros.runtime.groot_runner import GrootRunner
+    from phyai_ros.runtime.stage_runner import StageRunner
     fx = load_groot_fixture(GROOT)
     images = {k: v[0].numpy() for k, v in fx["images"].items()}
     state = fx["inp"]["raw.observation.state"][0].numpy()
     noise = fx["inp"]["noise"][0]
     runner = policy.runner
     try:
-        policy.runner = GrootRunner(policy.model, use_graphs=False, max_buckets=3)
+        policy.runner = StageRunner(policy.model, use_graphs=False, max_buckets=3)
         tasks = ["pick " + "up the cup " * i for i in range(6)]
         first = [policy.predict(images, state, t, noise=noise.clone()) for t in tasks]
         assert len(policy.runner.buckets()) == 3 and len({k for k in policy.runner.buckets()}) == 3
@@ -104,5 +104,5 @@ def test_the_runner_keeps_a_bounded_set_of_prompt_length_buckets(policy):
         assert len(policy.runner.buckets()) == 3
     finally:
         policy.runner = runner
-    from phyai_ros.runtime.groot_runner import MAX_BUCKETS
-    assert MAX_BUCKETS >= 4 and GrootRunner(policy.model, max_buckets=5).max_buckets == 5
+    from phyai_ros.runtime.stage_runner import MAX_BUCKETS
+    assert MAX_BUCKETS >= 4 and StageRunner(policy.model, max_buckets=5).max_buckets == 5

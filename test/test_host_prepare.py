@@ -109,7 +109,7 @@ def test_groot_prepare_checks_frames_before_copying_them(groot):
     images, state = _observation(groot, 2)
     name = groot.camera_names[0]
     for bad, says in ((images[name].astype(np.float32), "uint8"), (images[name][..., :2], "[H, W, 3]"),
-                      (np.zeros((1, 0, 4, 3), np.uint8), "[H, W, 3]")):
+                      (np.zeros((1, 0, 4, 3), np.uint8), "empty image")):
         with pytest.raises(ValueError, match=f"camera '{name}'.*" + says.replace("[", r"\[").replace("]", r"\]")):
             groot.prepare({**images, name: bad}, state, "pick up the cup")
 
@@ -117,7 +117,7 @@ def test_groot_prepare_checks_frames_before_copying_them(groot):
 def test_pi_cameras_of_mixed_sizes_and_absent_ones_are_each_preprocessed_as_alone():
     """Same-size cameras share one upload and one resize; each slot still equals its frame preprocessed alone,
     in checkpoint order, for a batch of two, with an absent camera all -1 and masked."""
-    from phyai_ros.models.common.image import preprocess_uint8_images
+    from phyai_ros.models.pi.image import preprocess_uint8_images
     policy = load_pi_policy()
     rng = np.random.default_rng(3)
     names = policy.camera_names
@@ -140,7 +140,7 @@ def test_pi_cameras_of_mixed_sizes_and_absent_ones_are_each_preprocessed_as_alon
 
 
 def test_the_runner_picks_the_same_bucket_from_the_host_masks_as_from_the_device_ones():
-    from phyai_ros.runtime.runner import FlowRunner
+    from phyai_ros.models.pi.runner import FlowRunner
     policy = load_pi_policy()
     runner = FlowRunner(policy.model, 2, policy.chunk_size, policy.config.max_action_dim, use_graphs=False,
                         token_bucket=16)

@@ -9,7 +9,7 @@ import torch
 from phyai_ros.control import BadStateError, ControlConfig, JointStateMapper
 from phyai_ros.control.observation import MAX_ABS_STATE, FrameLimits
 from phyai_ros.control.testing import encode_call_index, make_sim
-from phyai_ros.models.common.image import preprocess_uint8_images, resized_hw
+from phyai_ros.models.pi.image import preprocess_uint8_images, resized_hw
 
 MS = 1_000_000
 H = 10
@@ -138,8 +138,8 @@ def test_positions_at_the_bound_are_accepted():
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory):
     from node_harness import require_tokenizer
-    from phyai_ros.models.pi0 import Pi0Adapter
-    from phyai_ros.models.pi05 import Pi05Adapter
+    from phyai_ros.models.pi.pi0 import Pi0Adapter
+    from phyai_ros.models.pi.pi05 import Pi05Adapter
     from phyai_ros.testing import make_small_checkpoint
     tokenizer = require_tokenizer()
     out = {}

@@ -10,7 +10,7 @@ import torch
 from phyai_ros.kernels.candidates import l2_prefetch as kl2
 from phyai_ros.layers import expert_stack as xs
 from phyai_ros.layers import prefetch_branch as branch
-from phyai_ros.modeling.suffix import SuffixContext
+from phyai_ros.models.pi.modeling.suffix import SuffixContext
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():

@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from phyai_ros.control.rtc import make_request
-from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
-from phyai_ros.models.common.normalize import load_norm_stats
-from phyai_ros.models.pi05 import (CheckpointError, Pi05Config, Pi05Adapter, PromptTruncatedWarning,
+from phyai_ros.models.pi.modeling.config import GemmaConfig, SiglipConfig
+from phyai_ros.models.pi.normalize import load_norm_stats
+from phyai_ros.models.pi.pi05 import (CheckpointError, Pi05Config, Pi05Adapter, PromptTruncatedWarning,
                                    load_pi05_checkpoint, make_random_checkpoint)
-from phyai_ros.models.pi05.checkpoint import EXP, LM, VIS
+from phyai_ros.models.pi.pi05.checkpoint import EXP, LM, VIS
 
 FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
                 Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "lerobot_parity")
@@ -106,10 +106,10 @@ def test_norm_stats_formats(tmp_path):
 # ------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("bad, match", [
     (np.zeros((40, 30, 3), np.float32), "uint8"),
-    (np.zeros((40, 30), np.uint8), "HxWx3"),
-    (np.zeros((40, 30, 4), np.uint8), "HxWx3"),
-    (np.zeros((2, 40, 30, 3), np.uint8), "one HxWx3"),
-    (np.zeros((0, 30, 3), np.uint8), "HxWx3"),
+    (np.zeros((40, 30), np.uint8), r"one \[H, W, 3\]"),
+    (np.zeros((40, 30, 4), np.uint8), r"\[H, W, 3\]"),
+    (np.zeros((2, 40, 30, 3), np.uint8), r"one \[H, W, 3\]"),
+    (np.zeros((0, 30, 3), np.uint8), "empty image"),
 ])
 def test_bad_image(policy, bad, match):
     images, state = obs()
@@ -253,7 +253,7 @@ def test_read_only_and_flipped_images_accepted(policy):
 
 
 def test_make_random_model_matches_checkpoint(tmp_path):
-    from phyai_ros.models.pi05 import make_random_model
+    from phyai_ros.models.pi.pi05 import make_random_model
     make_random_checkpoint(tmp_path, TINY, seed=5, std=0.05)
     a = load_pi05_checkpoint(tmp_path).model
     b = make_random_model(TINY, seed=5, std=0.05)

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from phyai_ros.modeling import solver
+from phyai_ros.models.pi.modeling import solver
 from phyai_ros.control.rtc import make_request
-from phyai_ros.models.pi05 import Pi05Adapter
-from phyai_ros.models.pi05.modeling import prefix_positions
+from phyai_ros.models.pi.pi05 import Pi05Adapter
+from phyai_ros.models.rtc_weights import rtc_prefix_weights
+from phyai_ros.models.pi.pi05.modeling import prefix_positions
 
 FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
                 Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "lerobot_parity")
@@ -216,14 +217,14 @@ def test_rtc_vjp_runs_and_differs(policy, prepared, fx):
 
 # ------------------------------------------------------------------ solver units
 def test_prefix_weight_schedules_edge_cases():
-    w = solver.rtc_prefix_weights(3, 10, 50, "linear")
+    w = rtc_prefix_weights(3, 10, 50, "linear")
     assert w.shape == (50,) and torch.allclose(w[:11], torch.tensor(
         [1, 1, 1, .875, .75, .625, .5, .375, .25, .125, 0.])) and not w[10:].any()
-    assert torch.equal(solver.rtc_prefix_weights(12, 10, 50, "linear")[:11], torch.tensor([1.] * 10 + [0.]))
-    assert torch.equal(solver.rtc_prefix_weights(0, 0, 50, "exp"), torch.zeros(50))
-    assert solver.rtc_prefix_weights(3, 80, 50, "exp").shape == (50,)
+    assert torch.equal(rtc_prefix_weights(12, 10, 50, "linear")[:11], torch.tensor([1.] * 10 + [0.]))
+    assert torch.equal(rtc_prefix_weights(0, 0, 50, "exp"), torch.zeros(50))
+    assert rtc_prefix_weights(3, 80, 50, "exp").shape == (50,)
     with pytest.raises(ValueError):
-        solver.rtc_prefix_weights(3, 10, 50, "cosine")
+        rtc_prefix_weights(3, 10, 50, "cosine")
     y = solver.pad_prev_chunk(torch.ones(2, 60, 7), 50, 32)
     assert y.shape == (2, 50, 32) and y[:, :, 7:].abs().sum() == 0
 
@@ -277,7 +278,7 @@ def test_cuda_graph_capture_of_stages(fx):
     replayed on new inputs copied into the static buffers, equal the eager path."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    from phyai_ros.modeling import solver as S
+    from phyai_ros.models.pi.modeling import solver as S
     inp, exp = fx["inp"], fx["exp"]
     pol = load_policy("cuda")
     m = pol.model

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from phyai_ros.control.rtc import make_request
-from phyai_ros.modeling import solver
-from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
-from phyai_ros.modeling.paligemma import prefix_positions
-from phyai_ros.models.common.paligemma_keys import EXP
-from phyai_ros.models.pi0 import (CheckpointError, Pi0Config, Pi0Adapter, load_pi0_checkpoint,
+from phyai_ros.models.pi.modeling import solver
+from phyai_ros.models.pi.modeling.config import GemmaConfig, SiglipConfig
+from phyai_ros.models.pi.modeling.paligemma import prefix_positions
+from phyai_ros.models.pi.paligemma_keys import EXP
+from phyai_ros.models.pi.pi0 import (CheckpointError, Pi0Config, Pi0Adapter, load_pi0_checkpoint,
                                   make_random_checkpoint)
 
 FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or

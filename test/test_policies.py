@@ -11,8 +11,8 @@ import pytest
 from safetensors.torch import load_file
 
 from phyai_ros.control.rtc import make_request
-from phyai_ros.models.pi0 import Pi0Adapter
-from phyai_ros.models.pi05 import Pi05Adapter
+from phyai_ros.models.pi.pi0 import Pi0Adapter
+from phyai_ros.models.pi.pi05 import Pi05Adapter
 from phyai_ros.policies import ControlPolicy
 
 FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
-from phyai_ros.models.pi0 import Pi0Config
-from phyai_ros.models.pi05 import Pi05Config
+from phyai_ros.models.pi.modeling.config import GemmaConfig, SiglipConfig
+from phyai_ros.models.pi.pi0 import Pi0Config
+from phyai_ros.models.pi.pi05 import Pi05Config
 from phyai_ros.runtime.projection import (H200, MEASURED_H200, THOR, DeviceSpec, StageTimes, formats_for, project,
                                           total)
 from phyai_ros.runtime.roofline import (BF16, PARTS, W4A16, W8A8_FP8, W8A16, WeightFormat, flow_stage_costs)

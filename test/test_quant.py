@@ -225,7 +225,7 @@ def test_quantized_checkpoint_loads_and_stays_close_to_lerobot(tmp_path, policy_
 @needs_fixtures
 def test_quantized_folder_refuses_a_mismatch(tmp_path):
     from phyai_ros.models.files import CheckpointError
-    from phyai_ros.models.pi05.checkpoint import load_pi05_checkpoint
+    from phyai_ros.models.pi.pi05.checkpoint import load_pi05_checkpoint
     src = FIX / "pi05" / "checkpoint"
     assert _quantize_cli(src, tmp_path / "q", "--scheme", "w8a16") == 0
     bad = tmp_path / "bad"

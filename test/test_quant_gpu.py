@@ -115,12 +115,12 @@ def test_every_quantized_op_has_a_cuda_candidate():
 def test_full_size_quantized_pi05_graphs_match_eager(scheme):
     """The full pi0.5 with quantized parts through the runner's CUDA graphs equals its eager run (same kernels,
     same inputs), and stays near the bf16 model."""
-    from phyai_ros.models.pi05 import Pi05Config
-    from phyai_ros.models.pi05.checkpoint import lerobot_key_shapes, load_state_dict
-    from phyai_ros.models.pi05.modeling import Pi05Model
-    from phyai_ros.models.common.quantization import quantize_model
+    from phyai_ros.models.pi.pi05 import Pi05Config
+    from phyai_ros.models.pi.pi05.checkpoint import lerobot_key_shapes, load_state_dict
+    from phyai_ros.models.pi.pi05.modeling import Pi05Model
+    from phyai_ros.models.pi.quantization import quantize_model
     from phyai_ros.models.quantized_checkpoint import DEFAULT_PARTS
-    from phyai_ros.runtime.runner import FlowRunner
+    from phyai_ros.models.pi.runner import FlowRunner
     cfg = Pi05Config()
     model = Pi05Model(cfg, torch.bfloat16, "cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -158,7 +158,7 @@ def test_groot_quantized_runner_graphs_match_eager(tmp_path, scheme):
     from fixture_sets import groot_fixture_dir, load_groot_fixture
     from phyai_ros.models.groot_n17 import GrootAdapter
     from phyai_ros.quant.__main__ import main as quantize
-    from phyai_ros.runtime.groot_runner import GrootRunner
+    from phyai_ros.runtime.stage_runner import StageRunner
     g = groot_fixture_dir()
     if not (g / "checkpoint").is_dir():
         pytest.skip("no GR00T N1.7 fixture")
@@ -171,7 +171,7 @@ def test_groot_quantized_runner_graphs_match_eager(tmp_path, scheme):
         x = pol.prepare(fx["images"], fx["inp"]["raw.observation.state"], fx["meta"]["tasks"],
                         fx["inp"]["embodiment_id"].tolist())
         for graphs in (False, True):
-            runner = GrootRunner(pol.model, use_graphs=graphs)
+            runner = StageRunner(pol.model, use_graphs=graphs)
             outs[name, graphs] = runner.run(runner.model.observation(x), fx["inp"]["noise"].cuda()).float().clone()
     q_eager, q_graph, ref = outs["quantized", False], outs["quantized", True], outs["float", False]
     assert torch.isfinite(q_graph).all()

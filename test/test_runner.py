@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from phyai_ros.models.pi05 import Pi05Adapter
-from phyai_ros.runtime.runner import FlowRunner
+from phyai_ros.models.pi.pi05 import Pi05Adapter
+from phyai_ros.models.pi.runner import FlowRunner
 
 FIXTURES = Path(os.environ.get("PHYAI_PARITY_FIXTURES") or
                 Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "lerobot_parity")
@@ -168,7 +168,7 @@ def test_the_same_runner_runs_pi0(case):
     """pi0 (state as a suffix token, action-time MLP) through the unchanged runner: the adapter boundary holds."""
     from safetensors.torch import load_file
 
-    from phyai_ros.models.pi0 import Pi0Adapter
+    from phyai_ros.models.pi.pi0 import Pi0Adapter
     pi0 = FIXTURES / "pi0"
     policy = Pi0Adapter.from_files(pi0 / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model",
                                   pi0 / "norm_stats.json")
@@ -189,7 +189,7 @@ def test_the_same_runner_runs_pi0(case):
 def pi0_inputs():
     from safetensors.torch import load_file
 
-    from phyai_ros.models.pi0 import Pi0Adapter
+    from phyai_ros.models.pi.pi0 import Pi0Adapter
     pi0 = FIXTURES / "pi0"
     policy = Pi0Adapter.from_files(pi0 / "checkpoint", FIXTURES / "tokenizer" / "tokenizer.model",
                                   pi0 / "norm_stats.json")

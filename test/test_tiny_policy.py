@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from phyai_ros.models.pi05 import Pi05Adapter, make_random_checkpoint
-from phyai_ros.models.common.policy import norm_stats_file
+from phyai_ros.models.pi.pi05 import Pi05Adapter, make_random_checkpoint
+from phyai_ros.models.pi.policy import norm_stats_file
 from phyai_ros.testing import require_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

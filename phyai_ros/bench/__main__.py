@@ -216,7 +216,7 @@ def _run(a, argv: List[str], extra: List[str]) -> int:
         raise BadArgument(f"arguments after '--' ({' '.join(extra)}) go to a family script: not for a contract run")
     if a.checkpoint is not None and not a.checkpoint.is_dir():
         raise BadArgument(f"--checkpoint {a.checkpoint}: no such folder")
-    device = _device(a.device)
+    device = "cuda" if a.dry_run and a.device in ("auto", "cuda") and kind == "full" else _device(a.device)
     if kind == "full" and device == "cpu" and a.config in (None, "full"):
         raise BadArgument("full size on the CPU: use --small (the contract bench) or --config mid/tiny (the "
                           "family script's smoke run)")

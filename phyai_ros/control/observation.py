@@ -92,13 +92,17 @@ class FrameLimits:
         BadImageError naming ``camera`` (when given) and what is wrong."""
         fault = self._fault(tuple(shape), dtype)
         if fault:
-            raise BadImageError(f"camera '{camera}': {fault}" if camera else fault)
+            raise self.error(fault, camera)
+
+    @staticmethod
+    def error(fault: str, camera: str = "") -> "BadImageError":
+        """The error a refused frame raises, in the rule's words and naming the camera."""
+        return BadImageError(f"camera '{camera}': {fault}" if camera else fault)
 
     def check(self, image, camera: str = "") -> np.ndarray:
         """A decoded frame (``check_layout`` on its array); returns it unchanged."""
         if not isinstance(image, np.ndarray):
-            fault = f"image must be a numpy array, got {type(image).__name__}"
-            raise BadImageError(f"camera '{camera}': {fault}" if camera else fault)
+            raise self.error(f"image must be a numpy array, got {type(image).__name__}", camera)
         self.check_layout(image.shape, image.dtype.name, camera)
         return image
 

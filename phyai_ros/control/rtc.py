@@ -15,7 +15,7 @@ the guidance math itself lives in the adapter's solver.
   actions from that slot on (its not-yet-executed remainder, aligned to the new chunk's
   time), n = len(Y).  The first d = min(d_est, n) new actions are frozen to Y.
 * What the policy makes of Y is the model's business (design.md §3): the pi family's
-  solver turns it into guidance weights (``solver.rtc_prefix_weights``: 1 for i < d, a
+  solver turns it into guidance weights (``models.rtc_weights.rtc_prefix_weights``: 1 for i < d, a
   ramp over d <= i < n, 0 beyond Y; n is LeRobot's "execution horizon") or clean prefix
   tokens; GR00T N1.7 seeds its loop with it (native RTC).
 """

@@ -10,9 +10,9 @@ the layers are imported, and a failed import takes the candidates out for the re
 Attention: the additive mask as a custom mask
 --------------------------------------------
 The ops take additive masks [B|1, 1, Tq|1, Tk]: 0 = attend, MASK_VALUE = blocked (ops.attention). What they hold
-here: the prefix is [camera slots of 256 tokens, language tokens] (modeling/paligemma.py), so its padding is a
+here: the prefix is [camera slots of 256 tokens, language tokens] (models/pi/modeling/paligemma.py), so its padding is a
 missing camera's 256 slots *in the middle* and the tokens after the prompt at the end, blocked for every query;
-the suffix block (modeling/suffix.py) is bidirectional among pi0.5's action tokens, while pi0's state token sees
+the suffix block (models/pi/modeling/suffix.py) is bidirectional among pi0.5's action tokens, while pi0's state token sees
 only the prefix and itself; in the prefix self-attention the padding queries' rows are blocked entirely. Padding
 is not a contiguous tail, and it changes per observation under a graph captured once, so per-request KV lengths
 (host data fixed at plan time) cannot express it. flashinfer's custom mask can: one bit per (query, key) of each

@@ -20,8 +20,8 @@ from phyai_ros.models.files import fixed_file, read_json
 from .contract import PolicyAdapter, check_family
 
 FAMILIES: Dict[str, str] = {
-    "pi05": "phyai_ros.models.pi05.adapter:Pi05Adapter",
-    "pi0": "phyai_ros.models.pi0.adapter:Pi0Adapter",
+    "pi05": "phyai_ros.models.pi.pi05.adapter:Pi05Adapter",
+    "pi0": "phyai_ros.models.pi.pi0.adapter:Pi0Adapter",
     "groot_n17": "phyai_ros.models.groot_n17.adapter:GrootAdapter",
     "cosmos3": "phyai_ros.models.cosmos3.adapter:Cosmos3Adapter",
     "minicpm_robot": "phyai_ros.models.minicpm.adapter:MiniCpmAdapter",

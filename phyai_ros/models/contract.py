@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from phyai_ros.control.rtc import RTC_MODES, check_action_magnitudes
+from phyai_ros.runtime.runner import Runner
 
 from .files import fixed_file, read_json
 
@@ -245,9 +246,18 @@ class PolicyAdapter(abc.ABC):
     def fit_task(self, task: str, state=None) -> Tuple[str, bool]:
         """(the text the model reads for ``task``, whether the task had to be cut to fit the prompt)."""
 
+    runner: Optional[Runner] = None   # what use_runner made: every sample goes through it
+
     @abc.abstractmethod
-    def use_runner(self, use_graphs: bool = False, token_bucket: int = 0):
-        """The runner every sample goes through (graphs only take effect on CUDA)."""
+    def use_runner(self, use_graphs: bool = False, token_bucket: int = 0) -> Runner:
+        """The runner every sample goes through (a ``runtime.runner.Runner``; graphs only take effect on CUDA),
+        kept as ``self.runner``."""
+
+    def release(self) -> None:
+        """The runner's graphs and buffers dropped (the node's cleanup): the adapter stays usable, and its next
+        call makes and captures them again."""
+        if self.runner is not None:
+            self.runner.release()
 
     @abc.abstractmethod
     def capture_buckets(self, images, state, eager: bool = False, min_cameras: Optional[int] = None) -> list:

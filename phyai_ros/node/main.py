@@ -189,6 +189,8 @@ class PolicyNode(LifecycleNode):
         self._diagnostics_timer = None
         if self.loop is not None:
             self.loop.close()
+        if self.policy is not None:
+            self.policy.release()
         self.loop, self.policy = None, None
         gc.collect()
         if _cuda_in_use():   # the policy ran on a GPU: its cached memory goes back too

@@ -240,3 +240,7 @@ class RemotePolicy:
             chunk = self.client.infer(Request(self.robot_id, images, np.zeros(state_dim, np.float32), "warm up"))
             if not np.isfinite(chunk.actions).all():
                 raise ValueError(f"{source} produces non-finite actions on a synthetic observation")
+
+    def release(self) -> None:
+        """Nothing on this side but the connection: closed (the next call opens one)."""
+        self.client.close()

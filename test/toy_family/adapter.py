@@ -1,6 +1,7 @@
 """The toy family's adapter: a small flow policy (per-camera image features, a byte-level task embedding and the
-state as its observation; an MLP velocity field; 4 Euler steps) that samples through the runtime's FlowRunner,
-like the pi family, and keeps the whole model contract (phyai_ros/models/contract.py).
+state as its observation; an MLP velocity field; 4 Euler steps) that keeps the whole model contract
+(phyai_ros/models/contract.py) and samples through its own runner, built on the runtime's runner interface
+(phyai_ros/runtime/runner.py) alone: how a new family brings its stage order without touching a shared file.
 
 Checkpoint folder: ``config.json`` ({"type": "toy_flow", sizes, cameras}) and ``model.safetensors``; a quantized
 one adds ``quantization.json`` (phyai_ros/models/quantized_checkpoint.py's format) with its MLP weights as
@@ -25,8 +26,7 @@ from phyai_ros.models.contract import (NO_FILES, NO_OPTIONS, ModelFiles, PolicyA
 from phyai_ros.models.files import CheckpointError, read_json, read_safetensors_file, validate_keys
 from phyai_ros.models.quantized_checkpoint import (copy_source_files, read_manifest, save_weights, summary,
                                                    write_manifest)
-from phyai_ros.modeling.time_embedding import sinusoidal_time_embedding
-from phyai_ros.runtime.runner import FlowRunner
+from phyai_ros.runtime.runner import Runner
 
 TYPE = "toy_flow"
 MLP = ("in_w", "hid_w", "out_w")   # the weights the quantizer takes (part "expert": they run at every step)
@@ -51,7 +51,7 @@ class ToyConfig:
 
 
 class ToyModel:
-    """The runner's stage API (runtime/runner.py) over a weight dict."""
+    """The toy's stages over a weight dict: the observation's context once, the velocity at every step."""
 
     def __init__(self, cfg: ToyConfig, weights: Dict[str, torch.Tensor], device="cpu"):
         self.cfg, self.w, self.device = cfg, weights, torch.device(device)
@@ -70,13 +70,76 @@ class ToyModel:
         return ctx + dispatch.linear(state[:, :self.cfg.state_dim], self.w["state_w"])
 
     def step_tables(self, t_table):
-        return sinusoidal_time_embedding(t_table.reshape(-1), self.cfg.width, 4e-3, 4.0)
+        """A sinusoidal embedding of each step's flow time [steps, width]."""
+        half = self.cfg.width // 2
+        periods = 4e-3 * (4.0 / 4e-3) ** torch.linspace(0, 1, half, device=t_table.device)
+        angle = t_table.reshape(-1, 1) * (2 * np.pi / periods)
+        return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
+
+    def context(self, images, image_masks, tokens, token_masks, state):
+        return self.prefix_state(*self.join_prefix(self.embed_images(images), image_masks, tokens, token_masks), state)
 
     def velocity(self, x, ctx, table):
         b = x.shape[0]
         h = F.gelu(dispatch.linear(x.reshape(b, -1), self.w["in_w"]) + ctx + table)
         h = F.gelu(dispatch.linear(h, self.w["hid_w"]))
         return dispatch.linear(h, self.w["out_w"]).reshape(x.shape)
+
+
+@dataclass
+class ToyBucket:
+    """One (batch, camera slots, tokens) shape: its static inputs and its two stages' calls."""
+
+    key: tuple
+    inputs: tuple
+    noise: torch.Tensor
+    context: object = None
+    loop: object = None
+    observation_for: Optional[int] = None
+
+
+class ToyRunner(Runner):
+    """Context once per observation, then the Euler loop, each a captured stage per bucket under CUDA graphs."""
+
+    stages = ("context", "loop")
+
+    def __init__(self, model: ToyModel, use_graphs: bool = False):
+        super().__init__(model.device, use_graphs)
+        self.model, self.steps = model, model.cfg.steps
+        self.dt = -1.0 / self.steps
+        self.tables = model.step_tables(torch.tensor([1.0 + k * self.dt for k in range(self.steps)],
+                                                     device=self.device))
+
+    def loop(self, ctx, noise):
+        x = noise
+        for k in range(self.steps):
+            x = x + self.dt * self.model.velocity(x, ctx, self.tables[k])
+        return x
+
+    @torch.no_grad()
+    def set_observation(self, images, image_masks, tokens, token_masks, state) -> ToyBucket:
+        inputs = (images, image_masks, tokens, token_masks, state)
+        key = (images.shape[0], images.shape[1], tokens.shape[1])
+        b = self._buckets.get(key)
+        if b is None:
+            b = ToyBucket(key, tuple(torch.empty_like(v, device=self.device) for v in inputs),
+                          torch.zeros(images.shape[0], self.model.cfg.horizon, self.model.cfg.action_dim,
+                                      device=self.device))
+            self._buckets.add(key, b)
+        for buf, value in zip(b.inputs, inputs):
+            buf.copy_(value)
+        b.context = self.run_stage(key, "context", self.model.context, b.inputs, b.context)
+        b.observation_for = self.new_observation()
+        return b
+
+    @torch.no_grad()
+    def sample(self, bucket: ToyBucket, noise) -> torch.Tensor:
+        if bucket.observation_for is None:
+            raise RuntimeError("no observation: call set_observation() first")
+        bucket.noise.copy_(noise)
+        bucket.loop = self.run_stage(bucket.key, "loop", self.loop, (bucket.context.outputs, bucket.noise),
+                                     bucket.loop)
+        return bucket.loop.outputs
 
 
 @dataclass
@@ -153,17 +216,16 @@ class ToyFlowAdapter(PolicyAdapter):
         data = task.encode()
         return data[:self.cfg.tokens].decode(errors="ignore"), len(data) > self.cfg.tokens
 
-    def use_runner(self, use_graphs: bool = False, token_bucket: int = 0) -> FlowRunner:
-        self.runner = FlowRunner(self.model, self.cfg.steps, self.cfg.horizon, self.cfg.action_dim,
-                                 use_graphs=use_graphs, token_bucket=token_bucket, state_dim=self.cfg.state_dim)
+    def use_runner(self, use_graphs: bool = False, token_bucket: int = 0) -> ToyRunner:
+        self.runner = ToyRunner(self.model, use_graphs=use_graphs)
         return self.runner
 
     def capture_buckets(self, images, state, eager: bool = False, min_cameras: Optional[int] = None) -> list:
         if not self.runner.use_graphs and not eager:
             return []
         x = self.prepare(images, np.asarray(state, np.float32)[None], ["warm up"])
-        return self.runner.capture_all_buckets(x.images, x.image_masks, x.tokens, x.token_masks, self.make_noise(1),
-                                               min_slots=min_cameras)
+        self.runner.warm_up(lambda: self.sample(x, self.make_noise(1)))
+        return self.runner.buckets()
 
     def prepare(self, images, state, tasks) -> ToyInputs:
         state = torch.as_tensor(np.asarray(state, np.float32))

@@ -7,7 +7,7 @@ out, and the family's side of the model contract (phyai_ros/models/contract.py).
     actions = policy.predict(images={"image": rgb_uint8_HxWx3}, state=None, task="pick up the cup")
     # -> np.float32 [chunk_size, raw action width of the domain], in the model's normalized action space
 
-Stage order (what the runner drives, phyai_ros/runtime/cosmos3_runner.py): `prepare` (canvas, caption, token
+Stage order (what the runner drives, phyai_ros/models/cosmos3/runner.py): `prepare` (canvas, caption, token
 ids of both guidance passes: host side) -> conditioning (VAE encode of the conditioning frame, the text
 pathway's keys / values: once per observation) -> the denoising loop (video and action latents together,
 UniPC, classifier-free guidance) -> the actions cropped to the domain's raw width.
@@ -39,7 +39,7 @@ from phyai_ros.models.cases import InputError
 from phyai_ros.models.contract import NO_FILES, NO_OPTIONS, CaseInfer, ModelFiles, PolicyAdapter, PredictCase
 from phyai_ros.models.files import read_json
 from phyai_ros.models.quantized_checkpoint import summary
-from phyai_ros.runtime.cosmos3_runner import Cosmos3Runner
+from phyai_ros.models.cosmos3.runner import Cosmos3Runner
 
 from . import transformer as tfm
 from .canvas import canvas_frame, check_image

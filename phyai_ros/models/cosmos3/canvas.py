@@ -15,6 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from phyai_ros.models.frames import FRAME
+
 Tensor = torch.Tensor
 
 # Tier -> {H / W ratio (diffusers' key strings) -> (H, W)}.
@@ -46,8 +48,7 @@ class Canvas:
 def check_image(image) -> np.ndarray:
     """uint8 [H, W, 3] RGB, each side in [16, MAX_SIDE]; anything else is a clear error."""
     a = image.numpy() if isinstance(image, Tensor) else np.asarray(image)
-    if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
-        raise ValueError(f"the camera image must be uint8 [H, W, 3] RGB, got {a.dtype} {list(a.shape)}")
+    FRAME.check(a)
     if not (16 <= a.shape[0] <= MAX_SIDE and 16 <= a.shape[1] <= MAX_SIDE):
         raise ValueError(f"the camera image must be 16..{MAX_SIDE} px per side, got {a.shape[0]}x{a.shape[1]}")
     return np.ascontiguousarray(a)

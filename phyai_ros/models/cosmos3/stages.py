@@ -1,4 +1,4 @@
-"""Cosmos3 policy inference as the stage functions a runner drives (phyai_ros/runtime/cosmos3_runner.py).
+"""Cosmos3 policy inference as the stage functions a runner drives (phyai_ros/models/cosmos3/runner.py).
 
     observation(inputs) -> {name: tensor}    host side: token ids, mRoPE tables, masks, domains (fixed shapes)
     text(obs) -> (keys, values)              the text pathway's per-layer keys / values of every pass: a

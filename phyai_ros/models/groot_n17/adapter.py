@@ -7,7 +7,7 @@
                              rtc=make_request(prev_robot_units, d, mode="native", horizon=H))  # control.rtc
     # -> np.float32 [chunk_size, action_dim] in robot units
 
-Stage order (the runner drives it: runtime/groot_runner.py over modeling.py's GrootModel): `prepare`
+Stage order (the runner drives it: runtime/stage_runner.py over modeling.py's GrootModel): `prepare`
 (processor.py) -> `backbone` (qwen3vl.py) -> `context` (VL adapter, state token, cross-attention K/V: once per
 observation) -> the 4-step Euler loop (action_head.py) -> `decode` (postprocess.py). Tensor-level batch path:
 `prepare` / `sample_actions` / `decode`.
@@ -40,7 +40,7 @@ from phyai_ros.models.cases import InputError, require_finite_tensor, require_ra
 from phyai_ros.models.contract import (NO_FILES, NO_OPTIONS, CaseInfer, ModelFiles, PolicyAdapter, PredictCase,
                                        QuantizeRequest,
                                        QuantizeResult)
-from phyai_ros.runtime.groot_runner import GrootRunner
+from phyai_ros.runtime.stage_runner import StageRunner
 from phyai_ros.runtime.transfer import to_device
 
 from . import action_head, qwen3vl
@@ -263,12 +263,12 @@ class GrootAdapter(PolicyAdapter):
     def quantization(self) -> str:
         return quantization_summary(self.weights)
 
-    def use_runner(self, use_graphs: bool = False, token_bucket: int = 0) -> GrootRunner:
+    def use_runner(self, use_graphs: bool = False, token_bucket: int = 0) -> StageRunner:
         """The runner every sample goes through (graphs only on CUDA). token_bucket does not apply: the runner
         keeps a bucket per observation shape (batch, token length, image grid), at most MAX_BUCKETS of them, the
         least recently used evicted (prompts are not padded to fewer lengths: the action head's VL self-attention
         sees pad rows, so padding would change the chunk)."""
-        self.runner = GrootRunner(self.model, use_graphs=use_graphs)
+        self.runner = StageRunner(self.model, use_graphs=use_graphs)
         return self.runner
 
     def capture_buckets(self, images: Mapping[str, object], state, eager: bool = False,

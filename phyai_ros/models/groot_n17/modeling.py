@@ -1,4 +1,4 @@
-"""GR00T N1.7 as the stage functions a runner drives (phyai_ros/runtime/groot_runner.py), over the weights of
+"""GR00T N1.7 as the stage functions a runner drives (phyai_ros/runtime/stage_runner.py), over the weights of
 qwen3vl.py (the backbone) and action_head.py (the flow-matching head).
 
 The runner knows no model: it copies what `observation` returns into static buffers of the observation's

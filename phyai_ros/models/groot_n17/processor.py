@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from phyai_ros.models.frames import check_frames_layout
 from phyai_ros.models.files import CheckpointError, Fields, fixed_file, read_json
 
 from phyai_ros.models.bpe import ByteLevelBPE
@@ -349,13 +350,8 @@ def as_uint8_batch(image, name: str, device="cpu") -> Tensor:
     """numpy / tensor uint8 [H, W, 3] or [B, H, W, 3] -> tensor [B, H, W, 3] on ``device`` (checked before the
     copy); bad input names the camera."""
     a = image if isinstance(image, Tensor) else np.asanyarray(image)   # a PinnedArray stays one (in-place upload)
-    if a.dtype not in (torch.uint8, np.uint8):
-        raise ValueError(f"camera '{name}': expected uint8 RGB, got dtype {a.dtype}")
-    if a.ndim == 3:
-        a = a[None]
-    if a.ndim != 4 or a.shape[-1] != 3 or a.shape[1] == 0 or a.shape[2] == 0:
-        raise ValueError(f"camera '{name}': expected [H, W, 3] or [B, H, W, 3], got {tuple(a.shape)}")
-    return to_device(a, device)
+    check_frames_layout(a, name, batched=True)
+    return to_device(a[None] if a.ndim == 3 else a, device)
 
 
 def to_image_batch(images: Mapping[str, object], device="cpu") -> Dict[str, Tensor]:

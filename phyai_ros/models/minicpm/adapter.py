@@ -38,7 +38,7 @@ from phyai_ros.models.cases import InputError
 from phyai_ros.models.contract import (DTYPES, NO_FILES, NO_OPTIONS, CaseInfer, ModelFiles, PolicyAdapter,
                                        PredictCase)
 from phyai_ros.models.files import CheckpointError, Fields, fixed_file, inside, read_json
-from phyai_ros.runtime.groot_runner import GrootRunner
+from phyai_ros.runtime.stage_runner import StageRunner
 from phyai_ros.runtime.transfer import stack_to_device, to_device
 
 from . import head as head_mod
@@ -250,13 +250,13 @@ class MiniCpmAdapter(PolicyAdapter):
         return actions
 
     # ---------------------------------------------------------------- the bridge's API (batch 1)
-    def use_runner(self, use_graphs: bool = False, token_bucket: int = 0) -> GrootRunner:
+    def use_runner(self, use_graphs: bool = False, token_bucket: int = 0) -> StageRunner:
         """The runner every sample goes through: backbone and context graphs per observation shape, the whole loop
         as one graph (graphs only on CUDA). token_bucket > 0: prompts are left-padded to a multiple of it (padded
         rows are zeroed before the GDN layers and masked as keys, and RoPE is relative, so a padded prompt computes
         the same chunk up to rounding), so a few graphs serve every instruction."""
         self.token_bucket = max(0, int(token_bucket))
-        self.runner = GrootRunner(self.model, use_graphs=use_graphs)
+        self.runner = StageRunner(self.model, use_graphs=use_graphs)
         return self.runner
 
     def _pad_to(self, length: int) -> int:

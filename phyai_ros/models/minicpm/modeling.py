@@ -1,4 +1,4 @@
-"""MiniCPM-Robot as the stage functions the observation runner drives (phyai_ros/runtime/groot_runner.py: backbone
+"""MiniCPM-Robot as the stage functions the observation runner drives (phyai_ros/runtime/stage_runner.py: backbone
 and context once per observation, the whole clean-action loop once per chunk, eagerly or as CUDA graphs).
 
 Host side (``observation``): the prepared batch as fixed-shape tensors (uint8 frames, token ids and mask, the
@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from phyai_ros.modeling.solver import rtc_prefix_weights
+from phyai_ros.models.rtc_weights import rtc_prefix_weights
 from phyai_ros.runtime.lru import LruCache
 
 from . import head, language, vision

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from phyai_ros.models.bpe import ByteLevelBPE
 from phyai_ros.models.chat_template import check_renders, compile_chat_template, read_chat_template
 from phyai_ros.models.files import CheckpointError, Fields, inside, read_json
+from phyai_ros.models.frames import FRAME
 
 from .config import MiniCpmConfig
 from .vision import tokens_per_frame
@@ -211,11 +212,7 @@ def check_frames(frames: Sequence[Optional[np.ndarray]], names: Sequence[str]) -
     for name, f in zip(names, frames):
         if f is None:
             raise ValueError(f"camera {name!r}: no frame (MiniCPM-Robot needs every camera it was given)")
-        if not (isinstance(f, np.ndarray) and f.dtype == np.uint8 and f.ndim == 3 and f.shape[2] == 3
-                and f.shape[0] >= 1 and f.shape[1] >= 1):
-            shape = getattr(f, "shape", None)
-            raise ValueError(f"camera {name!r}: expected uint8 [H, W, 3] RGB, got {getattr(f, 'dtype', type(f))} "
-                             f"{shape}")
+        FRAME.check(f, name)
 
 
 __all__ = ["ImageSettings", "image_settings", "level_table", "PromptBuilder", "MiniCpmInputs", "resize_pil",

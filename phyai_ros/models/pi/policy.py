@@ -18,16 +18,18 @@ from typing import (TYPE_CHECKING, ClassVar, Dict, Hashable, List, Mapping, Name
 import numpy as np
 import torch
 
-from phyai_ros.modeling import solver
-from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
+from phyai_ros.models.pi.modeling import solver
+from phyai_ros.models.pi.modeling.config import GemmaConfig, SiglipConfig
 from phyai_ros.models.files import fixed_file
 from phyai_ros.models.cases import InputError, require_finite_tensor, require_range
 from phyai_ros.models.contract import (NO_FILES, NO_OPTIONS, CaseInfer, ModelFiles, PolicyAdapter, PredictCase,
                                        QuantizeRequest,
                                        QuantizeResult)
-from phyai_ros.runtime.runner import BATCH_BUCKETS, FlowRunner
+from phyai_ros.models.pi.runner import BATCH_BUCKETS, FlowRunner
 from phyai_ros.runtime.transfer import stack_to_device, to_device
-from .image import check_uint8_hwc, preprocess_uint8_images
+from phyai_ros.models.frames import check_frames_layout
+
+from .image import preprocess_uint8_images
 from .lerobot_checkpoint import strip_image_prefix
 from .quantization import calibrate, quantization_summary, quantize_model, write_quantized_checkpoint
 from .tokenizer import PromptTokenizer
@@ -274,9 +276,8 @@ class FlowAdapter(PolicyAdapter):
             raise ValueError("at least one camera image is required")
         batch = None
         for name, img in imgs.items():
-            check_uint8_hwc(img, name)
-            b = img.shape[0] if img.ndim == 4 else 1
-            if img.ndim not in (3, 4) or (batch is not None and b != batch):
+            b = check_frames_layout(img, name, batched=True)
+            if batch is not None and b != batch:
                 raise ValueError(f"camera '{name}': expected [H, W, 3] or [B, H, W, 3] with one batch size for "
                                  f"all cameras, got shape {tuple(img.shape)}")
             batch = b
@@ -401,9 +402,7 @@ class FlowAdapter(PolicyAdapter):
         the control loop's request (phyai_ros.control.rtc.RtcRequest, robot units)."""
         for name, img in images.items():
             if img is not None:
-                check_uint8_hwc(img, name)
-                if img.ndim != 3:
-                    raise ValueError(f"camera '{name}': expected one HxWx3 image, got shape {tuple(img.shape)}")
+                check_frames_layout(img, name)
         if np.ndim(state) != 1:
             raise ValueError(f"state must be a vector of length {self.state_dim}, got shape {list(np.shape(state))}")
         if not isinstance(task, str):

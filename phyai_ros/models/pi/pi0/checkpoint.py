@@ -13,14 +13,14 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from phyai_ros.models.common.quantization import load_quantized_model
+from phyai_ros.models.pi.quantization import load_quantized_model
 from phyai_ros.models.quantized_checkpoint import read_manifest
-from phyai_ros.models.common.checkpoint_io import gemma_key_shapes, load_gemma_layers
+from phyai_ros.models.pi.checkpoint_io import gemma_key_shapes, load_gemma_layers
 from phyai_ros.models.files import CheckpointError, read_json, require_finite, validate_keys
-from phyai_ros.models.common.lerobot_checkpoint import (find_model_dims, flow_overrides, gemma_from_shapes,
+from phyai_ros.models.pi.lerobot_checkpoint import (find_model_dims, flow_overrides, gemma_from_shapes,
                                                         parse_features, prefix_dims_from_shapes,
                                                         read_lerobot_checkpoint, write_random_checkpoint)
-from phyai_ros.models.common.paligemma_keys import EXP, UNUSED_KEYS, load_paligemma, paligemma_key_shapes, unused_key_shapes
+from phyai_ros.models.pi.paligemma_keys import EXP, UNUSED_KEYS, load_paligemma, paligemma_key_shapes, unused_key_shapes
 
 from .config import Pi0Config
 from .modeling import Pi0Model

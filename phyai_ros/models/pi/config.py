@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from phyai_ros.modeling.config import (GEMMA_2B, GEMMA_300M, SIGLIP_SO400M, GemmaConfig,
+from phyai_ros.models.pi.modeling.config import (GEMMA_2B, GEMMA_300M, SIGLIP_SO400M, GemmaConfig,
                                             SiglipConfig)
 from phyai_ros.models.files import Fields
 

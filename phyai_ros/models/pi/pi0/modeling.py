@@ -1,6 +1,6 @@
 """pi0 network as stateless stage functions (prefix shared with pi0.5 via PaliGemmaPrefix).
 
-  embed_images / join_prefix / prefix_kv      as pi0.5 (modeling/paligemma.py)
+  embed_images / join_prefix / prefix_kv      as pi0.5 (models/pi/modeling/paligemma.py)
   embed_state(state_padded [B,32]) -> [B,1,We] the state token (once per observation)
   time_bias(t [N]) -> [N,We]                   time half of action_time_mlp_in: W_t sincos(t) + b; depends on
                                                t only, so the runner precomputes it for all solver steps
@@ -22,10 +22,10 @@ from torch import nn
 
 from phyai_ros.layers import dispatch, ops
 from phyai_ros.layers.expert_stack import ExpertNorms
-from phyai_ros.modeling.gemma import GemmaLayer, rope_inv_freq
-from phyai_ros.modeling.paligemma import PaliGemmaPrefix, PrefixKV, prefix_positions
-from phyai_ros.modeling.suffix import SuffixContext, suffix_context
-from phyai_ros.modeling.time_embedding import sinusoidal_time_embedding
+from phyai_ros.models.pi.modeling.gemma import GemmaLayer, rope_inv_freq
+from phyai_ros.models.pi.modeling.paligemma import PaliGemmaPrefix, PrefixKV, prefix_positions
+from phyai_ros.models.pi.modeling.suffix import SuffixContext, suffix_context
+from phyai_ros.models.pi.modeling.time_embedding import sinusoidal_time_embedding
 
 from .config import Pi0Config
 

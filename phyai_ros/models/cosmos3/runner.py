@@ -1,7 +1,7 @@
 """The Cosmos3 runner: per-observation conditioning kept in static buffers, the whole denoising loop replayed as
 one CUDA graph per shape bucket (bounded: graphs.BucketCache).
 
-Ownership as in runner.py / groot_runner.py: the stage object (phyai_ros/models/cosmos3/stages.py) says what to
+Ownership as for every runner (phyai_ros/runtime/runner.py): the stage object (phyai_ros/models/cosmos3/stages.py) says what to
 compute, the runner owns how: one bucket per observation shape (batch, padded prompt length, canvas and
 latent grid, chunk), holding static observation buffers, the conditioning (VAE latent of the conditioning
 frame, computed once per observation by `set_observation`; the text pathway's keys / values of every guidance
@@ -10,21 +10,21 @@ noise buffers of the loop. Three graphs per bucket: text, conditioning (reading 
 loop. On the CPU, with graphs off, or when a trace of intermediates is asked for, the same stage functions run
 eagerly on the same buffers, so every path computes the same thing.
 
-Why not GrootRunner: its loop noise has one shape per batch size and it carries RTC tensors; Cosmos3's noise
+Why not StageRunner: its loop noise has one shape per batch size and it carries RTC tensors; Cosmos3's noise
 (a video latent and an action chunk) takes its shape from the observation's canvas, and it has no RTC.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
 
-from phyai_ros.runtime.graphs import BucketCache, CapturedCall, GraphRegistry
+from phyai_ros.runtime.graphs import CapturedCall
+from phyai_ros.runtime.runner import Runner
 
 Tensor = torch.Tensor
-# Observation shapes kept (buffers and the two graphs each): a canvas and a padded prompt length per camera
+# Observation shapes kept (buffers and the three graphs each): a canvas and a padded prompt length per camera
 # setup and instruction length; more than a robot needs, few enough to bound the memory a stream of new shapes takes.
 MAX_BUCKETS = 8
 
@@ -45,30 +45,25 @@ class _Bucket:
     observation_for: Optional[int] = None   # id of the observation the conditioning holds; None = invalid
 
 
-class Cosmos3Runner:
+class Cosmos3Runner(Runner):
     """Conditioning once per observation, the captured loop once per chunk, on one device (per rank)."""
 
-    def __init__(self, stages, use_graphs: bool = True, max_buckets: int = MAX_BUCKETS):
-        self.stages = stages
-        self.device = torch.device(stages.device)
-        self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
-        self.registry = GraphRegistry() if self.use_graphs else None
-        self._buckets = BucketCache(self.registry, ("text", "condition", "loop"), max_buckets)
-        self._observation_ids = itertools.count(1)
+    stages = ("text", "condition", "loop")
+
+    def __init__(self, model, use_graphs: bool = True, max_buckets: int = MAX_BUCKETS):
+        super().__init__(model.device, use_graphs, max_buckets)
+        self.model = model
         self.text_runs = 0          # how often the text pathway ran (a kept instruction does not run it again)
 
     @staticmethod
     def bucket_key(obs: Dict[str, Tensor], layout) -> tuple:
         return (layout,) + tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(obs.items()))
 
-    def buckets(self) -> list:
-        return self._buckets.keys()
-
     def _bucket(self, obs: Dict[str, Tensor], layout) -> _Bucket:
         key = self.bucket_key(obs, layout)
         b = self._buckets.get(key)
         if b is None:
-            vshape, ashape = self.stages.noise_shapes(obs, layout)
+            vshape, ashape = self.model.noise_shapes(obs, layout)
             b = _Bucket(key, layout, {k: torch.empty_like(v, device=self.device) for k, v in obs.items()},
                         torch.zeros(vshape, device=self.device), torch.zeros(ashape, device=self.device))
             self._buckets.add(key, b)
@@ -87,21 +82,21 @@ class Cosmos3Runner:
         b.text_key = None
         if self.use_graphs:
             if b.text is None:
-                b.text = self.registry.capture(("text",) + b.key, self.stages.text, (b.obs,))
+                b.text = self.registry.capture(("text",) + b.key, self.model.text, (b.obs,))
                 keep_text = False
             if not keep_text:
                 b.text_out = b.text.replay()
             if b.condition is None:
-                b.condition = self.registry.capture(("condition",) + b.key, self.stages.condition,
+                b.condition = self.registry.capture(("condition",) + b.key, self.model.condition,
                                                     (b.obs, layout, b.text_out))
             b.context = b.condition.replay()
         else:
             if not keep_text:
-                b.text_out = self.stages.text(b.obs)
-            b.context = self.stages.condition(b.obs, layout, b.text_out)
+                b.text_out = self.model.text(b.obs)
+            b.context = self.model.condition(b.obs, layout, b.text_out)
         self.text_runs += not keep_text
         b.text_key = text_key
-        b.observation_for = next(self._observation_ids)
+        b.observation_for = self.new_observation()
         return b
 
     @torch.no_grad()
@@ -115,9 +110,9 @@ class Cosmos3Runner:
         bucket.action_noise.copy_(action_noise, non_blocking=True)
         args = (bucket.context, bucket.vision_noise, bucket.action_noise, bucket.layout)
         if not self.use_graphs or trace is not None:
-            return self.stages.loop(*args, trace=trace)
+            return self.model.loop(*args, trace=trace)
         if bucket.loop is None:
-            bucket.loop = self.registry.capture(("loop",) + bucket.key, self.stages.loop, args)
+            bucket.loop = self.registry.capture(("loop",) + bucket.key, self.model.loop, args)
         return bucket.loop.replay()
 
     def run(self, obs: Dict[str, Tensor], layout, vision_noise: Tensor, action_noise: Tensor,

@@ -8,9 +8,9 @@ from typing import Dict, Iterable, Mapping, Optional
 
 import torch
 
-from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
-from phyai_ros.modeling.gemma import GemmaLayer
-from phyai_ros.modeling.siglip import SiglipEncoder
+from phyai_ros.models.pi.modeling.config import GemmaConfig, SiglipConfig
+from phyai_ros.models.pi.modeling.gemma import GemmaLayer
+from phyai_ros.models.pi.modeling.siglip import SiglipEncoder
 from phyai_ros.models.files import Shapes
 
 

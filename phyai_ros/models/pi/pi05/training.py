@@ -19,10 +19,10 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from phyai_ros.modeling.gemma import GemmaLayer
-from phyai_ros.modeling.paligemma import PrefixKV
-from phyai_ros.models.common.paligemma_keys import EXP, LM, PROJ, VIS
-from phyai_ros.modeling.siglip import SiglipEncoder
+from phyai_ros.models.pi.modeling.gemma import GemmaLayer
+from phyai_ros.models.pi.modeling.paligemma import PrefixKV
+from phyai_ros.models.pi.paligemma_keys import EXP, LM, PROJ, VIS
+from phyai_ros.models.pi.modeling.siglip import SiglipEncoder
 
 from .modeling import Pi05Model
 

@@ -10,9 +10,9 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from phyai_ros.models.common.normalize import ACTION, STATE, MeanStdNormalizer, load_norm_stats
-from phyai_ros.models.common.policy import FlowAdapter, PromptTruncatedWarning, check_dims, resolve_cameras
-from phyai_ros.models.common.tokenizer import PromptTokenizer
+from phyai_ros.models.pi.normalize import ACTION, STATE, MeanStdNormalizer, load_norm_stats
+from phyai_ros.models.pi.policy import FlowAdapter, PromptTruncatedWarning, check_dims, resolve_cameras
+from phyai_ros.models.pi.tokenizer import PromptTokenizer
 
 from .checkpoint import load_pi0_checkpoint, make_random_checkpoint
 from .config import Pi0Config

@@ -4,7 +4,7 @@ Gemma LM pass that turns them into the per-layer K/V cache the action expert att
 Why shared: both policies build the prefix identically (LeRobot 0.6.1): camera slots of 256 tokens
 (SigLIP -> projector, not rescaled) then the language tokens (embedding * sqrt(width)); bidirectional
 attention among valid tokens; RoPE positions cumsum(pad) - 1. Stateless between calls; the LeRobot key
-layout of these parts and their loader are adapter code (phyai_ros/models/common/paligemma_keys.py).
+layout of these parts and their loader are adapter code (phyai_ros/models/pi/paligemma_keys.py).
 """
 from __future__ import annotations
 

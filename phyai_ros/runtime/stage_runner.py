@@ -1,7 +1,7 @@
 """The observation runner: static buffers per shape bucket, per-observation state and CUDA-graph replay for
 policies whose inference is "encode the observation once, then a fixed-step loop" (GR00T N1.7 and MiniCPM-Robot).
 
-Ownership as in runner.py: the model object (its stage functions) says *what* to compute, the runner owns *how*: one
+Ownership as for every runner (phyai_ros/runtime/runner.py): the model object (its stage functions) says *what* to compute, the runner owns *how*: one
 bucket per observation shape (batch, token length, image grid, ...), holding static input buffers, the step
 tables of its batch size, the loop's noise / RTC buffers, and three captured graphs (backbone, per-observation
 context, the whole loop with native RTC inside). The prompt's length varies with the task, so the buckets are
@@ -20,16 +20,15 @@ The model object provides (phyai_ros/models/groot_n17/modeling.py)::
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Dict, Optional
 
 import torch
 
-from phyai_ros.runtime.graphs import BucketCache, CapturedCall, GraphRegistry
+from phyai_ros.runtime.graphs import CapturedCall
+from phyai_ros.runtime.runner import MAX_BUCKETS, Runner
 
 Tensor = torch.Tensor
-MAX_BUCKETS = 8   # observation shapes kept (buffers and graphs); a robot's prompts take a few lengths
 
 
 @dataclass
@@ -49,28 +48,19 @@ class _Bucket:
     observation_for: Optional[int] = None   # id of the observation the context holds, None = invalid
 
 
-class GrootRunner:
+class StageRunner(Runner):
     """Runs backbone + context once per observation and the captured loop once per chunk, on one device."""
 
-    def __init__(self, model, use_graphs: bool = True, max_buckets: int = MAX_BUCKETS):
-        self.model = model
-        self.device = torch.device(model.device)
-        self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
-        self.registry = GraphRegistry() if self.use_graphs else None
-        self._buckets = BucketCache(self.registry, ("backbone", "context", "loop"), max_buckets)
-        self._observation_ids = itertools.count(1)
+    stages = ("backbone", "context", "loop")
 
-    @property
-    def max_buckets(self) -> int:
-        return self._buckets.max_buckets
+    def __init__(self, model, use_graphs: bool = True, max_buckets: int = MAX_BUCKETS):
+        super().__init__(model.device, use_graphs, max_buckets)
+        self.model = model
 
     @staticmethod
     def bucket_key(obs: Dict[str, Tensor]) -> tuple:
         """Every observation tensor's name, shape and dtype: one graph set per distinct key."""
         return tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(obs.items()))
-
-    def buckets(self) -> list:
-        return self._buckets.keys()
 
     def _bucket(self, obs: Dict[str, Tensor]) -> _Bucket:
         key = self.bucket_key(obs)
@@ -94,16 +84,9 @@ class GrootRunner:
         b.observation_for = None
         for k, v in obs.items():
             b.obs[k].copy_(v, non_blocking=True)
-        if self.use_graphs:
-            if b.backbone is None:
-                b.backbone = self.registry.capture(("backbone",) + b.key, self.model.backbone, (b.obs,))
-                b.context = self.registry.capture(("context",) + b.key, self.model.context,
-                                                  (b.obs, b.backbone.outputs))
-            b.backbone.replay()
-            b.context.replay()
-        else:
-            b.context = CapturedCall(graph=None, inputs=(), outputs=self.model.context(b.obs, self.model.backbone(b.obs)))
-        b.observation_for = next(self._observation_ids)
+        b.backbone = self.run_stage(b.key, "backbone", self.model.backbone, (b.obs,), b.backbone)
+        b.context = self.run_stage(b.key, "context", self.model.context, (b.obs, b.backbone.outputs), b.context)
+        b.observation_for = self.new_observation()
         return b
 
     @torch.no_grad()
@@ -121,9 +104,8 @@ class GrootRunner:
         args = (bucket.context.outputs, bucket.tables, bucket.noise, bucket.seed, bucket.keep, bucket.weight)
         if not self.use_graphs:
             return self.model.loop(*args)
-        if bucket.loop is None:
-            bucket.loop = self.registry.capture(("loop",) + bucket.key, self.model.loop, args)
-        return bucket.loop.replay()
+        bucket.loop = self.run_stage(bucket.key, "loop", self.model.loop, args, bucket.loop)
+        return bucket.loop.outputs
 
     def run(self, obs: Dict[str, Tensor], noise: Tensor, rtc=None) -> Tensor:
         """One chunk for a new observation: set_observation, then sample."""

@@ -16,8 +16,8 @@ import torch
 from .checkpoint_io import count_layers, normalize_key_aliases
 
 from phyai_ros.models.files import CheckpointError, Fields, fixed_file, read_json, read_safetensors, require_file
-from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
-from phyai_ros.models.common.paligemma_keys import LM, VIS
+from phyai_ros.models.pi.modeling.config import GemmaConfig, SiglipConfig
+from phyai_ros.models.pi.paligemma_keys import LM, VIS
 
 IMAGE_PREFIX = "observation.images."
 SIGLIP_HEADS_BY_WIDTH = {1152: 16}  # So400m; other widths need model_dims.json

@@ -1,4 +1,4 @@
-"""LeRobot key layout of the PaliGemma prefix (phyai_ros/modeling/paligemma.py) and its loader, shared by the
+"""LeRobot key layout of the PaliGemma prefix (phyai_ros/models/pi/modeling/paligemma.py) and its loader, shared by the
 pi0 and pi0.5 checkpoints, so each policy's checkpoint module only adds its own action-side keys."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Dict, Mapping
 
 import torch
 
-from phyai_ros.modeling.config import GemmaConfig, SiglipConfig
-from phyai_ros.modeling.paligemma import PaliGemmaPrefix
+from phyai_ros.models.pi.modeling.config import GemmaConfig, SiglipConfig
+from phyai_ros.models.pi.modeling.paligemma import PaliGemmaPrefix
 
 from .checkpoint_io import gemma_key_shapes, load_gemma_layers, load_siglip, siglip_key_shapes
 

@@ -15,15 +15,15 @@ by the vector-Jacobian product err^T d x1 / d x_t through the network (one backw
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from phyai_ros.models.rtc_weights import rtc_prefix_weights
+
 Tensor = torch.Tensor
 
-RTC_SCHEDULES = ("linear", "exp", "ones", "zeros")
 RTC_JACOBIANS = ("identity", "vjp")
 
 
@@ -39,42 +39,6 @@ def euler_schedule(num_steps: int, device=None) -> Tuple[Tensor, float]:
     """-> (t table [num_steps] float32, dt)."""
     ts, dt = euler_times(num_steps)
     return torch.tensor(ts, dtype=torch.float32, device=device), dt
-
-
-def rtc_prefix_weights(inference_delay: int, execution_horizon: int, horizon: int,
-                       schedule: str = "linear") -> Tensor:
-    """RTC soft mask W [horizon] float32 over the new chunk.
-
-    W_i = 1 for i < d (actions already committed while inferring), a ramp from 1 towards 0 (exclusive at
-    both ends) for d <= i < E, 0 for i >= E, with d = min(inference_delay, execution_horizon) and
-    E = execution_horizon (LeRobot's name; the loop's n = len(Y)). 'exp' maps the ramp r to
-    r * expm1(r) / (e - 1). 'ones': 1 for i < E; 'zeros': 1 for i < d only.
-    """
-    schedule = schedule.lower()
-    if schedule not in RTC_SCHEDULES:
-        raise ValueError(f"unknown RTC schedule {schedule!r}; expected one of {RTC_SCHEDULES}")
-    if inference_delay < 0 or execution_horizon < 0:
-        raise ValueError(f"inference_delay and execution_horizon must be >= 0, got {inference_delay}, "
-                         f"{execution_horizon}")
-    start = min(inference_delay, execution_horizon)
-    end = execution_horizon
-    if schedule == "zeros":
-        w = torch.zeros(horizon)
-        w[:start] = 1.0
-        return w
-    if schedule == "ones":
-        w = torch.ones(horizon)
-        w[end:] = 0.0
-        return w
-    n_ramp = horizon - max(horizon - end, 0) - start
-    if end <= start or n_ramp <= 0:
-        ramp = torch.zeros(0)
-    else:
-        ramp = torch.linspace(1, 0, n_ramp + 2)[1:-1]
-    if schedule == "exp":
-        ramp = ramp * torch.expm1(ramp).div(math.e - 1)
-    parts = [torch.ones(min(start, horizon)), ramp, torch.zeros(max(horizon - end, 0))]
-    return torch.cat(parts)[:horizon].to(torch.float32)
 
 
 def rtc_guidance_weights(num_steps: int, max_guidance: float) -> Tensor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phyai_ros.models.common.pi_config import PiConfig
+from phyai_ros.models.pi.config import PiConfig
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,6 @@ import torch
 import torch.nn.functional as F
 
 
-def check_uint8_hwc(image, name: str) -> None:
-    """Raise ValueError unless `image` is a uint8 array/tensor of shape [..., H, W, 3] with H, W > 0."""
-    dtype = getattr(image, "dtype", None)
-    shape = tuple(getattr(image, "shape", ()))
-    if str(dtype) not in ("uint8", "torch.uint8"):
-        raise ValueError(f"camera '{name}': expected uint8 RGB image, got dtype {dtype}")
-    if len(shape) < 3 or shape[-1] != 3 or shape[-2] <= 0 or shape[-3] <= 0:
-        raise ValueError(f"camera '{name}': expected an HxWx3 RGB image, got shape {shape}")
-
-
 def resized_hw(h: int, w: int, out_h: int, out_w: int) -> Tuple[int, int]:
     """Aspect-preserving size that fits (out_h, out_w) (python float math, as the reference)."""
     ratio = max(w / out_w, h / out_h)

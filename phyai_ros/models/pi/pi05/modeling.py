@@ -28,10 +28,10 @@ from torch import nn
 
 from phyai_ros.layers import dispatch, ops
 from phyai_ros.layers.expert_stack import ExpertNorms
-from phyai_ros.modeling.gemma import GemmaLayer, rope_inv_freq
-from phyai_ros.modeling.paligemma import PaliGemmaPrefix, PrefixKV, prefix_positions
-from phyai_ros.modeling.suffix import SuffixContext, suffix_context
-from phyai_ros.modeling.time_embedding import sinusoidal_time_embedding
+from phyai_ros.models.pi.modeling.gemma import GemmaLayer, rope_inv_freq
+from phyai_ros.models.pi.modeling.paligemma import PaliGemmaPrefix, PrefixKV, prefix_positions
+from phyai_ros.models.pi.modeling.suffix import SuffixContext, suffix_context
+from phyai_ros.models.pi.modeling.time_embedding import sinusoidal_time_embedding
 
 from .config import Pi05Config
 
