@@ -146,3 +146,21 @@ def test_the_node_runs_the_toy_family_in_a_stepped_replay(toy, tmp_path):
     chunks = result.chunk_data
     assert len(chunks) >= 3 and all(c.actions.shape == (H, ACTION) and np.isfinite(c.actions).all() for c in chunks)
     assert result.node_counters.get("inference_errors", 0) == 0
+
+
+def test_the_runner_interface_releases_and_stays_usable(tmp_path):
+    """release() drops every bucket (the node's cleanup); the next call makes its bucket again and computes the
+    same chunk, on the toy family's runner built on runtime.runner.Runner alone."""
+    from toy_family.adapter import ToyFlowAdapter
+    from phyai_ros.runtime.runner import Runner
+    folder = ToyFlowAdapter.make_small_checkpoint(tmp_path / "toy")
+    adapter = ToyFlowAdapter.load(folder)
+    assert isinstance(adapter.runner, Runner)
+    images = {"base_0_rgb": np.zeros((16, 16, 3), np.uint8)}
+    state = np.zeros(8, np.float32)
+    first = adapter.predict(images, state, "pick", noise=torch.Generator().manual_seed(0))
+    assert adapter.runner.buckets()
+    adapter.release()
+    assert adapter.runner.buckets() == []
+    again = adapter.predict(images, state, "pick", noise=torch.Generator().manual_seed(0))
+    np.testing.assert_array_equal(first, again)

@@ -76,8 +76,8 @@ class Runner(abc.ABC):
         return took
 
     def release(self) -> None:
-        """Drop every bucket and graph: their memory returns to the pool (and to the device with the
-        allocator's cache emptied). The runner stays usable: the next call makes and captures again."""
+        """Drop every bucket and graph: their memory returns to the graphs' pool (the node's cleanup then empties
+        the allocator's cache). The runner stays usable: the next call makes and captures again."""
         self._drop_buckets()
         if self.registry is not None:
             for key in self.registry.keys():
