@@ -89,11 +89,20 @@ class ModelParameters:
     op_profile: str = param("", "operator profile JSON written by scripts/profile_ops.py on this device; empty: "
                                 "this device's cached profile (model.op_autotune), else a shipped one found by "
                                 "device name (profiles/*.json), else every fused kernel that builds here")
-    op_autotune: bool = param(False, "when no operator profile has a table for this device (or its cached one "
-                                     "lacks shapes this model calls): profile the (op, shape) calls of the warm-up "
-                                     "(each usable candidate: a CUDA graph of 10 calls, 3 replays; Triton compiles "
-                                     "kernel variants it has not built on this machine) and cache the choices per "
-                                     "device for the next start")
+    op_autotune: str = param("auto", "when no operator profile has a table for this device (or its cached one "
+                                     "lacks shapes this model calls): time a shortlist of candidates per (op, "
+                                     "shape) call of the warm-up (the ones the nearest measured device found "
+                                     "fastest, and the default) within model.op_autotune_budget, and cache the "
+                                     "choices per device for the next start. auto: on CUDA devices; on: any "
+                                     "device; off: never", choices=("auto", "on", "off"))
+    op_autotune_budget: float = param(30.0, "wall-time budget of the start-up autotune (s); calls it does not "
+                                            "reach keep their defaults and are tuned at the next start",
+                                      range=(1.0, 3600.0))
+    quant_plan: str = param("measured", "a quantized checkpoint's linears: measured: each runs its quantized "
+                                        "kernels where this device's profile measured them faster, and the bf16 "
+                                        "path on its dequantized weight elsewhere (a bf16 copy is kept for those); "
+                                        "all: every quantized linear always runs its quantized kernels",
+                            choices=("measured", "all"))
     warmup_runs: int = param(2, "inferences run before the node starts acting (graph capture, cold start)",
                              range=(0, 100))
 

@@ -12,7 +12,6 @@ bridge is ``serve.client.RemotePolicy`` instead, checked against the robot the s
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
@@ -20,16 +19,13 @@ import numpy as np
 import torch
 
 from phyai_ros.control import ObservationSnapshot, RtcRequest
-from phyai_ros.layers import profiling
-from phyai_ros.layers.profiles import ProfileChoice, cache_file, selector_for, write_profile
-from phyai_ros.layers.selector import SELECTOR, OperatorSelector, ProfileError, read_profile
+from phyai_ros.layers.profiles import ProfileChoice, selector_for
+from phyai_ros.layers.selector import SELECTOR, OperatorSelector
 from phyai_ros.models import family, family_for_checkpoint
 from phyai_ros.models.contract import DTYPES, ModelFiles, parse_options
 from phyai_ros.parameters import Parameters
+from phyai_ros.runtime.autotune import TuneSettings, prepare_profile, profiled_keys, synthetic_observation, wanted
 from phyai_ros.serve.client import HttpPolicyClient, RemotePolicy
-
-# model.op_autotune: each candidate timed in a CUDA graph of >= 10 calls replayed 3 times (profile_ops: 20 x 7).
-AUTOTUNE_REPS, AUTOTUNE_REPLAYS = 10, 3
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +75,9 @@ class ControlPolicy:
             return self.adapter.predict(images, state, task, noise=self.generator, rtc=rtc)
 
     def warmup_observation(self, state_dim: int) -> tuple[dict, np.ndarray]:
-        """The synthetic observation of the warm-up: random 224x224 frames from every camera of the robot
-        (every slot of the model where the robot's are not known), a zero state."""
-        rng = np.random.default_rng(0)
-        slots = [s for s in self.camera_slots if s in (self.robot_cameras or ())] or self.camera_slots
-        images = {slot: rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for slot in slots}
-        return images, np.zeros(state_dim, dtype=np.float32)
+        """The synthetic observation of the warm-up (and the autotune): random frames from every camera of the
+        robot (every slot of the model where the robot's are not known), a zero state."""
+        return synthetic_observation(self.camera_slots, state_dim, self.robot_cameras)
 
     def warmup(self, runs: int, state_dim: int, source: str = "the policy") -> None:
         """Run the whole path on a synthetic observation (cold start, graph capture) before acting, and
@@ -180,8 +173,8 @@ def build_policy(p: Union[Parameters, Mapping], robot_id: str = ""):
     model.warmup_runs > 0).
     ``policy.backend: remote``: the bridge to a serve endpoint instead (robot_id: the node's name).
     The policy's selector holds this device's operator profile (``layers.profiles``: model.op_profile, the cache,
-    the shipped ones; ``policy.op_profile`` says which), profiled at start-up where none matched and
-    ``model.op_autotune`` is on."""
+    the shipped ones; ``policy.op_profile`` says which), tuned at start-up where none matched and
+    ``model.op_autotune`` allows (runtime.autotune)."""
     p = p if isinstance(p, Parameters) else Parameters.of(p)
     if p.policy.backend == "remote":
         return build_remote_policy(p, robot_id)
@@ -192,21 +185,30 @@ def build_policy(p: Union[Parameters, Mapping], robot_id: str = ""):
     policy = ControlPolicy(adapter, selector, p.model.noise_seed, op_profile=choice,
                            min_cameras=max(1, sum(map(bool, p.cameras.required))) if masks else 0,
                            robot_cameras=p.cameras.slots if masks else None)
-    autotune = p.model.op_autotune and not selector.forced   # PHYAI_OPS=torch: nothing to choose
-    if autotune and choice.origin == "none":
-        policy.op_profile = autotune_profile(policy, p)   # before any graph is captured with default choices
+    # Before any graph is captured with default choices: the start-up autotune where no profile matched, and a
+    # quantized checkpoint's measured plan (runtime.autotune).
+    policy.op_profile = _prepare_profile(policy, p)
     source = f"the checkpoint '{p.model.checkpoint}'"
     _start_runner(p, policy)
     if p.model.warmup_runs:
         # A cached profile may lack shapes this model calls (written for another model on this device): the
         # warm-up's calls say which; the missing ones are profiled and the graphs captured again.
-        recheck = autotune and policy.op_profile.origin == "cache"
+        recheck = (wanted(p.model.op_autotune, p.model.device) and not selector.forced
+                   and policy.op_profile.origin == "cache")
         seen = _warmup(policy, p.model.warmup_runs, source, record=recheck)
         if recheck and set(seen) - profiled_keys(policy.op_profile):
-            policy.op_profile = autotune_profile(policy, p)
+            policy.op_profile = _prepare_profile(policy, p, retune=True)
             _start_runner(p, policy)
             policy.warmup(p.model.warmup_runs, adapter.state_dim, source)
     return policy
+
+
+def _prepare_profile(policy: ControlPolicy, p: Parameters, retune: bool = False) -> ProfileChoice:
+    settings = TuneSettings(budget_s=p.model.op_autotune_budget, token_bucket=p.model.token_bucket,
+                            min_cameras=policy.min_cameras or None)
+    return prepare_profile(policy.selector, policy.op_profile, policy.adapter, p.model.device, DTYPES[p.model.dtype],
+                           policy.warmup_observation(policy.adapter.state_dim), settings, p.model.op_autotune,
+                           p.model.quant_plan, retune)
 
 
 def _start_runner(p: Parameters, policy: ControlPolicy) -> None:
@@ -227,54 +229,6 @@ def _warmup(policy: ControlPolicy, runs: int, source: str, record: bool) -> dict
         return policy.selector.recording
     finally:
         policy.selector.recording = None
-
-
-def profiled_keys(choice: ProfileChoice) -> set:
-    """The (op, shape key) pairs a profile file covers for the choice's device: chosen or timed."""
-    try:
-        data = read_profile(choice.path) if choice.path is not None else {"devices": {}, "timings": {}}
-    except ProfileError:   # gone or rewritten (by hand, wrongly) since it was chosen: profile anew
-        return set()
-    keys = set()
-    for section in ("devices", "timings"):
-        for op, table in data[section].get(choice.signature, {}).items():
-            keys |= {(op, key) for key in table}
-    return keys
-
-
-def autotune_profile(policy: ControlPolicy, p: Parameters, cache: Optional[Path] = None) -> ProfileChoice:
-    """``model.op_autotune`` on a device no profile matched (or whose cached profile lacks this model's shapes):
-    record every (op, shape) the policy calls on its warm-up observation, eagerly through every prompt-length
-    bucket (as chosen, then unfused: layers.profiling.record), time the usable candidates of each call that has
-    more than one and is not yet profiled (AUTOTUNE_REPS calls x AUTOTUNE_REPLAYS replays each), use the fastest
-    correct ones and add them to the device's cache file (written atomically; a cache that cannot be written
-    costs only the next start's profiling). Leaves the adapter on an eager runner: start the real one after."""
-    sel, adapter, choice = policy.selector, policy.adapter, policy.op_profile
-    device = torch.device(p.model.device)
-    t0 = time.perf_counter()
-    if device.type == "cuda":   # the node's prompt buckets, without graphs (the graph warm-up would not call ops)
-        with sel.active():
-            adapter.use_runner(use_graphs=False, token_bucket=p.model.token_bucket)
-    images, state = policy.warmup_observation(adapter.state_dim)
-    calls = profiling.record(sel, lambda: adapter.capture_buckets(images, state, eager=True,
-                                                                  min_cameras=policy.min_cameras or None))
-    done = profiled_keys(choice) if choice.origin == "cache" else set()
-    todo = {k: v for k, v in calls.items() if k not in done}
-    t1 = time.perf_counter()
-    table, timings = profiling.profile_calls(sel, todo, device, reps=AUTOTUNE_REPS, replays=AUTOTUNE_REPLAYS,
-                                             time_single=False)
-    timed = sum(isinstance(v, dict) for keys in timings.values() for entry in keys.values() for v in entry.values())
-    detail = (f"{len(todo)} new (op, shape) calls of {len(calls)} recorded in {t1 - t0:.1f} s, {timed} candidate "
-              f"timings in {time.perf_counter() - t1:.1f} s")
-    path = choice.path if choice.origin == "cache" else cache_file(choice.signature, cache)
-    try:
-        write_profile(path, choice.signature, table, timings)
-    except OSError as exc:
-        log.warning("op_autotune: cannot write %s (%s); the profile holds for this run only", path, exc)
-        return ProfileChoice(choice.signature, None, "autotune", detail=f"{detail}; not cached: {exc}")
-    autotuned = ProfileChoice(choice.signature, path, "autotune", detail=detail)
-    log.info(autotuned.describe())
-    return autotuned
 
 
 def resolved_parameters(p: Union[Parameters, Mapping], policy) -> Parameters:

@@ -36,6 +36,7 @@ from phyai_ros.models import family_for_checkpoint
 from phyai_ros.models.cases import InputError, load_noise, read_case, require_finite_tensor, require_range
 from phyai_ros.models.contract import DTYPES, ModelFiles, parse_options
 from phyai_ros.models.files import read_safetensors_file
+from phyai_ros.runtime.autotune import prepare_profile, synthetic_observation
 
 
 class NonFiniteOutput(Exception):
@@ -67,6 +68,11 @@ def _parse(argv):
                                                   "model.options)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--op-autotune", default="auto", choices=["auto", "on", "off"],
+                   help="the node's model.op_autotune: where no operator profile matches this device, tune a "
+                        "shortlist first and cache it (auto: on CUDA devices)")
+    p.add_argument("--quant-plan", default="measured", choices=["measured", "all"],
+                   help="the node's model.quant_plan (quantized checkpoints)")
     p.add_argument("--output", required=True)
     p.add_argument("--expected", default=None, help="safetensors with expected outputs (fixture layout)")
     p.add_argument("--expected-key", default=None, help="compare actions against this key instead of "
@@ -106,17 +112,17 @@ def _compare(out, args, expected_keys, prefixed: bool = False) -> int:
 
 def _run(args) -> int:
     """With the device's operator profile (PHYAI_OP_PROFILE, else the cached or shipped one for this device, as
-    the node finds it) in a selector of this call's own."""
+    the node finds it, else tuned at start as the node does: --op-autotune) in a selector of this call's own."""
     try:
         device = torch.device(args.device)
     except RuntimeError as exc:
         raise InputError(f"--device {args.device}: {exc}") from None
-    selector, _ = selector_for(device)
+    selector, choice = selector_for(device)
     with selector.active():
-        return _predict(args)
+        return _predict(args, selector, choice)
 
 
-def _predict(args) -> int:
+def _predict(args, selector, choice) -> int:
     require_range("--tolerance", args.tolerance, 0.0)
     require_range("--seed", args.seed, 0, 2**63 - 1)
     case = read_case(args.inputs, args.tasks_json, args.task, case=args.case, rtc=args.rtc,
@@ -132,6 +138,9 @@ def _predict(args) -> int:
         torch.backends.cudnn.allow_tf32 = False
     adapter = cls.load(args.checkpoint, files, device=args.device, dtype=DTYPES[args.dtype],
                        options=parse_options(args.options))
+    prepare_profile(selector, choice, adapter, args.device, DTYPES[args.dtype],
+                    synthetic_observation(adapter.camera_names, adapter.state_dim), autotune=args.op_autotune,
+                    quant_plan=args.quant_plan)
     noise = load_noise(args.noise, case.inputs)
     if noise is None:   # the family draws its own (its shape may follow the observation)
         noise = torch.Generator().manual_seed(args.seed)

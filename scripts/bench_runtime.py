@@ -89,6 +89,21 @@ def load_policy(ckpt: Path, tokenizer: Path):
                                  device=DEVICE, dtype=DTYPE)
 
 
+def quant_plan(model, mode: str) -> dict:
+    """A quantized checkpoint's plan, as the node applies it (model.quant_plan): "measured" keeps a bf16 copy of
+    each weight whose shapes the loaded profile runs "dense"; "all" none."""
+    from phyai_ros.layers.quantized import dense_shapes, plan_dense, quantized_in
+    from phyai_ros.layers.selector import SELECTOR, device_signature
+    weights = quantized_in(model)
+    if not weights:
+        return {"weights": 0}
+    shapes = dense_shapes(SELECTOR.profile.get(device_signature(torch.device(DEVICE)), {})) if mode == "measured" \
+        else set()
+    held = plan_dense(weights, shapes, DTYPE)
+    print(f"quantized plan ({mode}): {held} of {len(weights)} quantized weights also run bf16", flush=True)
+    return {"mode": mode, "weights": len(weights), "dense": held}
+
+
 def observation(rng, batch: int, size=(480, 640)):
     images = {c: rng.integers(0, 256, (batch, *size, 3), dtype=np.uint8) for c in CAMERAS[:PRESENT]}
     return images, rng.standard_normal((batch, 8)).astype(np.float32)
@@ -167,6 +182,9 @@ def main() -> None:
     ap.add_argument("--config", default="full", choices=("full", "mid"))
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--batches", default="1,2,4,8,16,32")
+    ap.add_argument("--quant-plan", default="measured", choices=("measured", "all"),
+                    help="a quantized checkpoint: its linears on bf16 copies where the profile measured that faster "
+                         "(the node's default), or quantized everywhere")
     ap.add_argument("--batch-iters", type=int, default=20)
     ap.add_argument("--tokenizer", type=Path,
                     default=REPO.parent / "shared" / "fixtures" / "lerobot_parity" / "tokenizer" / "tokenizer.model")
@@ -223,6 +241,7 @@ def main() -> None:
     print(f"start-up to first chunk: {res['startup']}", flush=True)
 
     policy = load_policy(args.checkpoint, args.tokenizer)
+    res["quant_plan"] = quant_plan(policy.model, args.quant_plan)
     runner = FlowRunner(policy.model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim,
                         use_graphs=DEVICE == "cuda", token_bucket=TOKEN_BUCKET, skip_absent_cameras=SKIP_ABSENT)
     policy.runner = runner   # predict_batch (the policy path) goes through the same graphs as the figures below

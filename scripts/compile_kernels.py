@@ -13,6 +13,7 @@ profile picks them, but they stay registered, so a Thor profile may, and they mu
     python scripts/compile_kernels.py --arch 90 --arch 100
     python scripts/compile_kernels.py --resources     # also registers, spills, pipelining per kernel
     python scripts/compile_kernels.py --no-candidates # only the kernels the shipped profiles pick
+    python scripts/compile_kernels.py --arch 101 --tilings   # + every GEMM tiling a Thor profile may pick
 
 --resources compiles as Triton's launcher specialises at run time (pointers and 16-multiple integers hinted)
 and reads the cubin's resource usage with the bundled cuobjdump: registers per thread, spill stack, shared
@@ -214,6 +215,47 @@ CANDIDATE_SPECS = [
      dict(_EXPERT, PHASES=ROWS | LAYER | FINAL, TABLES=True, DOT_PREC="ieee", LINE=32),
      dict(num_warps=4, num_stages=_fp32_persistent_stages())),
 ]
+
+
+def tiling_specs() -> list:
+    """Every launch shape a device profile can pick for the weight-streaming GEMMs: each SKINNY_TILINGS entry as
+    the plain GEMM and as the GeGLU gate_up kernel, each QUANT_TILINGS entry for int8, fp8 (W8A8) and int4
+    weights, at the expert's 50 rows (BLOCK_M 64) with the stages the wrappers fit into shared memory, PDL on. A
+    robot's profile (the Thor's, made by its start-up autotune) may choose any of them, so each must assemble for
+    its architecture, not only the ones a shipped profile picks (``SPECS``)."""
+    from phyai_ros.kernels.skinny_linear import fit_stages
+    from phyai_ros.layers.linears import SKINNY_TILINGS
+    from phyai_ros.layers.quant_dispatch import QUANT_TILINGS
+    out = []
+    for name, t in SKINNY_TILINGS.items():
+        bn, bk, warps, stages = t.get("block_n", 64), t.get("block_k", 128), t.get("num_warps", 4), \
+            t.get("num_stages", 3)
+        split = t.get("splits") != 1
+        pf = bool(t.get("prefetch"))
+        out.append(("skinny_linear", "_skinny_kernel", {"P": "*fp32"} if split else {},
+                    dict(BLOCK_M=64, BLOCK_N=bn, BLOCK_K=bk, PDL=True, PREFETCH=pf, LINE=64, HAS_BIAS=False, ACT=0),
+                    dict(num_warps=warps, num_stages=fit_stages(stages, 64, bn, bk, 2))))
+        out.append(("skinny_epilogue", "_gate_up_kernel", {"P": "*fp32"} if split else {},
+                    dict(SPLIT=split, BLOCK_M=64, BLOCK_N=bn, BLOCK_K=bk, PDL=True, PREFETCH=pf, LINE=64),
+                    dict(num_warps=warps, num_stages=fit_stages(stages, 64, 2 * bn, bk, 2))))
+    formats = {   # weight format -> (argument types, constexprs)
+        "int8": ({"XS": "*fp32", "W": "*i8", "WS": "*fp32"}, dict(INT4=False, XQ=False, FP8_DOT=False)),
+        "fp8": ({"X": "*fp8e4nv", "XS": "*fp32", "W": "*fp8e4nv", "WS": "*fp32"},
+                dict(INT4=False, XQ=True, FP8_DOT=True)),
+        "int4": ({"XS": "*fp32", "W": "*u8", "WS": "*fp32"}, dict(INT4=True, XQ=False, FP8_DOT=False)),
+    }
+    for name, t in QUANT_TILINGS.items():
+        bn, warps, stages = t.get("block_n", 64), t.get("num_warps", 4), t.get("num_stages", 3)
+        direct = t.get("splits") == 1
+        for fmt, (types, flags) in formats.items():
+            bk = 128 if fmt == "int4" else t.get("block_k", 128)   # int4: one group per K block
+            out.append(("quant_linear", "_quant_skinny_kernel",
+                        {**types, "P": "*bf16" if direct else "*fp32", "Y": "*bf16" if direct else "*fp32"},
+                        dict(BLOCK_M=64, BLOCK_N=bn, BLOCK_K=bk, **flags, F32=False, GEGLU=False, DIRECT=direct,
+                             HAS_BIAS=False, ACT=0, PDL=True), dict(num_warps=warps, num_stages=stages)))
+    return out
+
+
 FLOAT_ARGS = {"eps", "qk_scale"}
 INT_ARGS = {"M", "N", "K", "I", "D", "S", "G", "T", "L", "HQ", "HKV", "SPLITS"}  # sizes spelt in capitals
 
@@ -317,9 +359,13 @@ def main() -> None:
                     help="compile with the run-time divisibility hints and print registers / spills / pipelining")
     ap.add_argument("--no-candidates", action="store_true",
                     help="only the kernels the shipped profiles pick (not those of kernels/candidates/)")
+    ap.add_argument("--tilings", action="store_true",
+                    help="also every launch shape of the GEMM tilings a profile may pick (tiling_specs)")
+    ap.add_argument("--only-tilings", action="store_true", help="only those (tiling_specs)")
     args = ap.parse_args()
     archs = args.arch or [90, 101]
-    specs = SPECS if args.no_candidates else SPECS + CANDIDATE_SPECS
+    specs = [] if args.only_tilings else SPECS if args.no_candidates else SPECS + CANDIDATE_SPECS
+    specs = specs + (tiling_specs() if args.tilings or args.only_tilings else [])
     failures = compile_all(archs, specs, args.resources)
     print(f"{failures} failed of {len(specs) * len(archs)}")
     sys.exit(1 if failures else 0)

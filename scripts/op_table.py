@@ -8,7 +8,8 @@ registry and the shipped device profiles (profiles/*.json), so the document cann
 
 Per op: its candidates in the selector's preference order (the first usable one runs where no profile has an
 entry; ``profiled_only`` ones, marked *, only where a profile names them), and per shipped profile how many of the
-op's profiled shapes each candidate won.
+op's profiled shapes each candidate won. A second table says, per op, which candidates a Jetson Thor can run
+(``backend``) and what each op falls back to.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from phyai_ros.layers.selector import SELECTOR  # noqa: E402
 
 DESIGN = REPO / "docs" / "design.md"
 BEGIN, END = "<!-- op table: begin (scripts/op_table.py --write) -->", "<!-- op table: end -->"
+THOR_BEGIN, THOR_END = "<!-- thor table: begin (scripts/op_table.py --write) -->", "<!-- thor table: end -->"
 
 
 def shipped_profiles() -> dict:
@@ -51,11 +53,44 @@ def table() -> str:
     return "\n".join(rows)
 
 
-def with_table(doc: str, body: str) -> str:
-    if BEGIN not in doc or END not in doc:
-        raise SystemExit(f"{DESIGN}: the markers {BEGIN!r} / {END!r} are missing")
-    before, rest = doc.split(BEGIN, 1)
-    return before + BEGIN + "\n" + body + "\n" + END + rest.split(END, 1)[1]
+def backend(c) -> str:
+    """What a candidate runs on: "triton" (a kernel of phyai_ros.kernels: compiled ahead of time for the Thor in
+    CI, scripts/compile_kernels.py), "library" (torch's CUDA build: SDPA, cuBLASLt, cuBLAS fp8), "flashinfer" (an
+    optional package, not built for the Thor), or "portable" (torch on any device: the references, "unfused",
+    the quantized ops' "dense")."""
+    if c.name.startswith("flashinfer"):
+        return "flashinfer"
+    if tuple(c.devices) != ("cuda",):
+        return "portable"
+    return "triton" if getattr(c.available, "__name__", "") == "triton_ok" else "library"
+
+
+def thor_table() -> str:
+    """Per op: the candidates a Jetson Thor (sm_110) can run, by backend, and what it falls back to."""
+    head = ["op", "Triton candidates (kernels AOT-compiled for sm_101 = sm_110 in CI)", "library (torch CUDA)",
+            "not on Thor", "fallback"]
+    rows = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    bare = []
+    for op in sorted(SELECTOR.candidates):
+        cands = SELECTOR.candidates[op]
+        kinds = {k: [c.name for c in cands if backend(c) == k] for k in ("triton", "library", "flashinfer")}
+        if not kinds["triton"] and not kinds["library"]:
+            bare.append(op)
+        rows.append("| " + " | ".join([f"`{op}`", str(len(kinds["triton"])) if kinds["triton"] else "—",
+                                        ", ".join(f"`{n}`" for n in kinds["library"]) or "—",
+                                        ", ".join(f"`{n}`" for n in kinds["flashinfer"]) or "—",
+                                        f"`{cands[-1].name}`"]) + " |")
+    rows.append("")
+    rows.append("Ops with no fused kernel the Thor can run: " + (", ".join(f"`{op}`" for op in bare) or "none") +
+                ". Every op falls back to its reference (torch on any device) where a kernel does not build.")
+    return "\n".join(rows)
+
+
+def with_table(doc: str, body: str, begin: str = BEGIN, end: str = END) -> str:
+    if begin not in doc or end not in doc:
+        raise SystemExit(f"{DESIGN}: the markers {begin!r} / {end!r} are missing")
+    before, rest = doc.split(begin, 1)
+    return before + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1]
 
 
 def main() -> int:
@@ -64,12 +99,12 @@ def main() -> int:
     mode.add_argument("--write", action="store_true")
     mode.add_argument("--check", action="store_true")
     a = ap.parse_args()
-    body = table()
+    body, thor = table(), thor_table()
     if not (a.write or a.check):
-        print(body)
+        print(body + "\n\n" + thor)
         return 0
     doc = DESIGN.read_text()
-    new = with_table(doc, body)
+    new = with_table(with_table(doc, body), thor, THOR_BEGIN, THOR_END)
     if a.write:
         DESIGN.write_text(new)
         return 0

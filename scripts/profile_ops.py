@@ -22,6 +22,15 @@ Without --checkpoint a random full-size pi0.5 is built in memory; give --checkpo
 --cosmos3 full (random full-size weights in memory) or --cosmos3 DIR (a saved pipeline) adds Cosmos3's shapes at a
 480x832 image the same way.
 
+--fast SECONDS runs the start-up autotune's bounded form on the same calls (what a node does on a device no
+profile matches, phyai_ros.runtime.autotune): per call only the shortlist ranked by the shipped profiles of other
+devices (layers.shortlist), 10 calls x 3 replays each, within SECONDS; the figure to hold against a full profile.
+
+A quantized checkpoint (--checkpoint of ``python -m phyai_ros.quant``'s folder) is profiled with its weights'
+bf16 copies, so each quantized op's "dense" candidate (the bf16 op on the dequantized weight) is timed against its
+kernels at every recorded shape: the measured plan that ``scripts/bench_runtime.py`` and the node then apply.
+--batch 1,8,32 records each batch's shapes (a plan may run bf16 at batch 1 and fp8 at batch 32).
+
 --ops NAME[,NAME] times only those ops (e.g. expert_stack after a new form of it; with --merge the other entries
 stay, and the timed op's sub-ops run as they choose).
 The timing core is the package's (phyai_ros.layers.profiling), which the node's model.op_autotune also runs; a
@@ -52,17 +61,29 @@ def record_model_calls(args) -> dict:
     or pi0, by its config.json) or, without one, a random full-size pi0.5 built in memory."""
     rec = {}
     for ckpt in args.groot or []:
-        rec.update(record_groot_calls(ckpt, args.batch))
+        for b in args.batch:
+            rec.update(record_groot_calls(ckpt, b))
         torch.cuda.empty_cache()
     for spec in args.cosmos3 or []:
         rec.update(record_cosmos3_calls(spec))
         torch.cuda.empty_cache()
     for ckpt in args.checkpoint or ([] if args.groot or args.cosmos3 else [None]):
         model, cfg = load_model(ckpt, args.tokenizer)
-        rec.update(record_calls(model, cfg, args.batch, args.cameras))
+        for b in args.batch:
+            rec.update(record_calls(model, cfg, b, args.cameras))
         del model
         torch.cuda.empty_cache()
     return rec
+
+
+def with_dense_copies(weights) -> tuple:
+    """A quantized model's weights get their bf16 copies (model.quant_plan "measured"), so that the quantized ops'
+    "dense" candidate is recorded and timed against their kernels; the record's extra pass for it."""
+    if not weights:
+        return ()
+    from phyai_ros.layers.quantized import plan_dense
+    plan_dense(weights, None, torch.bfloat16)
+    return ("dense",)
 
 
 def load_model(ckpt, tokenizer):
@@ -84,8 +105,11 @@ def record_calls(model, cfg, b: int, s: int) -> dict:
     runner = FlowRunner(model, cfg.num_steps, cfg.chunk_size, cfg.max_action_dim, use_graphs=False,
                         state_dim=cfg.max_state_dim)
     images, masks, tokens, tmask, state, noise = flow_runner_inputs(cfg, b, s)
+    from phyai_ros.layers.quantized import quantized_in
+    extra = with_dense_copies(quantized_in(model))
     # As chosen by default, then with every op on its reference (the sub-ops of fused ops): see record().
-    rec = record(SELECTOR, lambda: runner.sample(runner.set_observation(images, masks, tokens, tmask, state), noise))
+    rec = record(SELECTOR, lambda: runner.sample(runner.set_observation(images, masks, tokens, tmask, state), noise),
+                 extra)
     torch.cuda.synchronize()
     return rec
 
@@ -104,7 +128,7 @@ def record_groot_calls(ckpt: Path, batch: int, device: str = "cuda", dtype=torch
     task = "pick up the red block and place it in the blue bowl on the left side"
     obs = runner.model.observation(policy.prepare(images, state, [task] * batch))
     noise = policy.make_noise(batch)
-    return record(SELECTOR, lambda: runner.run(obs, noise))
+    return record(SELECTOR, lambda: runner.run(obs, noise), with_dense_copies(policy.quantized_weights()))
 
 
 def record_cosmos3_calls(spec: str, device: str = "cuda", dtype=torch.bfloat16) -> dict:
@@ -140,11 +164,14 @@ def main() -> None:
                     help="comma-separated op names to time (default: every recorded op); with --merge the file keeps "
                          "the other ops' entries, which the timed ones' sub-ops run with")
     ap.add_argument("--tokenizer", type=Path)
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", type=lambda t: [int(v) for v in t.split(",")], default=[1], metavar="1[,8,32]",
+                    help="batch sizes whose shapes are recorded (pi, GR00T)")
     ap.add_argument("--cameras", type=int, default=3)
     ap.add_argument("--tolerance", type=float, default=2e-2, help="largest relative error vs torch (bf16)")
     ap.add_argument("--reps", type=int, default=20, help="calls per timed CUDA graph (at least one per cold copy)")
     ap.add_argument("--replays", type=int, default=7, help="graph replays per candidate (the median is kept)")
+    ap.add_argument("--fast", type=float, default=None, metavar="SECONDS",
+                    help="the start-up autotune's shortlist, repeats and budget instead of every candidate")
     ap.add_argument("--out", type=Path, required=True, help="profile file (replaced atomically)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -165,11 +192,21 @@ def main() -> None:
             f"{n}={v['us']:.1f}us" if isinstance(v, dict) else f"{n}=x" for n, v in entry.items())
             + f"  -> {chosen or '-'}", flush=True)
 
+    fast = {}
+    if args.fast is not None:
+        from phyai_ros.layers.shortlist import shortlist
+        from phyai_ros.runtime.autotune import AUTOTUNE_REPLAYS, AUTOTUNE_REPS, shipped_priors
+        priors = shipped_priors(signature)
+        print(f"fast: shortlists ranked by {[sig for sig, _, _ in priors.tables]}, budget {args.fast:g} s", flush=True)
+        fast = dict(select=lambda op, key, cands: shortlist(priors, op, key, cands), deadline=t1 + args.fast,
+                    time_single=False)
+        args.reps, args.replays = AUTOTUNE_REPS, AUTOTUNE_REPLAYS
     table, timings = profile_calls(SELECTOR, calls, device, args.tolerance, reps=args.reps, replays=args.replays,
-                                   report=show)
+                                   report=show, **fast)
     write_profile(args.out, signature, table, timings, merge=args.merge)
+    reached = sum(len(keys) for keys in timings.values())
     print(f"profile for {signature} written to {args.out} ({len(calls)} (op, shape) calls: recorded in "
-          f"{t1 - t0:.1f} s, profiled in {time.perf_counter() - t1:.1f} s)")
+          f"{t1 - t0:.1f} s, {reached} profiled in {time.perf_counter() - t1:.1f} s)")
 
 
 if __name__ == "__main__":

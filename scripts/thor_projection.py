@@ -5,6 +5,11 @@ bf16 and issue 15's weight schemes per part:
     python3 scripts/thor_projection.py                       # built-in H200 stage times (2026-12-01)
     python3 scripts/thor_projection.py --measured pi05=/tmp/bench.json --measured pi0=/tmp/bench0.json
 
+--plan PROFILE --scheme W8A8-FP8 adds the row of a measured quantized plan (model.quant_plan: measured): per
+part, the share of GEMM weights the device profile's quantized ops run quantized rather than on their bf16 copy
+(runtime.projection.plan_formats), e.g. the start-up autotune's cache of the robot, or an H100 profile to see what
+its choices would save on the Thor's bandwidth.
+
 --measured takes a ``scripts/bench_runtime.py`` JSON (its "stages" ms and its prefix length), or the record of
 ``python -m phyai_ros.bench pi05`` / ``pi0`` holding one, instead of the built-in figures. No GPU needed: it is
 arithmetic on the measured times and the logical FLOPs and bytes.
@@ -20,9 +25,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from phyai_ros.models.pi import pi0, pi05  # noqa: E402
+from phyai_ros.layers.selector import ProfileError, read_profile  # noqa: E402
 from phyai_ros.runtime.projection import (DEVICES, H200, MEASURED_H200, STAGES, StageTimes, formats_for,  # noqa: E402
-                                          project, total)
-from phyai_ros.runtime.roofline import BF16, W4A16, W8A8_FP8, W8A16  # noqa: E402
+                                          plan_formats, project, total)
+from phyai_ros.runtime.roofline import BF16, SCHEMES, W4A16, W8A8_FP8, W8A16  # noqa: E402
 
 MODELS = {"pi05": ("pi0.5", pi05.Pi05Config, False), "pi0": ("pi0", pi0.Pi0Config, True)}
 # (label, parts, formats): bf16, each scheme on the expert alone (Thor's bandwidth-bound loop) and everywhere, and
@@ -55,8 +61,23 @@ def main() -> None:
     ap.add_argument("--measured", action="append", default=[], metavar="MODEL=JSON",
                     help="bench_runtime.py output for pi05 or pi0 (default: the built-in 2026-12-01 figures)")
     ap.add_argument("--target", default="thor", choices=tuple(DEVICES))
+    ap.add_argument("--plan", type=Path, metavar="PROFILE", help="a device profile holding a measured quantized plan")
+    ap.add_argument("--signature", help="its device (default: the first the file holds)")
+    ap.add_argument("--scheme", default="W8A8-FP8", choices=[n for n in SCHEMES if n != "bf16"],
+                    help="the plan's scheme")
     args = ap.parse_args()
     target = DEVICES[args.target]
+    rows = list(ROWS)
+    if args.plan:
+        try:
+            data = read_profile(args.plan)
+        except ProfileError as exc:
+            raise SystemExit(f"thor_projection: {exc}") from None
+        signature = args.signature or next(iter(data["devices"]), None)
+        if signature not in data["devices"]:
+            raise SystemExit(f"thor_projection: {args.plan} has no table for {signature}")
+        rows.append(("plan", f"{args.scheme} where {signature.rsplit(':', 1)[-1]}'s profile runs it quantized",
+                     lambda cfg: plan_formats(data["devices"][signature], SCHEMES[args.scheme], cfg.siglip.width)))
     given = dict(m.split("=", 1) for m in args.measured)
     print(f"Stage model: {H200.name} (spec) -> {target.name}; bf16 {target.peak['bf16'] / 1e12:.0f} / fp8 "
           f"{target.peak['fp8'] / 1e12:.0f} TFLOP/s dense, {target.bandwidth / 1e9:.0f} GB/s. Batch 1, 3 cameras.\n")
@@ -77,7 +98,10 @@ def main() -> None:
         print(f"\n| {name} weights | parts | {target.name} floor ms (vision / prefix / loop = total) | projected ms "
               f"(floor / efficiency) | floor + H200 gap ms | H200 projected ms |")
         print("| --- | --- | --- | --- | --- | --- |")
-        for label, parts, formats in ROWS:
+        for label, parts, formats in rows:
+            formats = formats(cfg) if callable(formats) else formats
+            if label == "plan":
+                parts += " (" + ", ".join(f"{p} {f.name.split('(')[-1].split()[0]}" for p, f in formats.items()) + ")"
             thor = project(cfg, measured, formats, state_token=state_token, target=target)
             h200 = project(cfg, measured, formats, state_token=state_token, target=H200)
             split = " / ".join(ms(thor[s].floor_s) for s in STAGES)

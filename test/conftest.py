@@ -1,6 +1,7 @@
 """Shared test setup: DDS isolation per run, and the `gpu` marker's skip rule."""
 import os
 import random
+import tempfile
 
 import pytest
 
@@ -8,6 +9,9 @@ import pytest
 # parallel runs on one machine never see each other's nodes.
 os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
 os.environ.setdefault("ROS_DOMAIN_ID", str(random.Random(os.getpid()).randint(1, 101)))
+# The start-up autotune's cache of this run (and of each xdist worker) alone: a test never reads what an earlier
+# run, another branch's kernels or the user's node left in ~/.cache/phyai_ros/profiles, nor writes there.
+os.environ.setdefault("PHYAI_PROFILE_CACHE", tempfile.mkdtemp(prefix="phyai_profile_cache_"))
 
 
 def _cuda_available() -> bool:

@@ -48,3 +48,16 @@ def test_the_loop_gemms_compile_pipelined_and_without_spills_as_launched():
     attention = [line for line in lines if "_attn_partial_kernel" in line and "'tf32'" in line]   # bf16, 2 stages
     assert attention and all(line.endswith("pipelined") for line in attention), attention
     assert checked >= 8
+
+
+def test_every_gemm_tiling_a_thor_profile_may_pick_compiles_for_thor():
+    """The Thor's profile comes from its own start-up autotune, which may pick any registered tiling of the
+    weight-streaming GEMMs (bf16 plain and GeGLU, int8 / fp8 / int4 quantized): every one assembles for sm_101
+    (CUDA 12.8's name for sm_110) within the shared memory of a block."""
+    from phyai_ros.layers.linears import SKINNY_TILINGS
+    from phyai_ros.layers.quant_dispatch import QUANT_TILINGS
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "compile_kernels.py"), "--arch", "101",
+                        "--only-tilings"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ok = [line for line in r.stdout.splitlines() if line.startswith("ok")]
+    assert len(ok) == 2 * len(SKINNY_TILINGS) + 3 * len(QUANT_TILINGS) and "0 failed" in r.stdout, r.stdout

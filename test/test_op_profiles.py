@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import phyai_ros.layers.dispatch  # noqa: F401  (registers the ops' candidates)
-from phyai_ros.layers.profiles import (ProfileChoice, cache_file, find_profile, selector_for, shipped_dir,
-                                       write_profile)
+from phyai_ros.layers.profiles import (ProfileChoice, cache_file, find_profile, profile_stamp, selector_for,
+                                       shipped_dir, write_profile)
 from phyai_ros.layers.selector import SELECTOR, Candidate, OperatorSelector
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def test_precedence_is_explicit_then_cache_then_shipped_per_device(tmp_path, cap
     monkeypatch.delenv("PHYAI_OP_PROFILE", raising=False)
     cache, shipped = tmp_path / "cache", tmp_path / "shipped"
     explicit = _profile(tmp_path / "mine.json", {"cpu": {"linear": {KEY: "explicit"}}})
-    _profile(cache_file("cpu", cache), {"cpu": {"linear": {KEY: "cache"}}})
+    write_profile(cache_file("cpu", cache), "cpu", {"linear": {KEY: "cache"}}, {})   # stamped as a cache is
     _profile(shipped / "cpu.json", {"cpu": {"linear": {KEY: "shipped"}}})
     base = OperatorSelector(candidates=SELECTOR.candidates)
 
@@ -116,7 +116,8 @@ def test_write_profile_is_atomic_and_merges(tmp_path):
         write_profile(path, "cpu", {"linear": {"k": object()}}, {})
     assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["p.json"]
     write_profile(path, "cpu", {"linear": {"k": "y"}}, {}, merge=False)
-    assert json.loads(path.read_text()) == {"devices": {"cpu": {"linear": {"k": "y"}}}, "timings": {"cpu": {}}}
+    assert json.loads(path.read_text()) == {"devices": {"cpu": {"linear": {"k": "y"}}}, "timings": {"cpu": {}},
+                                            "meta": profile_stamp()}
 
 
 def _matmul_linear(x, weight, bias=None):
@@ -143,9 +144,9 @@ def test_autotune_profiles_the_warmup_calls_caches_them_and_the_next_start_reads
     # stays torch, only a profile picks it), so the timing and choosing run for real.
     monkeypatch.setitem(SELECTOR.candidates, "linear",
                         [Candidate("matmul", _matmul_linear, profiled_only=True), *SELECTOR.candidates["linear"]])
-    p = _node_params(make_small_checkpoint(tmp_path / "pi05", horizon=20), tokenizer, **{"model.op_autotune": True})
+    p = _node_params(make_small_checkpoint(tmp_path / "pi05", horizon=20), tokenizer, **{"model.op_autotune": "on"})
 
-    off = build_policy({**p, "model.op_autotune": False})
+    off = build_policy({**p, "model.op_autotune": "off"})
     assert off.op_profile.origin == "none" and not (tmp_path / "cache").exists()
 
     first = build_policy(p)
@@ -263,7 +264,7 @@ def test_autotune_over_a_cache_of_the_wrong_shape(tmp_path, monkeypatch):
     path = cache_file("cpu", tmp_path / "cache")
     path.parent.mkdir(parents=True)
     path.write_text('["cpu"]')
-    p = _node_params(make_small_checkpoint(tmp_path / "pi05", horizon=20), tokenizer, **{"model.op_autotune": True})
+    p = _node_params(make_small_checkpoint(tmp_path / "pi05", horizon=20), tokenizer, **{"model.op_autotune": "on"})
     policy = build_policy(p)
     assert (policy.op_profile.origin, policy.op_profile.path) == ("autotune", path)
     assert set(json.loads(path.read_text())["devices"]["cpu"]["linear"].values()) <= {"matmul", "torch"}

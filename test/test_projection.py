@@ -126,3 +126,33 @@ def test_the_script_prints_the_table():
     floor = total(project(Pi05Config(), MEASURED_H200["pi05"]), "floor_s")
     assert f"| bf16 | all bf16 | 3.1 / 14.6 / 23.5 = **{1e3 * floor:.1f}** |" in run.stdout
     assert run.stdout.count("| W4A16 | expert |") == 2 and "pi0 (prefix 816 tokens)" in run.stdout
+
+
+def test_a_measured_plan_blends_each_parts_formats_by_the_share_run_quantized(tmp_path):
+    """runtime.projection.plan_formats: per part, the GEMM weights the profile's quantized ops run quantized (not
+    "dense"), by N x K; the expert by its few rows, the vision part by the tower's width, the rest the prefix."""
+    from phyai_ros.runtime.projection import plan_formats, plan_part
+    tag = "w8a8-fp8-dynamic"
+    table = {"qlinear": {f"1x50x1024,2560x1024|bfloat16|{tag}": "dense",            # expert, 2560 * 1024
+                         f"1x50x4096,1024x4096|bfloat16|{tag}": "triton_n32",       # expert, 1024 * 4096
+                         f"1x800x2048,2560x2048|bfloat16|{tag}": "scaled_mm",       # prefix
+                         f"3x256x1152,4304x1152|bfloat16|{tag}": "dense"},          # vision
+             "linear": {"1x50x1024,2560x1024|bfloat16": "triton"}}                   # a float op: not counted
+    assert [plan_part(k, 1152) for k in table["qlinear"]] == ["expert", "expert", "prefix", "vision"]
+    f = plan_formats(table, W8A8_FP8, 1152)
+    share = 1024 * 4096 / (2560 * 1024 + 1024 * 4096)
+    assert f["expert"].bytes_per_weight == pytest.approx(share * 1 + (1 - share) * 2)
+    assert f["expert"].compute == "fp8" and "62% quantized" in f["expert"].name
+    assert (f["prefix"].bytes_per_weight, f["prefix"].compute) == (1, "fp8")
+    assert (f["vision"].bytes_per_weight, f["vision"].compute, f["vision"].scale_bytes) == (2, "bf16", 0)
+    # Never more bytes than bf16, never fewer than the scheme everywhere: the projection lies between the two.
+    plan = total(project(Pi05Config(), MEASURED_H200["pi05"], f), "floor_s")
+    assert total(project(Pi05Config(), MEASURED_H200["pi05"], formats_for(W8A8_FP8)), "floor_s") <= plan <= \
+        total(project(Pi05Config(), MEASURED_H200["pi05"]), "floor_s")
+    path = tmp_path / "plan.json"
+    path.write_text(__import__("json").dumps({"devices": {"cuda:sm90:NVIDIA H100": table}}))
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "thor_projection.py"), "--plan", str(path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "| plan | W8A8-FP8 where NVIDIA H100's profile runs it quantized (vision 0%, prefix 100%, expert 62%)" \
+        in r.stdout, r.stdout

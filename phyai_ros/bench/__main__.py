@@ -119,6 +119,8 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--autotune", type=Path, metavar="FILE", help="profile the model's ops into FILE (merged; seeded "
                    "from --profile PATH when FILE is new), then bench on it")
     f.add_argument("--autotune-ops", metavar="OP[,OP]", help="only these ops (profile_ops.py --ops)")
+    f.add_argument("--autotune-fast", type=float, metavar="SECONDS", help="with --autotune: the start-up autotune's "
+                   "bounded form (shortlists from the shipped profiles, within SECONDS) instead of every candidate")
     f.add_argument("--fresh", action="store_true", help="write the random full-size checkpoint again")
     s = p.add_argument_group("serving (--serve)")
     s.add_argument("--robots", type=int, metavar="N", help="robots at once, each its own client")
@@ -135,7 +137,8 @@ def parser() -> argparse.ArgumentParser:
 FULL_ONLY = {"config": "a full-size script's smaller model", "startup": "a fresh process's start-up (the contract "
              "bench records load, capture and first chunk in-process)", "kernel_profile": "a family script's",
              "host_profile": "a family script's", "keep_absent": "the pi script's", "reference": "a family script's",
-             "autotune": "a family script's", "autotune_ops": "a family script's", "fresh": "a full-size checkpoint's"}
+             "autotune": "a family script's", "autotune_ops": "a family script's",
+             "autotune_fast": "a family script's", "fresh": "a full-size checkpoint's"}
 CONTRACT_ONLY = {"options": "the contract bench's"}
 
 
@@ -263,7 +266,8 @@ def _scripted(a, argv, extra, kind: str, device: str, quant, out: Path, record_o
         iters=a.iters, batch_iters=a.batch_iters, views=a.views, images=a.images, quant=quant,
         reference=a.reference, startup=a.startup, kernel_profile=a.kernel_profile, host_profile=a.host_profile,
         keep_absent=a.keep_absent, autotune=a.autotune.resolve() if a.autotune else None,
-        autotune_ops=a.autotune_ops, tokenizer=a.tokenizer, robots=a.robots, per_robot=a.per_robot, extra=extra)
+        autotune_ops=a.autotune_ops, autotune_fast=a.autotune_fast, tokenizer=a.tokenizer, robots=a.robots,
+        per_robot=a.per_robot, extra=extra)
     try:
         if kind == "serve":
             checkpoint = a.checkpoint

@@ -26,6 +26,7 @@ import torch
 from phyai_ros.layers.profiles import selector_for
 from phyai_ros.models import family
 from phyai_ros.models.contract import DTYPES
+from phyai_ros.runtime.autotune import TuneSettings, prepare_profile, synthetic_observation
 
 from . import checkpoints
 from .timing import peak_gib, reset_peak, sync, timed
@@ -49,6 +50,9 @@ class ContractOptions:
     quant: Optional[str] = None
     options: Dict[str, str] = field(default_factory=dict)
     tokenizer: Optional[Path] = None
+    op_autotune: str = "auto"           # the node's model.op_autotune (and its budget)
+    op_autotune_budget: float = 30.0
+    quant_plan: str = "measured"        # the node's model.quant_plan
 
 
 def check(o: ContractOptions) -> None:
@@ -75,13 +79,19 @@ def run(o: ContractOptions) -> dict:
     with selector.active(), torch.no_grad():
         base = Path(o.checkpoint) if o.checkpoint else checkpoints.small(o.model, o.root)
         adapter, load_s = _load(cls, _maybe_quantized(base, o, files), o, files)
+        start = time.perf_counter()
+        choice = prepare_profile(selector, choice, adapter, o.device, DTYPES[o.dtype],
+                                 synthetic_observation(adapter.camera_names, adapter.state_dim),
+                                 TuneSettings(budget_s=o.op_autotune_budget), o.op_autotune, o.quant_plan)
+        profile_s = time.perf_counter() - start
         cams = list(adapter.camera_names)
         views = o.views or [len(cams)]
         for n in views:
             if not 1 <= n <= len(cams):
                 raise ValueError(f"--views {n}: the checkpoint has {len(cams)} camera(s) ({', '.join(cams)})")
         result = {"family": o.model, "checkpoint": str(base), "small_checkpoint": o.checkpoint is None,
-                  "dtype": o.dtype, "device": o.device, "operator_profile": choice.describe(), "task": TASK,
+                  "dtype": o.dtype, "device": o.device, "operator_profile": choice.describe(),
+                  "operator_profile_origin": choice.origin, "autotune_s": round(profile_s, 2), "task": TASK,
                   "cameras": cams, "masks_cameras": cls.masks_cameras, "serving": cls.serving,
                   "state_dim": adapter.state_dim, "action_dim": adapter.action_dim, "chunk_size": adapter.chunk_size,
                   "quantization": adapter.quantization(), "runs": []}

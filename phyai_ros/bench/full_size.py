@@ -42,6 +42,7 @@ class FullOptions:
     keep_absent: bool = False
     autotune: Optional[Path] = None
     autotune_ops: Optional[str] = None
+    autotune_fast: Optional[float] = None   # the start-up autotune's bounded form (its budget, s) instead of the full
     tokenizer: Optional[Path] = None
     robots: Optional[int] = None            # --serve
     per_robot: Optional[int] = None
@@ -92,7 +93,8 @@ def _autotune(o: FullOptions, steps: List[Step], model_args: list) -> Dict[str, 
         return {}
     if o.device != "cuda":
         raise ValueError("--autotune times kernel candidates on the GPU (--device cuda)")
-    steps.append(Step("autotune", (script("profile_ops.py"), *model_args, *_opt("--ops", o.autotune_ops), "--merge",
+    steps.append(Step("autotune", (script("profile_ops.py"), *model_args, *_opt("--ops", o.autotune_ops),
+                                   *_opt("--fast", o.autotune_fast), *_opt("--batch", o.batches), "--merge",
                                    "--out", o.autotune)))
     return {"PHYAI_OP_PROFILE": str(o.autotune)}
 

@@ -18,10 +18,20 @@ to ``selector_for`` still counts.
 
 Only the winner is loaded: precedence is per device, so an explicit file for the Thor leaves an H200 to its cached
 or shipped profile (with a warning that the explicit one has no table for it).
+
+Every file written here carries a ``meta`` stamp (``profile_stamp``): the file format, a fingerprint of the kernels
+(their sources and the registered candidates with their launch shapes) and the Triton, torch and CUDA versions
+that timed them. A cached file of another stamp is stale (an upgrade changed what was measured): it is ignored with
+a warning naming what differs, and the next autotune replaces it. So is a cache file with no table for this device
+(copied from another machine). An explicit or shipped file of another stamp is still used (an operator's choice,
+the package's best knowledge), with a note: a kernel edit does not make a measured profile worthless, and a
+shipped one cannot be re-measured on every machine.
 """
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -34,11 +44,50 @@ from typing import Optional
 
 import torch
 
+import phyai_ros.kernels as kernels_package
+
 from phyai_ros.layers.selector import SELECTOR, OperatorSelector, ProfileError, device_signature, read_profile
 
 log = logging.getLogger(__name__)
 
 _PACKAGE = Path(__file__).resolve().parents[1]
+FORMAT = 2   # 2: files carry the "meta" stamp
+
+
+def kernels_fingerprint(selector: Optional[OperatorSelector] = None) -> str:
+    """12 hex digits that change when what a profile measured changes: every kernel source file (candidates/
+    included) and every registered candidate with its launch-shape keywords (a tiling's blocks, warps, splits)."""
+    digest = hashlib.sha256()
+    for root in map(Path, kernels_package.__path__):   # a namespace package: kernels/ mapped in
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for op, cands in sorted((selector or SELECTOR).candidates.items()):
+        for c in cands:
+            digest.update(f"{op}:{c.name}:{sorted(getattr(c.fn, 'keywords', {}).items())}\n".encode())
+    return digest.hexdigest()[:12]
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def profile_stamp() -> dict:
+    """The ``meta`` of a profile timed here and now: what a cached one must match to be used."""
+    return {"format": FORMAT, "kernels": kernels_fingerprint(), "triton": _version("triton"),
+            "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+def stale_reason(data: dict, stamp: Optional[dict] = None) -> str:
+    """Why a profile's data was timed under other kernels or versions than ``stamp`` (this process's by default),
+    e.g. "kernels 1a2b3c4d5e6f != 0f9e8d7c6b5a"; "" for a file of the same stamp."""
+    stamp = profile_stamp() if stamp is None else stamp
+    meta = data.get("meta")
+    if not isinstance(meta, dict):
+        return "no stamp (written before profiles carried one)"
+    return "; ".join(f"{k} {meta.get(k)} != {v}" for k, v in stamp.items() if meta.get(k) != v)
 
 
 @dataclass(frozen=True)
@@ -96,20 +145,52 @@ def signatures_in(path: Path) -> frozenset:
         return frozenset()
 
 
+def usable_cache(path: Path, signature: str) -> bool:
+    """Whether the cache file ``path`` is this device's profile for this install: a valid profile, with a table for
+    ``signature``, stamped as this process would stamp it. Otherwise False with a warning saying which (the
+    next autotune rewrites it)."""
+    try:
+        data = read_profile(path)
+    except ProfileError as exc:
+        log.warning("cached operator profile %s ignored: %s", path, exc)
+        return False
+    if signature not in data["devices"]:
+        held = ", ".join(sorted(data["devices"])) or "none"
+        log.warning("cached operator profile %s ignored: it has no table for %s (it holds: %s)", path, signature, held)
+        return False
+    why = stale_reason(data)
+    if why:
+        log.warning("cached operator profile %s ignored: timed under other kernels or versions (%s)", path, why)
+        return False
+    return True
+
+
 def find_profile(signature: str, cache: Optional[Path] = None, shipped: Optional[Path] = None) -> ProfileChoice:
-    """The cached profile of this device, else the first shipped one with a table for it (not the explicit
-    file: ``selector_for`` handles that). cache / shipped: the folders (default ``cache_dir()`` / ``shipped_dir()``;
-    shipped may be None for none)."""
+    """The cached profile of this device (``usable_cache``), else the first shipped one with a table for it (not
+    the explicit file: ``selector_for`` handles that). cache / shipped: the folders (default ``cache_dir()`` /
+    ``shipped_dir()``; shipped may be None for none)."""
     cached = cache_file(signature, cache)
-    if cached.is_file() and signature in signatures_in(cached):
+    if cached.is_file() and usable_cache(cached, signature):
         return ProfileChoice(signature, cached, "cache")
     shipped = shipped_dir() if shipped is None else shipped
     looked = (cached,) + ((shipped,) if shipped is not None else ())
     if shipped is not None and shipped.is_dir():
         for path in sorted(shipped.glob("*.json")):
             if signature in signatures_in(path):
+                _note_stamp(path, "shipped")
                 return ProfileChoice(signature, path, "shipped")
     return ProfileChoice(signature, None, "none", looked)
+
+
+def _note_stamp(path: Path, origin: str) -> None:
+    """An explicit or shipped file timed under other kernels is used, and the log says so."""
+    try:
+        why = stale_reason(read_profile(path))
+    except ProfileError:
+        return
+    if why:
+        log.info("%s operator profile %s was timed under other kernels or versions (%s); used as given", origin,
+                 path, why)
 
 
 def selector_for(device, explicit=None, base: Optional[OperatorSelector] = None, cache: Optional[Path] = None,
@@ -126,6 +207,7 @@ def selector_for(device, explicit=None, base: Optional[OperatorSelector] = None,
     given = [path for path, sigs in sel.sources if signature in sigs]
     if given:
         choice = ProfileChoice(signature, Path(given[-1]), "explicit")
+        _note_stamp(choice.path, "explicit")
     elif os.environ.get("PHYAI_OP_PROFILE") == "none":
         choice = ProfileChoice(signature, None, "none", ("nowhere: PHYAI_OP_PROFILE=none",))
     else:
@@ -160,21 +242,32 @@ def _locked(path: Path):
         os.close(fd)   # releases the lock
 
 
-def write_profile(path: Path, signature: str, table: dict, timings: dict, merge: bool = True) -> Path:
+def write_profile(path: Path, signature: str, table: dict, timings: dict, merge: bool = True,
+                  stamp: Optional[dict] = None) -> Path:
     """Write a profile file atomically: into a temporary file in the same folder, flushed, then renamed over
     ``path``, so a reader (another node starting) sees the old file or the new one, never a part, and a failure
     leaves the old one. merge: the device's table and timings go over what the file already holds (other
     devices, other shapes), read and written under a lock so that concurrent writers lose nothing; a file that is
-    not a valid profile is replaced, with a warning. Otherwise the file holds this device's alone."""
+    not a valid profile, or that was timed under another stamp (stale: its entries would mix two kernel
+    versions), is replaced, with a warning. Otherwise the file holds this device's alone. The file is stamped with
+    ``stamp`` (``profile_stamp()`` by default)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    stamp = profile_stamp() if stamp is None else stamp
     with _locked(path):
         data = {"devices": {}, "timings": {}}
         if merge and path.is_file():
             try:
-                data = read_profile(path)
+                old = read_profile(path)
+                why = stale_reason(old, stamp)
+                if why:
+                    log.warning("operator profile %s was timed under other kernels or versions (%s): replaced",
+                                path, why)
+                else:
+                    data = old
             except ProfileError as exc:
                 log.warning("operator profile %s is not a valid profile, rewritten: %s", path, exc)
+        data["meta"] = stamp
         for section, new in (("devices", table), ("timings", timings)):
             device = data.setdefault(section, {}).setdefault(signature, {})
             for op, keys in new.items():

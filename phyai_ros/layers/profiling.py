@@ -52,8 +52,8 @@ def _nbytes(a) -> int:
     """Bytes of a tensor operand, or of a quantized weight's tensors (values and scales)."""
     if isinstance(a, torch.Tensor):
         return a.numel() * a.element_size()
-    if isinstance(a, QuantizedWeight):
-        return sum(t.numel() * t.element_size() for t in a.buffers())
+    if isinstance(a, QuantizedWeight):   # its stored tensors: a dense copy is another candidate's operand
+        return sum(t.numel() * t.element_size() for name, t in a.named_buffers() if name != "dense")
     return 0
 
 
@@ -124,26 +124,28 @@ def valid_query_rows(op: str, args: tuple):
     return (mask > MASK_VALUE / 2).any(-1, keepdim=True).float()
 
 
-def reference(selector: OperatorSelector, op: str, args: tuple, kwargs: dict):
-    """The op's reference candidate (its last: "torch", or "unfused" for a fused op) with every sub-op on torch
-    (the selector active and forced to torch for the call)."""
+def reference(selector: OperatorSelector, op: str, args: tuple, kwargs: dict, candidate=None):
+    """The op's reference candidate (its last: "torch", or "unfused" for a fused op), or ``candidate`` itself
+    (one with ``own_reference``), with every sub-op on torch (the selector active and forced to torch)."""
     forced, selector.forced = selector.forced, "torch"
     try:
         with selector.active():
-            return selector.candidates[op][-1].fn(*args, **kwargs)
+            return (candidate or selector.candidates[op][-1]).fn(*args, **kwargs)
     finally:
         selector.forced = forced
 
 
-def record(selector: OperatorSelector, run: Callable[[], object]) -> dict:
+def record(selector: OperatorSelector, run: Callable[[], object], extra: tuple = ()) -> dict:
     """(op, key) -> (args, kwargs) of the first call of every op that ``run()`` dispatches through ``selector``
     (active for it): once as the selector chooses, then with every op on its reference, so the sub-ops of fused
-    ops ("unfused": their GEMM and elementwise op one by one) are recorded and profiled too."""
+    ops ("unfused": their GEMM and elementwise op one by one) are recorded and profiled too; then once forced to
+    each name of ``extra`` (a candidate some ops have, e.g. quantized linears' "dense", whose sub-ops are to be
+    profiled too)."""
     forced = selector.forced
     selector.recording = {}
     try:
         with selector.active():
-            for f in (forced, "unfused"):
+            for f in (forced, "unfused", *extra):
                 selector.forced = f
                 run()
         return selector.recording
@@ -157,22 +159,31 @@ def usable_for(selector: OperatorSelector, op: str, key: str, device: torch.devi
 
 
 def profile_calls(selector: OperatorSelector, calls: dict, device, tolerance: float = 2e-2, reps: int = 20,
-                  replays: int = 7, time_single: bool = True, report: Optional[Callable] = None):
+                  replays: int = 7, time_single: bool = True, report: Optional[Callable] = None,
+                  select: Optional[Callable] = None, deadline: Optional[float] = None):
     """Time every usable candidate of every recorded call and keep the fastest whose output is within
     ``tolerance`` (relative) of the reference. Returns (table, timings): {op: {key: name}} and
     {op: {key: {name: {"us", "rel_err", "ok"} or "failed: ..."}}}. Each choice goes into the selector's profile
     for this device as soon as it is made: ops run in name order, so the sub-ops (linear, geglu, *_rms_norm)
     are chosen before the fused linear_* ops, whose "unfused" candidate is then timed with its sub-ops'
-    choices, and COMPOSITE_OPS (the expert stack, built from those) come last. time_single False: a call with
-    one usable candidate is not timed (nothing to choose); it is listed in timings as {name: "only candidate"}.
-    report(op, key, timings of the key, chosen name or None): progress."""
+    choices, the quantized q* ops (whose "dense" candidate runs the bf16 ops) after those, and COMPOSITE_OPS (the
+    expert stack, built from those) come last. time_single False: a call with one usable candidate is not timed
+    (nothing to choose); it is listed in timings as {name: "only candidate"}. A candidate with ``own_reference``
+    is checked against itself on torch sub-ops instead of the op's reference.
+    report(op, key, timings of the key, chosen name or None): progress. select(op, key, usable candidates) ->
+    the ones to time (a shortlist; default all). deadline (``time.perf_counter()`` seconds): calls not begun by
+    then are left out of both tables (the defaults run for them)."""
     device = torch.device(device)
     signature = device_signature(device)
     timer = graph_time_us if device.type == "cuda" else host_time_us
     table, timings = {}, {}
     with selector.active():
         for (op, key), (a, kw) in sorted(calls.items(), key=lambda item: (item[0][0] in COMPOSITE_OPS, item[0])):
+            if deadline is not None and time.perf_counter() > deadline:
+                break
             cands = usable_for(selector, op, key, device, a)
+            if select is not None and len(cands) > 1:
+                cands = select(op, key, cands)
             entry = timings.setdefault(op, {}).setdefault(key, {})
             best = None
             if len(cands) == 1 and not time_single:
@@ -182,7 +193,8 @@ def profile_calls(selector: OperatorSelector, calls: dict, device, tolerance: fl
                 rows = valid_query_rows(op, a)
                 for c in cands:
                     try:
-                        err = rel_err(c.fn(*a, **kw), ref, rows)
+                        own = reference(selector, op, a, kw, c) if c.own_reference else ref
+                        err = rel_err(c.fn(*a, **kw), own, rows)
                         us = timer(c.fn, a, kw, reps=reps, replays=replays)
                     except Exception as exc:  # a candidate that cannot run here is simply not chosen
                         entry[c.name] = f"failed: {exc}"[:200]

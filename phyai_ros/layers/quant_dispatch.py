@@ -10,6 +10,11 @@ candidates, in preference order:
   residual + RMSNorm / adaRMS);
 * many rows, W8A8: ``torch._scaled_mm`` on fp8 tensor cores (Hopper, Ada, Blackwell incl. Thor) after a row kernel
   quantizes the activations;
+* "dense": the bf16 op (as selected for its own shape) on the weight's dequantized copy, where the weight holds
+  one (``quantized.plan_dense``): the measured plan. A quantized kernel does not pay at every shape (fp8 at batch 1
+  on an H100 lost to bf16: its activations' quantization costs more than the halved weight bytes save), so a
+  device's profile times this against the quantized candidates and names it where it wins; profiled only, and
+  checked against itself (it computes the W8A16 product, more exact than W8A8's fake-quantized reference);
 * the reference: dequantize and run the float GEMM (always usable; the fallback on any device).
 
 The profile key carries the scheme's tag, so a device profile picks per scheme and shape.
@@ -26,7 +31,8 @@ from phyai_ros.kernels import quant_linear as quant_kernels
 from phyai_ros.kernels import skinny_epilogue as epilogue_kernels
 from phyai_ros.layers import ops
 from phyai_ros.layers.activations import geglu
-from phyai_ros.layers.linears import SKINNY_ROWS, linear
+from phyai_ros.layers.linears import (SKINNY_ROWS, linear, linear_add_layer_norm, linear_add_rms_norm,
+                                      linear_gated_ada_rms_norm, linear_geglu, linear_gelu_tanh)
 from phyai_ros.layers.norms import add_rms_norm, gated_ada_rms_norm
 from phyai_ros.layers.quantized import QuantizedWeight, observe
 from phyai_ros.layers.registry import CUDA, register, triton_ok
@@ -150,6 +156,22 @@ def _scaled_mm_qlinear(x, w, bias=None):
     return y.view(*x.shape[:-1], w.shape[0])
 
 
+# ----------------------------------------------------------------------------- the bf16 path on the dense copy
+def _holds_dense(position: int):
+    def supports(*args) -> bool:
+        return args[position].dense is not None
+    return supports
+
+
+def _dense(op, position: int = 1) -> Candidate:
+    """The bf16 op on the weight's dequantized copy (argument ``position`` is the weight)."""
+    def run(*args):
+        args = list(args)
+        args[position] = args[position].dense
+        return op(*args)
+    return Candidate("dense", run, supports=_holds_dense(position), profiled_only=True, own_reference=True)
+
+
 def _tiled(name: str, fn, supports) -> list:
     return [Candidate(name + suffix[len("triton"):], functools.partial(fn, **tiling), CUDA, available=triton_ok,
                       supports=supports) for suffix, tiling in QUANT_TILINGS.items()]
@@ -158,15 +180,17 @@ def _tiled(name: str, fn, supports) -> list:
 QUANT_REGISTRY = {
     "qlinear": [*_tiled("triton", _triton_qlinear, _few_rows),
                 Candidate("scaled_mm", _scaled_mm_qlinear, CUDA, available=_scaled_mm_ok, supports=_scaled_mm_fits),
-                Candidate("torch", torch_qlinear)],
-    "qlinear_geglu": [*_tiled("triton", _triton_qgeglu, _few_rows), Candidate("unfused", _unfused_geglu)],
-    "qlinear_add_rms_norm": [*_tiled("triton", _triton_qadd_rms, _few_rows), Candidate("unfused", _unfused_add_rms)],
+                _dense(linear), Candidate("torch", torch_qlinear)],
+    "qlinear_geglu": [*_tiled("triton", _triton_qgeglu, _few_rows), _dense(linear_geglu),
+                      Candidate("unfused", _unfused_geglu)],
+    "qlinear_add_rms_norm": [*_tiled("triton", _triton_qadd_rms, _few_rows), _dense(linear_add_rms_norm),
+                             Candidate("unfused", _unfused_add_rms)],
     "qlinear_gated_ada_rms_norm": [*_tiled("triton", _triton_qgated_ada, _few_rows_per_item),
-                                   Candidate("unfused", _unfused_gated_ada)],
+                                   _dense(linear_gated_ada_rms_norm), Candidate("unfused", _unfused_gated_ada)],
     "qlinear_add_layer_norm": [Candidate("triton", _triton_qadd_layer_norm, CUDA, available=triton_ok),
-                               Candidate("torch", _torch_add_layer_norm)],
+                               _dense(linear_add_layer_norm, 2), Candidate("torch", _torch_add_layer_norm)],
     "qlinear_gelu_tanh": [*_tiled("triton", functools.partial(_triton_qlinear, act="gelu_tanh"), _few_rows),
-                          Candidate("unfused", _unfused_gelu_tanh)],
+                          _dense(linear_gelu_tanh), Candidate("unfused", _unfused_gelu_tanh)],
 }
 for _op, _cands in QUANT_REGISTRY.items():
     register(_op, _cands)

@@ -96,6 +96,9 @@ class QuantizedWeight(nn.Module):
             self.register_buffer("act_scale", torch.ones((1,), dtype=f32, device=device))
         else:
             self.register_buffer("act_scale", None)
+        # The weight dequantized to the model dtype, held only where the measured plan runs the bf16 path at some
+        # shape (``plan_dense``); never saved (not persistent), so a checkpoint stays the quantized tensors alone.
+        self.register_buffer("dense", None, persistent=False)
 
     def extra_repr(self) -> str:
         return f"{self.scheme.tag}, shape={tuple(self.shape)}"
@@ -111,6 +114,11 @@ class QuantizedWeight(nn.Module):
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The weight it stands for, [N, K] in ``dtype``."""
         return dequantize(self.q, self.scale, self.group).to(dtype)
+
+    @property
+    def shape_tag(self) -> tuple:
+        """(scheme tag, 'NxK'): what a profile key says of this weight (``qshape_key``'s weight and scheme)."""
+        return self.scheme.tag, f"{self.shape[0]}x{self.shape[1]}"
 
     @torch.no_grad()
     def quantize_(self, weight: Tensor) -> "QuantizedWeight":
@@ -193,6 +201,45 @@ def apply_calibration(seen: Dict["QuantizedWeight", float], margin: float = 1.0)
     for w, amax in seen.items():
         w.act_scale.fill_(max(margin * amax / FP8_MAX, 1e-12))
     return len(seen)
+
+
+# ----------------------------------------------------------------------------- the measured plan
+def dense_shapes(table: dict) -> set:
+    """The (scheme tag, 'NxK') of every quantized weight shape for which a device's profile table ({op: {key:
+    name}}) chose the "dense" candidate at some call: the weights that must hold their dequantized copy."""
+    out = set()
+    for keys in table.values():
+        for key, name in keys.items():
+            parts = key.split("|")
+            if name == "dense" and len(parts) == 3:   # a quantized op's key: dims|dtype|scheme tag
+                out.add((parts[2], parts[0].rpartition(",")[2]))
+    return out
+
+
+@torch.no_grad()
+def plan_dense(weights, shapes: Optional[set], dtype: torch.dtype) -> int:
+    """Give each quantized weight of ``weights`` its dequantized copy in ``dtype`` where its ``shape_tag`` is in
+    ``shapes`` (every one for None: before an autotune, which measures the dense path against the quantized
+    kernels), and drop the copy elsewhere. Returns how many hold one."""
+    held = 0
+    for w in weights:
+        if shapes is None or w.shape_tag in shapes:
+            if w.dense is None or w.dense.dtype != dtype:
+                w.dense = w.dequantize(dtype)
+            held += 1
+        else:
+            w.dense = None
+    return held
+
+
+def quantized_in(obj) -> list:
+    """The distinct QuantizedWeight of a module tree or of a name -> weight mapping (a family's weights)."""
+    items = obj.modules() if isinstance(obj, nn.Module) else obj.values()
+    seen = {}
+    for w in items:
+        if isinstance(w, QuantizedWeight):
+            seen.setdefault(id(w), w)
+    return list(seen.values())
 
 
 def qshape_key(x: Tensor, weight: "QuantizedWeight", *more: Tensor) -> str:

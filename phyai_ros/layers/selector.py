@@ -48,6 +48,9 @@ class Candidate:
     available: Callable[[], bool] = lambda: True
     supports: Optional[Callable[..., bool]] = None   # (args of the call) -> can this candidate take them?
     profiled_only: bool = False   # chosen only where a device profile names it (slower on some devices)
+    # checked, when profiled, against its own function on torch sub-ops instead of the op's reference: it computes
+    # something more exact than that reference (a quantized linear's "dense": no activation quantization)
+    own_reference: bool = False
 
 
 def device_signature(device: torch.device) -> str:
@@ -111,12 +114,15 @@ class ProfileError(ValueError):
 
 def check_profile(data, source) -> dict:
     """A profile's data checked: ``{"devices": {signature: {op: {shape key: candidate name}}}, "timings":
-    {signature: {op: {shape key: {candidate: result}}}}}`` (both sections optional, other keys ignored); returns it
-    with both sections present. A file of another structure (a list, a NaN or a table where a name belongs) would
-    otherwise fail deep inside a policy's start with no file named."""
+    {signature: {op: {shape key: {candidate: result}}}}, "meta": {...}}`` (every section optional, other keys
+    ignored; "meta": the stamp of what timed it, layers.profiles); returns it with both tables present. A file of
+    another structure (a list, a NaN or a table where a name belongs) would otherwise fail deep inside a policy's
+    start with no file named."""
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: a profile is a JSON object, got {type(data).__name__}")
     out = dict(data)
+    if not isinstance(out.get("meta", {}), dict):
+        raise ProfileError(f"{source}: 'meta' must be an object, got {out['meta']!r}"[:300])
     for section, leaf in (("devices", str), ("timings", dict)):
         tables = out.setdefault(section, {})
         if not isinstance(tables, dict):

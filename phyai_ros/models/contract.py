@@ -221,6 +221,11 @@ class PolicyAdapter(abc.ABC):
         """One log line: the scheme this checkpoint runs ('quantization none' for float weights)."""
         return "quantization none"
 
+    def quantized_weights(self) -> list:
+        """The distinct ``QuantizedWeight`` the model runs (none for float weights): the measured plan gives them
+        dense copies where the device's profile runs bf16 (runtime.autotune.apply_quant_plan)."""
+        return []
+
     # ------------------------------------------------------------ the bridge's API (batch 1)
     @abc.abstractmethod
     def predict(self, images: Mapping[str, Optional[np.ndarray]], state: np.ndarray, task: str, noise: Noise = None,

@@ -99,6 +99,45 @@ class StageProjection:
         return self.floor_s + self.gap_s
 
 
+def plan_part(key: str, vision_width: int) -> str:
+    """The part a quantized op's profile key ('ROWSxK,...,NxK|dtype|tag') belongs to in the pi family: few rows
+    (<= 64: the expert's 50-51 tokens) the expert, the vision tower's width in the GEMM the vision part, the rest
+    the prefix."""
+    dims = key.split("|")[0].split(",")
+    x = [int(d) for d in dims[0].split("x")]
+    n, k = (int(d) for d in dims[-1].split("x"))
+    rows = 1
+    for d in x[:-1]:
+        rows *= d
+    if rows <= 64:
+        return "expert"
+    return "vision" if vision_width in (n, k) else "prefix"
+
+
+def plan_formats(table: Mapping[str, Mapping[str, str]], scheme: WeightFormat, vision_width: int) -> dict:
+    """part -> the format a measured plan (a device profile's table: {op: {key: candidate}}) amounts to for
+    ``scheme``: per part, the share of its GEMM weights (by N x K, over the quantized ops' entries) that run
+    quantized, the rest on the bf16 "dense" copy, blended into one format by bytes (its GEMMs at the scheme's rate
+    where at least half run quantized). A part with no entries runs the scheme."""
+    quant, whole = {p: 0.0 for p in PARTS}, {p: 0.0 for p in PARTS}
+    for op, keys in table.items():
+        for key, name in keys.items():
+            if len(key.split("|")) != 3:
+                continue
+            n, k = (int(d) for d in key.split("|")[0].split(",")[-1].split("x"))
+            part = plan_part(key, vision_width)
+            whole[part] += n * k
+            quant[part] += n * k if name != "dense" else 0
+    out = {}
+    for part in PARTS:
+        f = quant[part] / whole[part] if whole[part] else 1.0
+        out[part] = WeightFormat(f"{scheme.name} ({100 * f:.0f}% quantized)",
+                                 f * scheme.bytes_per_weight + (1 - f) * BF16.bytes_per_weight,
+                                 scale_bytes=f * scheme.scale_bytes, group=scheme.group,
+                                 compute=scheme.compute if f >= 0.5 else "bf16")
+    return out
+
+
 def formats_for(scheme: WeightFormat, parts=PARTS) -> dict:
     """part -> format: ``scheme`` for the named parts, bf16 for the others."""
     return {part: (scheme if part in parts else BF16) for part in PARTS}

@@ -25,6 +25,7 @@ from phyai_ros.control.rtc import check_action_magnitudes
 from phyai_ros.layers.profiles import selector_for
 from phyai_ros.models import family, family_for_checkpoint, import_target
 from phyai_ros.models.contract import DTYPES, ModelFiles, parse_options
+from phyai_ros.runtime.autotune import TuneSettings, prepare_profile, synthetic_observation
 
 from .wire import Failure, Reply, Request
 
@@ -46,6 +47,9 @@ class ServeConfig:
     dtype: str = "float32"
     cuda_graphs: bool = True
     token_bucket: int = 0
+    op_autotune: str = "auto"      # the node's model.op_autotune: no profile for this GPU -> tune, cache per device
+    op_autotune_budget: float = 30.0
+    quant_plan: str = "measured"   # the node's model.quant_plan
     max_batch_size: int = 32
     batch_wait_s: float = 0.0      # how long a batch's first request waits for more (0: batches form while busy)
     options: str = ""              # the family's run settings, as model.options ("key=value;...")
@@ -90,6 +94,12 @@ class BatchEngine:
         self.selector, self.op_profile = selector_for(cfg.resolved_device)
         with self.selector.active():
             self.adapter = load_adapter(cfg)
+            # Where no profile matched: tuned before the first batch captures graphs, as the node does.
+            self.op_profile = prepare_profile(
+                self.selector, self.op_profile, self.adapter, cfg.resolved_device, DTYPES[cfg.dtype],
+                synthetic_observation(self.adapter.camera_names, self.adapter.state_dim),
+                TuneSettings(budget_s=cfg.op_autotune_budget, token_bucket=cfg.token_bucket), cfg.op_autotune,
+                cfg.quant_plan)
         self.model_type = self.adapter.family
         self.model_id = cfg.model_id or self.model_type
         # The frame rule of the node's intake, with the model's square input (aspect) and this server's size limit.

@@ -34,7 +34,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from phyai_ros.layers.quantized import QuantScheme
+from phyai_ros.layers.quantized import QuantScheme, quantized_in
 from phyai_ros.models.cases import InputError
 from phyai_ros.models.contract import NO_FILES, NO_OPTIONS, CaseInfer, ModelFiles, PolicyAdapter, PredictCase
 from phyai_ros.models.files import read_json
@@ -182,6 +182,9 @@ class Cosmos3Adapter(PolicyAdapter):
 
     def quantization(self) -> str:
         return summary(self.transformer_weights, tfm.quantized_part)
+
+    def quantized_weights(self) -> list:
+        return quantized_in(self.transformer_weights)
 
     def use_runner(self, use_graphs: bool = True, token_bucket: int = 0) -> Cosmos3Runner:
         """Sample through a fresh runner (CUDA graphs on a CUDA device when use_graphs)."""

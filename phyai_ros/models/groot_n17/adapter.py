@@ -40,6 +40,7 @@ from phyai_ros.models.cases import InputError, require_finite_tensor, require_ra
 from phyai_ros.models.contract import (NO_FILES, NO_OPTIONS, CaseInfer, ModelFiles, PolicyAdapter, PredictCase,
                                        QuantizeRequest,
                                        QuantizeResult)
+from phyai_ros.layers.quantized import quantized_in
 from phyai_ros.runtime.stage_runner import StageRunner
 from phyai_ros.runtime.transfer import to_device
 
@@ -262,6 +263,9 @@ class GrootAdapter(PolicyAdapter):
 
     def quantization(self) -> str:
         return quantization_summary(self.weights)
+
+    def quantized_weights(self) -> list:
+        return quantized_in(self.weights)
 
     def use_runner(self, use_graphs: bool = False, token_bucket: int = 0) -> StageRunner:
         """The runner every sample goes through (graphs only on CUDA). token_bucket does not apply: the runner

@@ -26,6 +26,7 @@ from phyai_ros.models.contract import (NO_FILES, NO_OPTIONS, CaseInfer, ModelFil
                                        QuantizeRequest,
                                        QuantizeResult)
 from phyai_ros.models.pi.runner import BATCH_BUCKETS, FlowRunner
+from phyai_ros.layers.quantized import quantized_in
 from phyai_ros.runtime.transfer import stack_to_device, to_device
 from phyai_ros.models.frames import check_frames_layout
 
@@ -173,6 +174,9 @@ class FlowAdapter(PolicyAdapter):
 
     def quantization(self) -> str:
         return quantization_summary(self.model)
+
+    def quantized_weights(self) -> list:
+        return quantized_in(self.model)
 
     # ---------------------------------------------------------------- to override
     def prompt_parts(self, tasks: List[str], state_normalized: np.ndarray) -> List[Tuple[str, str, str]]:
