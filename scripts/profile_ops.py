@@ -194,12 +194,10 @@ def main() -> None:
 
     fast = {}
     if args.fast is not None:
-        from phyai_ros.layers.shortlist import shortlist
-        from phyai_ros.runtime.autotune import AUTOTUNE_REPLAYS, AUTOTUNE_REPS, shipped_priors
+        from phyai_ros.runtime.autotune import AUTOTUNE_REPLAYS, AUTOTUNE_REPS, bounded_search, shipped_priors
         priors = shipped_priors(signature)
         print(f"fast: shortlists ranked by {[sig for sig, _, _ in priors.tables]}, budget {args.fast:g} s", flush=True)
-        fast = dict(select=lambda op, key, cands: shortlist(priors, op, key, cands), deadline=t1 + args.fast,
-                    time_single=False)
+        fast = dict(bounded_search(SELECTOR, priors), deadline=t1 + args.fast, time_single=False)
         args.reps, args.replays = AUTOTUNE_REPS, AUTOTUNE_REPLAYS
     table, timings = profile_calls(SELECTOR, calls, device, args.tolerance, reps=args.reps, replays=args.replays,
                                    report=show, **fast)

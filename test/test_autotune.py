@@ -94,6 +94,15 @@ def test_shortlist_keeps_the_ranked_the_default_and_the_never_measured(tmp_path)
     assert shortlist(priors, "linear", KEY, cands[:2], size=1) == cands[:2]
 
 
+def test_the_gain_at_a_call_is_what_the_nearest_device_saved_over_the_default(tmp_path):
+    files = [_write(tmp_path / "p.json", {H200: {"linear": {KEY: {"t1": _ok(5), "t2": _ok(1), "t3": _ok(2)}}}})]
+    priors = Priors.load(H100, files)
+    assert priors.gain("linear", KEY, "t1") == 4.0
+    assert priors.gain("linear", KEY, "t2") == 0.0                       # the default was the best there
+    assert priors.gain("linear", KEY, "torch") is None                   # the default was not timed
+    assert priors.gain("rms_norm", KEY, "triton") is None
+
+
 def test_a_bad_prior_file_is_skipped(tmp_path):
     (tmp_path / "bad.json").write_text("{nope")
     good = _write(tmp_path / "good.json", {H200: {"linear": {KEY: {"a": _ok(1)}}}})
@@ -117,6 +126,22 @@ def test_profile_calls_times_only_the_selected_and_stops_at_the_deadline():
     assert all(set(entry) == {"b", "c"} for entry in timings["toy"].values())
     assert set(table["toy"].values()) <= {"b", "c"}
     assert profiling.profile_calls(sel, calls, "cpu", deadline=time.perf_counter() - 1) == ({}, {})
+    # Under a budget the calls worth most go first (ties in name order).
+    seen = []
+    profiling.profile_calls(sel, calls, "cpu", reps=2, replays=1, report=lambda op, key, e, c: seen.append(key),
+                            priority=lambda op, key: {"k0": 1.0, "k1": 0.0, "k2": 3.0}[key])
+    assert seen == ["k2", "k0", "k1"]
+
+
+def test_the_bounded_search_ranks_and_orders_by_the_priors(tmp_path):
+    from phyai_ros.runtime.autotune import UNMEASURED_PRIORITY, bounded_search
+    sel = _toy_selector()
+    files = [_write(tmp_path / "p.json", {H200: {"toy": {"k0": {"a": _ok(3), "b": _ok(1), "c": _ok(2)}}}})]
+    search = bounded_search(sel, Priors.load(H100, files), size=1)
+    assert search["priority"]("toy", "k0") == 2.0                            # "a" (the default) lost 2 us there
+    assert search["priority"]("toy", "k9") == UNMEASURED_PRIORITY
+    assert [c.name for c in search["select"]("toy", "k0", sel.candidates["toy"])] == ["a", "b"]
+    assert bounded_search(sel, Priors(), size=0)["select"] is None
 
 
 # ------------------------------------------------------------------ the cache: stale, foreign, corrupt

@@ -42,7 +42,7 @@ def wire_refusal(frame, max_pixels: int = PIXELS) -> str:
 def engine(monkeypatch):
     """The serve engine with a stand-in adapter (a square 224 input): its own intake, no model loaded."""
     monkeypatch.setattr(engine_module, "load_adapter", lambda cfg: SimpleNamespace(
-        family="stand_in", image_size=224, state_dim=3))
+        family="stand_in", image_size=224, state_dim=3, quantized_weights=list))
     return BatchEngine(ServeConfig("unused", device="cpu", max_image_pixels=PIXELS))
 
 

@@ -26,7 +26,7 @@ import torch
 from phyai_ros.layers.profiles import selector_for
 from phyai_ros.models import family
 from phyai_ros.models.contract import DTYPES
-from phyai_ros.runtime.autotune import TuneSettings, prepare_profile, synthetic_observation
+from phyai_ros.runtime.autotune import TuneSettings, prepare_profile
 
 from . import checkpoints
 from .timing import peak_gib, reset_peak, sync, timed
@@ -81,8 +81,8 @@ def run(o: ContractOptions) -> dict:
         adapter, load_s = _load(cls, _maybe_quantized(base, o, files), o, files)
         start = time.perf_counter()
         choice = prepare_profile(selector, choice, adapter, o.device, DTYPES[o.dtype],
-                                 synthetic_observation(adapter.camera_names, adapter.state_dim),
-                                 TuneSettings(budget_s=o.op_autotune_budget), o.op_autotune, o.quant_plan)
+                                 settings=TuneSettings(budget_s=o.op_autotune_budget), autotune=o.op_autotune,
+                                 quant_plan=o.quant_plan)
         profile_s = time.perf_counter() - start
         cams = list(adapter.camera_names)
         views = o.views or [len(cams)]

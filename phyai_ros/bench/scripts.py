@@ -26,6 +26,7 @@ SCRIPTS = REPO / "scripts"
 TOOLS: Dict[str, Tuple[str, str]] = {
     "thor": ("thor_projection.py", "the stage model's Jetson Thor projection from measured stage times (no GPU)"),
     "profile_ops": ("profile_ops.py", "write or extend a device's operator profile"),
+    "op_floors": ("op_floors.py", "each loop op's measured time (a profile's timings) against its floor (no GPU)"),
     "quant_accuracy": ("quant_accuracy.py", "quantized vs float actions: full size, or the parity fixtures (CPU)"),
     "lerobot": ("lerobot_reference.py", "LeRobot's own pi0 / pi0.5, eager and torch.compile (lerobot wheels)"),
     "kernels": ("bench_kernels.py", "each fused kernel vs torch; attention, RoPE and GEMM launch-shape sweeps"),

@@ -160,7 +160,8 @@ def usable_for(selector: OperatorSelector, op: str, key: str, device: torch.devi
 
 def profile_calls(selector: OperatorSelector, calls: dict, device, tolerance: float = 2e-2, reps: int = 20,
                   replays: int = 7, time_single: bool = True, report: Optional[Callable] = None,
-                  select: Optional[Callable] = None, deadline: Optional[float] = None):
+                  select: Optional[Callable] = None, deadline: Optional[float] = None,
+                  priority: Optional[Callable] = None):
     """Time every usable candidate of every recorded call and keep the fastest whose output is within
     ``tolerance`` (relative) of the reference. Returns (table, timings): {op: {key: name}} and
     {op: {key: {name: {"us", "rel_err", "ok"} or "failed: ..."}}}. Each choice goes into the selector's profile
@@ -172,13 +173,18 @@ def profile_calls(selector: OperatorSelector, calls: dict, device, tolerance: fl
     is checked against itself on torch sub-ops instead of the op's reference.
     report(op, key, timings of the key, chosen name or None): progress. select(op, key, usable candidates) ->
     the ones to time (a shortlist; default all). deadline (``time.perf_counter()`` seconds): calls not begun by
-    then are left out of both tables (the defaults run for them)."""
+    then are left out of both tables (the defaults run for them). priority(op, key) -> a number: under a deadline,
+    calls of higher priority first (COMPOSITE_OPS still last; a fused op tuned before its sub-ops times its
+    "unfused" candidate on their defaults)."""
     device = torch.device(device)
     signature = device_signature(device)
     timer = graph_time_us if device.type == "cuda" else host_time_us
     table, timings = {}, {}
     with selector.active():
-        for (op, key), (a, kw) in sorted(calls.items(), key=lambda item: (item[0][0] in COMPOSITE_OPS, item[0])):
+        order = sorted(calls.items(), key=lambda item: (item[0][0] in COMPOSITE_OPS, item[0]))
+        if priority is not None:   # stable: name order among equals
+            order.sort(key=lambda item: (item[0][0] in COMPOSITE_OPS, -priority(*item[0])))
+        for (op, key), (a, kw) in order:
             if deadline is not None and time.perf_counter() > deadline:
                 break
             cands = usable_for(selector, op, key, device, a)

@@ -12,7 +12,8 @@ timings sections rank every candidate per shape. So the start-up autotune times,
 * every candidate, where no measured device has timings of this op at all (nothing to rank by).
 
 Where the shape has no ranking of its own, the op's candidates are ranked by how often each won over all the
-shapes measured. "Nearest device": the same compute capability first, then the closest one (sm89 is nearer
+shapes measured. Under a budget, the calls are tuned in order of what the nearest device gained at them over the
+default (``Priors.gain``; unmeasured ones after those that gained, before those that did not). "Nearest device": the same compute capability first, then the closest one (sm89 is nearer
 sm90 than sm110 is); devices at the same distance are interleaved rank by rank (in signature order).
 """
 from __future__ import annotations
@@ -90,6 +91,18 @@ class Priors:
                 if timed:
                     wins[min(timed)[1]] += 1
         return [name for name, _ in wins.most_common()]
+
+    def gain(self, op: str, key: str, default: str) -> Optional[float]:
+        """Microseconds the nearest measured device saved at this call (or its nearest shape) by its fastest
+        candidate over ``default``: how much tuning the call is worth (None: no device measured it)."""
+        for _, _, timings in self.tables:
+            entries = timings.get(op, {})
+            near = key if key in entries else nearest_key(entries, key) if entries else None
+            if near:
+                timed = {name: us for name, r in entries[near].items() if (us := _ok_us(r)) is not None}
+                if timed and default in timed:
+                    return timed[default] - min(timed.values())
+        return None
 
     def measured(self, op: str) -> set:
         """Every candidate name some device timed (or tried) for this op."""

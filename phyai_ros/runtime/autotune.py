@@ -10,8 +10,8 @@ graph is captured:
    dense copy);
 2. per call, only a shortlist is timed (``layers.shortlist``: the candidates the nearest measured device found
    fastest at that shape, the default, and candidates no device measured), each in a CUDA graph of
-   ``AUTOTUNE_REPS`` calls replayed ``AUTOTUNE_REPLAYS`` times, within a wall-time budget (calls not reached keep
-   their defaults and are tuned at the next start);
+   ``AUTOTUNE_REPS`` calls replayed ``AUTOTUNE_REPLAYS`` times, within a wall-time budget, the calls where the
+   nearest device gained most first (calls not reached keep their defaults and are tuned at the next start);
 3. the choices go into the device's cache file (stamped: kernels, Triton, torch), which later starts load.
 
 Progress goes to the log (a line every few seconds and one at the end: calls, candidates timed, seconds).
@@ -22,7 +22,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 AUTOTUNE_REPS, AUTOTUNE_REPLAYS = 10, 3
 BUDGET_S = 30.0          # the node's model.op_autotune_budget default
 PROGRESS_EVERY_S = 5.0
+UNMEASURED_PRIORITY = 0.05   # us: a call no device measured is tuned after those that gained more
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,20 @@ def shipped_priors(signature: str) -> Priors:
     return Priors.load(signature, sorted(folder.glob("*.json")) if folder is not None and folder.is_dir() else [])
 
 
+def bounded_search(selector: OperatorSelector, priors: Priors, size: int = SHORTLIST) -> dict:
+    """``profiling.profile_calls``' keywords of the bounded autotune: per call the shortlist (``size`` 0: every
+    usable candidate), and the calls in order of what the nearest measured device gained at them over the
+    default (unmeasured ones between those that gained and those that did not)."""
+    def select(op, key, cands):
+        return shortlist(priors, op, key, cands, size)
+
+    def priority(op, key) -> float:
+        default = next((c.name for c in selector.candidates[op] if not c.profiled_only), "")
+        gained = priors.gain(op, key, default)
+        return UNMEASURED_PRIORITY if gained is None else gained
+    return {"select": select if size > 0 else None, "priority": priority}
+
+
 class _Progress:
     """The log's view of a running autotune: a line every PROGRESS_EVERY_S seconds."""
 
@@ -123,20 +138,17 @@ def tune(selector: OperatorSelector, choice: ProfileChoice, adapter, observation
     todo = {k: v for k, v in calls.items() if k not in done}
     t1 = time.perf_counter()
     priors = shipped_priors(choice.signature) if priors is None else priors
-    select: Optional[Callable] = None
-    if settings.shortlist > 0:
-        def select(op, key, cands):
-            return shortlist(priors, op, key, cands, settings.shortlist)
+    search = bounded_search(selector, priors, settings.shortlist)
     progress = _Progress(len(todo), t1)
     table, timings = profiling.profile_calls(selector, todo, device, reps=AUTOTUNE_REPS, replays=AUTOTUNE_REPLAYS,
-                                             time_single=False, report=progress, select=select,
-                                             deadline=t1 + max(0.0, settings.budget_s - (t1 - t0)))
+                                             time_single=False, report=progress,
+                                             deadline=t1 + max(0.0, settings.budget_s - (t1 - t0)), **search)
     reached = sum(len(keys) for keys in timings.values())
     timed = sum(isinstance(v, dict) for keys in timings.values() for entry in keys.values() for v in entry.values())
     t2 = time.perf_counter()
     detail = (f"{len(todo)} new (op, shape) calls of {len(calls)} recorded in {t1 - t0:.1f} s, {timed} candidate "
               f"timings in {t2 - t1:.1f} s" + (f" ({len(priors.tables)} measured devices ranked the shortlists)"
-                                               if select and priors.tables else "")
+                                               if search["select"] and priors.tables else "")
               + (f"; budget {settings.budget_s:g} s reached: {len(todo) - reached} calls keep their defaults "
                  "until the next start" if reached < len(todo) else ""))
     if device.type == "cuda":
@@ -165,17 +177,19 @@ def apply_quant_plan(selector: OperatorSelector, signature: str, weights, dtype:
 
 
 def prepare_profile(selector: OperatorSelector, choice: ProfileChoice, adapter, device, dtype: torch.dtype,
-                    observation: tuple, settings: TuneSettings = TuneSettings(), autotune: str = "auto",
-                    quant_plan: str = "measured", retune: bool = False, cache: Optional[Path] = None
-                    ) -> ProfileChoice:
+                    observation: Optional[tuple] = None, settings: TuneSettings = TuneSettings(),
+                    autotune: str = "auto", quant_plan: str = "measured", retune: bool = False,
+                    cache: Optional[Path] = None) -> ProfileChoice:
     """What every tool that runs an adapter does before capturing graphs (the node, predict, the benches, a serve
     replica): autotune where ``autotune`` wants it and no profile matched (``retune``: a cached profile that lacks
-    calls, extended), with the quantized weights' dense copies measured alongside under ``quant_plan``
-    "measured"; then the quantized plan applied to the final profile. Returns the profile's choice (the tuned
-    one, or ``choice``)."""
+    calls, extended) on ``observation`` (default: ``synthetic_observation`` of the adapter's cameras), with the
+    quantized weights' dense copies measured alongside under ``quant_plan`` "measured"; then the quantized plan
+    applied to the final profile. Returns the profile's choice (the tuned one, or ``choice``)."""
     weights = adapter.quantized_weights() if quant_plan == "measured" else []
     if wanted(autotune, device) and not selector.forced and (choice.origin == "none" or retune):
         plan_dense(weights, None, dtype)
+        if observation is None:
+            observation = synthetic_observation(adapter.camera_names, adapter.state_dim)
         choice = tune(selector, choice, adapter, observation, device, settings, cache=cache)
     apply_quant_plan(selector, choice.signature, weights, dtype)
     return choice

@@ -25,7 +25,7 @@ from phyai_ros.control.rtc import check_action_magnitudes
 from phyai_ros.layers.profiles import selector_for
 from phyai_ros.models import family, family_for_checkpoint, import_target
 from phyai_ros.models.contract import DTYPES, ModelFiles, parse_options
-from phyai_ros.runtime.autotune import TuneSettings, prepare_profile, synthetic_observation
+from phyai_ros.runtime.autotune import TuneSettings, prepare_profile
 
 from .wire import Failure, Reply, Request
 
@@ -97,9 +97,8 @@ class BatchEngine:
             # Where no profile matched: tuned before the first batch captures graphs, as the node does.
             self.op_profile = prepare_profile(
                 self.selector, self.op_profile, self.adapter, cfg.resolved_device, DTYPES[cfg.dtype],
-                synthetic_observation(self.adapter.camera_names, self.adapter.state_dim),
-                TuneSettings(budget_s=cfg.op_autotune_budget, token_bucket=cfg.token_bucket), cfg.op_autotune,
-                cfg.quant_plan)
+                settings=TuneSettings(budget_s=cfg.op_autotune_budget, token_bucket=cfg.token_bucket),
+                autotune=cfg.op_autotune, quant_plan=cfg.quant_plan)
         self.model_type = self.adapter.family
         self.model_id = cfg.model_id or self.model_type
         # The frame rule of the node's intake, with the model's square input (aspect) and this server's size limit.
