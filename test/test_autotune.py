@@ -133,6 +133,18 @@ def test_profile_calls_times_only_the_selected_and_stops_at_the_deadline():
     assert seen == ["k2", "k0", "k1"]
 
 
+def test_a_float32_call_holds_candidates_to_parity_not_to_the_bf16_bound():
+    """A candidate 1e-3 off the reference passes at a bf16 key (2e-2) and fails at a float32 one: fp32 runs are
+    the parity runs (predict --dtype float32), which a tuned choice must not move."""
+    sel = OperatorSelector()
+    sel.register("toy", Candidate("off", lambda x: x * 2.002, profiled_only=True))
+    sel.register("toy", Candidate("torch", lambda x: x * 2.0))
+    x = torch.ones(64)
+    calls = {("toy", "64|float32"): ((x,), {}), ("toy", "64|bfloat16"): ((x,), {})}
+    _, timings = profiling.profile_calls(sel, calls, "cpu", reps=2, replays=1)
+    assert timings["toy"]["64|bfloat16"]["off"]["ok"] and not timings["toy"]["64|float32"]["off"]["ok"]
+
+
 def test_the_bounded_search_ranks_and_orders_by_the_priors(tmp_path):
     from phyai_ros.runtime.autotune import UNMEASURED_PRIORITY, bounded_search
     sel = _toy_selector()

@@ -30,6 +30,8 @@ def test_node_runs_a_quantized_checkpoint(tmp_path, policy, scheme):
         robot.close()
         out = node.stop()
     assert f"quantization {scheme[0]}" in out, out
+    # The package's own log lines reach the node's log (node/logs.py): the measured plan's, no profile on the CPU.
+    assert "quantized plan: 0 of" in out and "[phyai_policy]" in out.split("quantized plan:")[0].splitlines()[-1], out
     chunks = [msg_to_chunk(r.msg) for r in robot.chunks]
     assert [c.seq for c in chunks] == list(range(chunks[0].seq, chunks[0].seq + len(chunks)))
     for c in chunks:

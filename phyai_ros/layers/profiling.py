@@ -28,6 +28,7 @@ ATTENTION_OPS = ("attention", "attention_with_prefix", "rope_attention_with_pref
 # A whole expert stack (18 layers in bf16) is ~1e-2 (relative) from fp32, and two bf16 orders of rounding
 # ~1.5e-2 from each other (CPU, random full-size weights): its error is held to 4e-2, not the per-op bound.
 COMPOSITE_OPS = {"expert_stack": 4e-2}
+FP32_TOLERANCE = 1e-4   # relative error a candidate may have at a float32 key, whatever the bf16 tolerance
 
 
 def cold_arg_sets(args: tuple) -> list:
@@ -197,6 +198,10 @@ def profile_calls(selector: OperatorSelector, calls: dict, device, tolerance: fl
             else:
                 ref = reference(selector, op, a, kw)
                 rows = valid_query_rows(op, a)
+                # fp32 runs are parity runs (predict --dtype float32, the fp32 GPU tests): a candidate within
+                # bf16's bound of the reference would break them; fp32 kernels sit ~1e-6 from torch's.
+                bound = FP32_TOLERANCE if key.split("|")[1:2] == ["float32"] else \
+                    max(tolerance, COMPOSITE_OPS.get(op, 0.0))
                 for c in cands:
                     try:
                         own = reference(selector, op, a, kw, c) if c.own_reference else ref
@@ -205,7 +210,7 @@ def profile_calls(selector: OperatorSelector, calls: dict, device, tolerance: fl
                     except Exception as exc:  # a candidate that cannot run here is simply not chosen
                         entry[c.name] = f"failed: {exc}"[:200]
                         continue
-                    ok = err <= max(tolerance, COMPOSITE_OPS.get(op, 0.0))
+                    ok = err <= bound
                     entry[c.name] = {"us": round(us, 2), "rel_err": err, "ok": ok}
                     if ok and (best is None or us < best[1]):
                         best = (c.name, us)

@@ -52,6 +52,7 @@ from phyai_ros.control import CallableClock, ControlLoop, stamp_to_ns
 from phyai_ros.messages import chunk_to_msg, margin_to_msg, ns_to_time
 from phyai_ros.node.images import ImageConverter, ImageDecodeError
 from phyai_ros.node.instruction import TaskFitter
+from phyai_ros.node.logs import forwarded_logs
 from phyai_ros.node.parameters import declare_and_read
 from phyai_ros.node.qos import LATCHED, RELIABLE, SENSOR
 from phyai_ros.policies import build_policy, resolved_parameters
@@ -138,7 +139,8 @@ class PolicyNode(LifecycleNode):
 
     def _configure(self) -> None:
         t = time.monotonic()
-        self.policy = build_policy(self.p, robot_id=self.get_fully_qualified_name())
+        with forwarded_logs(self.get_logger()):   # the profile's choice, the autotune's progress, the quantized plan
+            self.policy = build_policy(self.p, robot_id=self.get_fully_qualified_name())
         self.p = resolved_parameters(self.p, self.policy)   # model.type and control.horizon: the checkpoint's
         m = self.p.model
         self.get_logger().info(f"policy {m.id} ({m.type}, H = {self.p.control.horizon}) ready in "
