@@ -193,8 +193,7 @@ def build_policy(p: Union[Parameters, Mapping], robot_id: str = ""):
     if p.model.warmup_runs:
         # A cached profile may lack shapes this model calls (written for another model on this device): the
         # warm-up's calls say which; the missing ones are profiled and the graphs captured again.
-        recheck = (wanted(p.model.op_autotune, p.model.device) and not selector.forced
-                   and policy.op_profile.origin == "cache")
+        recheck = wanted(p.model.op_autotune, p.model.device, selector) and policy.op_profile.origin == "cache"
         seen = _warmup(policy, p.model.warmup_runs, source, record=recheck)
         if recheck and set(seen) - profiled_keys(policy.op_profile):
             policy.op_profile = _prepare_profile(policy, p, retune=True)

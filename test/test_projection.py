@@ -156,3 +156,7 @@ def test_a_measured_plan_blends_each_parts_formats_by_the_share_run_quantized(tm
     assert r.returncode == 0, r.stderr
     assert "| plan | W8A8-FP8 where NVIDIA H100's profile runs it quantized (vision 0%, prefix 100%, expert 62%)" \
         in r.stdout, r.stdout
+    # A file that is not a profile: one line naming it, no traceback.
+    bad = subprocess.run([sys.executable, str(REPO / "scripts" / "thor_projection.py"), "--plan", str(REPO / "README.md")],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "thor_projection:" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

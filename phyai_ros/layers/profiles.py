@@ -30,6 +30,7 @@ shipped one cannot be re-measured on every machine.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -54,13 +55,20 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 FORMAT = 2   # 2: files carry the "meta" stamp
 
 
-def kernels_fingerprint(selector: Optional[OperatorSelector] = None) -> str:
-    """12 hex digits that change when what a profile measured changes: every kernel source file (candidates/
-    included) and every registered candidate with its launch-shape keywords (a tiling's blocks, warps, splits)."""
+@functools.lru_cache(maxsize=1)
+def _kernel_sources_digest() -> bytes:
+    """The kernel sources' digest, read once per process (the files do not change under a running one)."""
     digest = hashlib.sha256()
     for root in map(Path, kernels_package.__path__):   # a namespace package: kernels/ mapped in
         for path in sorted(root.rglob("*.py")):
             digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.digest()
+
+
+def kernels_fingerprint(selector: Optional[OperatorSelector] = None) -> str:
+    """12 hex digits that change when what a profile measured changes: every kernel source file (candidates/
+    included) and every registered candidate with its launch-shape keywords (a tiling's blocks, warps, splits)."""
+    digest = hashlib.sha256(_kernel_sources_digest())
     for op, cands in sorted((selector or SELECTOR).candidates.items()):
         for c in cands:
             digest.update(f"{op}:{c.name}:{sorted(getattr(c.fn, 'keywords', {}).items())}\n".encode())
@@ -135,14 +143,20 @@ def cache_file(signature: str, directory: Optional[Path] = None) -> Path:
     return Path(directory or cache_dir()) / (re.sub(r"[^A-Za-z0-9._-]+", "_", signature) + ".json")
 
 
+def _valid_profile(path: Path) -> Optional[dict]:
+    """A profile file's data, or None for a file that is not a valid profile (with a warning naming it)."""
+    try:
+        return read_profile(path)
+    except ProfileError as exc:
+        log.warning("operator profile %s skipped: %s", path, exc)
+        return None
+
+
 def signatures_in(path: Path) -> frozenset:
     """The device signatures a profile file has tables for (empty for a file that is not a valid profile, with a
     warning naming it)."""
-    try:
-        return frozenset(read_profile(path)["devices"])
-    except ProfileError as exc:
-        log.warning("operator profile %s skipped: %s", path, exc)
-        return frozenset()
+    data = _valid_profile(path)
+    return frozenset(data["devices"]) if data is not None else frozenset()
 
 
 def usable_cache(path: Path, signature: str) -> bool:
@@ -176,18 +190,22 @@ def find_profile(signature: str, cache: Optional[Path] = None, shipped: Optional
     looked = (cached,) + ((shipped,) if shipped is not None else ())
     if shipped is not None and shipped.is_dir():
         for path in sorted(shipped.glob("*.json")):
-            if signature in signatures_in(path):
-                _note_stamp(path, "shipped")
+            data = _valid_profile(path)
+            if data is not None and signature in data["devices"]:
+                _note_stamp(path, "shipped", data)
                 return ProfileChoice(signature, path, "shipped")
     return ProfileChoice(signature, None, "none", looked)
 
 
-def _note_stamp(path: Path, origin: str) -> None:
-    """An explicit or shipped file timed under other kernels is used, and the log says so."""
-    try:
-        why = stale_reason(read_profile(path))
-    except ProfileError:
-        return
+def _note_stamp(path: Path, origin: str, data: Optional[dict] = None) -> None:
+    """An explicit or shipped file timed under other kernels is used, and the log says so (``data``: the file's,
+    where already read)."""
+    if data is None:
+        try:
+            data = read_profile(path)
+        except ProfileError:
+            return
+    why = stale_reason(data)
     if why:
         log.info("%s operator profile %s was timed under other kernels or versions (%s); used as given", origin,
                  path, why)

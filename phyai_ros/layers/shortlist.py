@@ -13,8 +13,9 @@ timings sections rank every candidate per shape. So the start-up autotune times,
 
 Where the shape has no ranking of its own, the op's candidates are ranked by how often each won over all the
 shapes measured. Under a budget, the calls are tuned in order of what the nearest device gained at them over the
-default (``Priors.gain``; unmeasured ones after those that gained, before those that did not). "Nearest device": the same compute capability first, then the closest one (sm89 is nearer
-sm90 than sm110 is); devices at the same distance are interleaved rank by rank (in signature order).
+default (``Priors.gain``; unmeasured ones after those that gained, before those that did not). "Nearest
+device": the same compute capability first, then the closest one (sm89 is nearer sm90 than sm110 is); devices
+at the same distance are interleaved rank by rank (in signature order).
 """
 from __future__ import annotations
 
@@ -35,11 +36,16 @@ def compute_capability(signature: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def _ok_us(result) -> Optional[float]:
-    """A timing result's microseconds when it was correct, else None ("failed: ...", wrong output, untimed)."""
-    if isinstance(result, dict) and result.get("ok") and isinstance(result.get("us"), (int, float)):
-        return float(result["us"])
-    return None
+def _timed(entry: dict) -> dict:
+    """name -> microseconds of a call's timings, the correct results only ("failed: ...", wrong outputs and
+    untimed ones left out)."""
+    return {name: float(r["us"]) for name, r in entry.items()
+            if isinstance(r, dict) and r.get("ok") and isinstance(r.get("us"), (int, float))}
+
+
+def _stand_in(entries: dict, key: str) -> Optional[str]:
+    """The key whose timings stand for ``key`` in one device's timings of an op: its own, else the nearest."""
+    return key if key in entries else nearest_key(entries, key) if entries else None
 
 
 @dataclass(frozen=True)
@@ -73,10 +79,10 @@ class Priors:
             lists = []
             for _, d, timings in self.tables:
                 entries = timings.get(op, {}) if d == distance else {}
-                near = key if key in entries else nearest_key(entries, key) if entries else None
+                near = _stand_in(entries, key)
                 if near:
-                    timed = [(us, name) for name, r in entries[near].items() if (us := _ok_us(r)) is not None]
-                    lists.append([name for _, name in sorted(timed)])
+                    timed = _timed(entries[near])
+                    lists.append(sorted(timed, key=lambda name: (timed[name], name)))
             if any(lists):
                 merged = []
                 for rank in range(max(map(len, lists))):
@@ -87,9 +93,9 @@ class Priors:
         wins = Counter()
         for _, _, timings in self.tables:
             for entry in timings.get(op, {}).values():
-                timed = [(us, name) for name, r in entry.items() if (us := _ok_us(r)) is not None]
+                timed = _timed(entry)
                 if timed:
-                    wins[min(timed)[1]] += 1
+                    wins[min(timed, key=lambda name: (timed[name], name))] += 1
         return [name for name, _ in wins.most_common()]
 
     def gain(self, op: str, key: str, default: str) -> Optional[float]:
@@ -97,10 +103,10 @@ class Priors:
         candidate over ``default``: how much tuning the call is worth (None: no device measured it)."""
         for _, _, timings in self.tables:
             entries = timings.get(op, {})
-            near = key if key in entries else nearest_key(entries, key) if entries else None
+            near = _stand_in(entries, key)
             if near:
-                timed = {name: us for name, r in entries[near].items() if (us := _ok_us(r)) is not None}
-                if timed and default in timed:
+                timed = _timed(entries[near])
+                if default in timed:
                     return timed[default] - min(timed.values())
         return None
 

@@ -53,9 +53,11 @@ class TuneSettings:
     min_cameras: Optional[int] = None
 
 
-def wanted(setting: str, device) -> bool:
+def wanted(setting: str, device, selector: Optional[OperatorSelector] = None) -> bool:
     """The node's model.op_autotune: "on" anywhere, "auto" on CUDA devices (the CPU has one candidate per op,
-    nothing to choose), "off" never."""
+    nothing to choose), "off" never; and never for a ``selector`` forced to one candidate (PHYAI_OPS=torch)."""
+    if selector is not None and selector.forced:
+        return False
     return setting == "on" or (setting == "auto" and torch.device(device).type == "cuda")
 
 
@@ -186,7 +188,7 @@ def prepare_profile(selector: OperatorSelector, choice: ProfileChoice, adapter, 
     quantized weights' dense copies measured alongside under ``quant_plan`` "measured"; then the quantized plan
     applied to the final profile. Returns the profile's choice (the tuned one, or ``choice``)."""
     weights = adapter.quantized_weights() if quant_plan == "measured" else []
-    if wanted(autotune, device) and not selector.forced and (choice.origin == "none" or retune):
+    if wanted(autotune, device, selector) and (choice.origin == "none" or retune):
         plan_dense(weights, None, dtype)
         if observation is None:
             observation = synthetic_observation(adapter.camera_names, adapter.state_dim)
