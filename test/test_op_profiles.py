@@ -40,10 +40,13 @@ def test_shipped_profiles_are_found_by_device_signature(tmp_path):
     none = find_profile("cuda:sm90:NVIDIA H200", cache, shipped)
     assert none.path is None and none.looked_in == (cache_file("cuda:sm90:NVIDIA H200", cache), shipped)
     assert "no operator profile for cuda:sm90:NVIDIA H200" in none.describe()
-    # The package's own: profiles/ of this checkout (phyai_ros/profiles when installed) holds the H200's.
+    # The package's own: profiles/ of this checkout (phyai_ros/profiles when installed) holds the H200's and the
+    # H100's, each found by its device name alone; another H100 board (PCIe) is not the SXM card's.
     assert shipped_dir() == REPO / "profiles"
-    h200 = find_profile("cuda:sm90:NVIDIA H200", cache)
-    assert (h200.path, h200.origin) == (REPO / "profiles" / "h200.json", "shipped")
+    for signature, name in (("cuda:sm90:NVIDIA H200", "h200.json"), ("cuda:sm90:NVIDIA H100 80GB HBM3", "h100.json")):
+        found = find_profile(signature, cache)
+        assert (found.path, found.origin) == (REPO / "profiles" / name, "shipped")
+    assert find_profile("cuda:sm90:NVIDIA H100 PCIe", cache).path is None
 
 
 def test_cache_file_name_is_the_sanitized_signature(tmp_path):
