@@ -36,7 +36,7 @@ from phyai_ros.models import family_for_checkpoint
 from phyai_ros.models.cases import InputError, load_noise, read_case, require_finite_tensor, require_range
 from phyai_ros.models.contract import DTYPES, ModelFiles, parse_options
 from phyai_ros.models.files import read_safetensors_file
-from phyai_ros.runtime.autotune import prepare_profile
+from phyai_ros.runtime.autotune import prepare_profile, show_progress
 
 
 class NonFiniteOutput(Exception):
@@ -138,6 +138,7 @@ def _predict(args, selector, choice) -> int:
         torch.backends.cudnn.allow_tf32 = False
     adapter = cls.load(args.checkpoint, files, device=args.device, dtype=DTYPES[args.dtype],
                        options=parse_options(args.options))
+    show_progress()
     prepare_profile(selector, choice, adapter, args.device, DTYPES[args.dtype], autotune=args.op_autotune,
                     quant_plan=args.quant_plan)
     noise = load_noise(args.noise, case.inputs)

@@ -121,7 +121,13 @@ def write_checkpoint(root: Path, full: bool, std: float = 0.02) -> float:
     weights = {PREFIX + k: (torch.randn(s, generator=gen, device=DEVICE) * std).to(DTYPE).cpu()
                for k, s in sorted(groot_key_shapes(cfg).items())}
     save_file(weights, str(root / "checkpoint_1view" / "model.safetensors"))
-    (root / "checkpoint_2views" / "model.safetensors").symlink_to(root / "checkpoint_1view" / "model.safetensors")
+    # One file for both views: a hard link (a symlink out of its folder is refused by the checkpoint loader, as a
+    # hostile path is), a copy where the filesystem has no links.
+    one, two = root / "checkpoint_1view" / "model.safetensors", root / "checkpoint_2views" / "model.safetensors"
+    try:
+        os.link(one, two)
+    except OSError:
+        shutil.copyfile(one, two)
     return time.perf_counter() - t0
 
 

@@ -77,7 +77,8 @@ def main() -> None:
         if signature not in data["devices"]:
             raise SystemExit(f"thor_projection: {args.plan} has no table for {signature}")
         rows.append(("plan", f"{args.scheme} where {signature.rsplit(':', 1)[-1]}'s profile runs it quantized",
-                     lambda cfg: plan_formats(data["devices"][signature], SCHEMES[args.scheme], cfg.siglip.width)))
+                     lambda cfg: plan_formats(data["devices"][signature], SCHEMES[args.scheme], cfg.siglip.width,
+                                              leading={1, 3})))   # batch 1's calls (3 cameras: the tower's 3 rows)
     given = dict(m.split("=", 1) for m in args.measured)
     print(f"Stage model: {H200.name} (spec) -> {target.name}; bf16 {target.peak['bf16'] / 1e12:.0f} / fp8 "
           f"{target.peak['fp8'] / 1e12:.0f} TFLOP/s dense, {target.bandwidth / 1e9:.0f} GB/s. Batch 1, 3 cameras.\n")

@@ -89,6 +89,25 @@ def test_small_groot_one_checkpoint_per_view_count(tmp_path):
     assert all(r["batching"] == {} for r in runs)   # served one request at a time: batch 1 is predict
 
 
+@needs_groot
+def test_groot_full_size_bench_checkpoints_load_with_the_checked_loader(tmp_path, monkeypatch):
+    """The full-size GR00T bench writes one weights file for its one- and two-view checkpoints; the two-view folder
+    must hold it (not a symlink out of its folder, which the loader refuses as a hostile path), so profile_ops
+    --groot DIR loads either."""
+    import importlib.util
+    from phyai_ros.models.groot_n17 import GrootAdapter
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))   # the script imports its sibling bench_runtime
+    spec = importlib.util.spec_from_file_location("bench_groot_script", REPO / "scripts" / "bench_groot.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.DEVICE, script.DTYPE = "cpu", torch.float32
+    script.write_checkpoint(tmp_path, full=False)
+    two = tmp_path / "checkpoint_2views" / "model.safetensors"
+    assert two.is_file() and not two.is_symlink()
+    adapter = GrootAdapter.from_files(tmp_path / "checkpoint_2views", device="cpu", dtype=torch.float32)
+    assert len(adapter.camera_names) == 2
+
+
 def run_main(capsys, *argv):
     """The CLI in this process: (exit status, stdout, stderr)."""
     try:

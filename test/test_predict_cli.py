@@ -133,3 +133,18 @@ def test_cli_input_errors_are_one_line(tmp_path):
                          **{"raw.observation.state": torch.cat([state, state[:1]])})
     assert_one_line_error(run_cli(tmp_path / "o.safetensors", inputs=three), 2,
                           "state must have shape [2, 8]", "got [3, 8]")
+
+
+def test_cli_autotune_shows_its_progress_and_the_next_run_reads_the_cache(tmp_path, monkeypatch):
+    """--op-autotune on (the CPU has candidates too): the tuning's result line reaches the console (stderr), the
+    parity still holds on the tuned choices, and a second run finds the cached profile instead of tuning."""
+    out = tmp_path / "plain.safetensors"
+    monkeypatch.setenv("PHYAI_PROFILE_CACHE", str(tmp_path / "cache"))
+    first = run_cli(out, "--norm-stats", str(PI05 / "norm_stats.json"), "--op-autotune", "on")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "operator profile for cpu" in first.stderr and "(autotune: " in first.stderr, first.stderr
+    assert list((tmp_path / "cache").glob("*.json")), "the tuned profile was not cached"
+    check_output(out, "")
+    second = run_cli(out, "--norm-stats", str(PI05 / "norm_stats.json"), "--op-autotune", "on")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "(autotune: " not in second.stderr, second.stderr

@@ -149,8 +149,16 @@ def test_a_measured_plan_blends_each_parts_formats_by_the_share_run_quantized(tm
     plan = total(project(Pi05Config(), MEASURED_H200["pi05"], f), "floor_s")
     assert total(project(Pi05Config(), MEASURED_H200["pi05"], formats_for(W8A8_FP8)), "floor_s") <= plan <= \
         total(project(Pi05Config(), MEASURED_H200["pi05"]), "floor_s")
+    # What a real profile holds beside the plan: another scheme's calls, other batches', tagged float ops (the
+    # expert stack's '|ada18' key, which has no N x K last), none of which count for batch 1's W8A8 plan.
+    noisy = {op: dict(keys) for op, keys in table.items()}
+    noisy["qlinear"].update({"1x50x1024,2560x1024|bfloat16|w8a16-int8": "triton",            # another scheme
+                             f"32x50x1024,2560x1024|bfloat16|{tag}": "scaled_mm"})           # batch 32
+    noisy["expert_stack"] = {"1x50x1024,1x1x968x256|bfloat16|ada18": "unfused_l2_bulk16_mlp"}
+    assert plan_formats(noisy, W8A8_FP8, 1152, leading={1, 3}) == f
+    assert plan_formats(noisy, W8A8_FP8, 1152)["expert"].name != f["expert"].name   # every batch: 32's count
     path = tmp_path / "plan.json"
-    path.write_text(__import__("json").dumps({"devices": {"cuda:sm90:NVIDIA H100": table}}))
+    path.write_text(__import__("json").dumps({"devices": {"cuda:sm90:NVIDIA H100": noisy}}))
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "thor_projection.py"), "--plan", str(path)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

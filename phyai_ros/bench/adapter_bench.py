@@ -26,7 +26,7 @@ import torch
 from phyai_ros.layers.profiles import selector_for
 from phyai_ros.models import family
 from phyai_ros.models.contract import DTYPES
-from phyai_ros.runtime.autotune import TuneSettings, prepare_profile
+from phyai_ros.runtime.autotune import TuneSettings, prepare_profile, show_progress
 
 from . import checkpoints
 from .timing import peak_gib, reset_peak, sync, timed
@@ -79,6 +79,7 @@ def run(o: ContractOptions) -> dict:
     with selector.active(), torch.no_grad():
         base = Path(o.checkpoint) if o.checkpoint else checkpoints.small(o.model, o.root)
         adapter, load_s = _load(cls, _maybe_quantized(base, o, files), o, files)
+        show_progress()
         start = time.perf_counter()
         choice = prepare_profile(selector, choice, adapter, o.device, DTYPES[o.dtype],
                                  settings=TuneSettings(budget_s=o.op_autotune_budget), autotune=o.op_autotune,

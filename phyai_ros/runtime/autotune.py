@@ -103,6 +103,18 @@ def bounded_search(selector: OperatorSelector, priors: Priors, size: int = SHORT
     return {"select": select if size > 0 else None, "priority": priority}
 
 
+def show_progress(stream=None) -> None:
+    """A command-line tool's view of the autotune (predict, the benches): its progress and result lines on
+    ``stream`` (default stderr). The node forwards them to its ROS log instead (node/logs.py). Idempotent."""
+    if not any(getattr(h, "autotune_console", False) for h in log.handlers):
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.autotune_console = True
+        log.addHandler(handler)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
+
+
 class _Progress:
     """The log's view of a running autotune: a line every PROGRESS_EVERY_S seconds."""
 

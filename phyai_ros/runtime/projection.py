@@ -100,32 +100,44 @@ class StageProjection:
 
 
 def plan_part(key: str, vision_width: int) -> str:
-    """The part a quantized op's profile key ('ROWSxK,...,NxK|dtype|tag') belongs to in the pi family: few rows
-    (<= 64: the expert's 50-51 tokens) the expert, the vision tower's width in the GEMM the vision part, the rest
+    """The part a quantized op's profile key ('BxROWSxK,...,NxK|dtype|tag') belongs to in the pi family: few rows
+    per batch item (<= 64: the expert's 50-51 tokens) the expert, the vision tower's width in the GEMM the vision part, the rest
     the prefix."""
     dims = key.split("|")[0].split(",")
     x = [int(d) for d in dims[0].split("x")]
     n, k = (int(d) for d in dims[-1].split("x"))
     rows = 1
-    for d in x[:-1]:
+    for d in (x[1:-1] if len(x) >= 3 else x[:-1]):   # per batch item: a batch of 32 is still the expert's 50
         rows *= d
     if rows <= 64:
         return "expert"
     return "vision" if vision_width in (n, k) else "prefix"
 
 
-def plan_formats(table: Mapping[str, Mapping[str, str]], scheme: WeightFormat, vision_width: int) -> dict:
+def plan_formats(table: Mapping[str, Mapping[str, str]], scheme: WeightFormat, vision_width: int,
+                 leading: Optional[set] = None) -> dict:
     """part -> the format a measured plan (a device profile's table: {op: {key: candidate}}) amounts to for
     ``scheme``: per part, the share of its GEMM weights (by N x K, over the quantized ops' entries) that run
     quantized, the rest on the bf16 "dense" copy, blended into one format by bytes (its GEMMs at the scheme's rate
-    where at least half run quantized). A part with no entries runs the scheme."""
+    where at least half run quantized). A part with no entries runs the scheme. ``leading``: only the calls whose
+    first dimension is in it (one batch's: B, and B x cameras for the vision tower; a plan differs by batch)."""
     quant, whole = {p: 0.0 for p in PARTS}, {p: 0.0 for p in PARTS}
+    family = scheme.name.split("-")[0].lower()     # "W8A8-FP8" -> keys tagged "w8a8-..."
     for op, keys in table.items():
         for key, name in keys.items():
-            if len(key.split("|")) != 3:
+            fields = key.split("|")
+            # Only this scheme's quantized calls ('...|dtype|w8a8-fp8-dynamic'): another scheme's entries (one
+            # profile holds several) and other tagged ops (the expert stack's '|ada18') say nothing of this plan.
+            if len(fields) != 3 or fields[2].split("-")[0] != family:
                 continue
-            n, k = (int(d) for d in key.split("|")[0].split(",")[-1].split("x"))
-            part = plan_part(key, vision_width)
+            try:
+                n, k = (int(d) for d in fields[0].split(",")[-1].split("x"))
+                part = plan_part(key, vision_width)
+                first = int(fields[0].split("x")[0])
+            except ValueError:   # a key of another layout: not a GEMM this projection can weigh
+                continue
+            if leading is not None and first not in leading:
+                continue
             whole[part] += n * k
             quant[part] += n * k if name != "dense" else 0
     out = {}
