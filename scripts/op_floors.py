@@ -57,13 +57,15 @@ def table(timings: dict, gemm_flops: float, copy_bandwidth: float, batch: int, l
             for key in sorted(timings[op]):
                 if rows_of(op, key) != (batch, rows) or (b := best(timings[op][key])) is None:
                     continue
+                fields = key.split("|")   # shapes | dtype [| tag: a quantized scheme, the expert stack's form]
+                shapes = fields[0] + (f" ({fields[2]})" if len(fields) > 2 else "")
                 cost = op_cost(op, key)
                 if cost is None:
-                    lines.append(f"| `{op}` | {key.split('|')[0]} | `{b[1]}` | {b[0]:.2f} | — | — | — | — |")
+                    lines.append(f"| `{op}` | {shapes} | `{b[1]}` | {b[0]:.2f} | — | — | — | — |")
                     continue
                 floor, bound = cost.floor_us(gemm_flops, copy_bandwidth)
                 mark = " (launch)" if b[0] <= LAUNCH_MARGIN * launch else ""
-                lines.append(f"| `{op}` | {key.split('|')[0]} | `{b[1]}` | {b[0]:.2f}{mark} | {cost.bytes / 1e6:.2f} | "
+                lines.append(f"| `{op}` | {shapes} | `{b[1]}` | {b[0]:.2f}{mark} | {cost.bytes / 1e6:.2f} | "
                              f"{cost.flops / 1e9:.3f} | {floor:.2f} ({bound}) | {b[0] / floor:.1f}x |")
         if lines:
             out.append(f"{label}, batch {batch}:\n")
