@@ -15,7 +15,7 @@ from phyai_ros.layers.profiles import (cache_file, find_profile, kernels_fingerp
                                        stale_reason, write_profile)
 from phyai_ros.layers.quantized import (QuantizedWeight, QuantScheme, dense_shapes, plan_dense, qshape_key,
                                         quantized_in)
-from phyai_ros.layers.selector import SELECTOR, Candidate, OperatorSelector
+from phyai_ros.layers.selector import SELECTOR, Candidate, OperatorSelector, ProfileError
 from phyai_ros.layers.shortlist import Priors, compute_capability, shortlist
 from test_op_profiles import _matmul_linear, _node_params
 
@@ -201,6 +201,20 @@ def test_a_corrupt_cache_is_ignored_with_a_warning(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="phyai_ros.layers.profiles"):
         assert find_profile("cpu", tmp_path, tmp_path / "no_shipped").origin == "none"
     assert f"{path} ignored: {path}: unreadable" in caplog.text
+
+
+def test_an_oversized_profile_is_refused_unread(tmp_path, caplog, monkeypatch):
+    """Sizes before decoding: a cache (or explicit) file past MAX_PROFILE_BYTES is not parsed, and the node goes
+    on as with no profile, with a warning naming the file and its size."""
+    import phyai_ros.layers.selector as selector_module
+    path = cache_file("cpu", tmp_path)
+    path.write_text(json.dumps({"devices": {"cpu": {"linear": {KEY: "torch"}}}, "pad": "x" * 2048}))
+    monkeypatch.setattr(selector_module, "MAX_PROFILE_BYTES", 1024)
+    with caplog.at_level(logging.WARNING, logger="phyai_ros.layers.profiles"):
+        assert find_profile("cpu", tmp_path, tmp_path / "no_shipped").origin == "none"
+    assert f"{path} ignored: {path}: {path.stat().st_size} bytes, over the 1024 a profile may have" in caplog.text
+    with pytest.raises(ProfileError, match="over the 1024"):
+        selector_module.read_profile(path)
 
 
 def test_an_explicit_or_shipped_profile_of_other_kernels_is_used_with_a_note(tmp_path, caplog, monkeypatch):

@@ -32,6 +32,7 @@ def test_node_runs_a_quantized_checkpoint(tmp_path, policy, scheme):
     assert f"quantization {scheme[0]}" in out, out
     # The package's own log lines reach the node's log (node/logs.py): the measured plan's, no profile on the CPU.
     assert "quantized plan: 0 of" in out and "[phyai_policy]" in out.split("quantized plan:")[0].splitlines()[-1], out
+    assert out.count("no operator profile for cpu") == 1, out   # the profile's choice said once
     chunks = [msg_to_chunk(r.msg) for r in robot.chunks]
     assert [c.seq for c in chunks] == list(range(chunks[0].seq, chunks[0].seq + len(chunks)))
     for c in chunks:

@@ -142,12 +142,21 @@ def check_profile(data, source) -> dict:
     return out
 
 
+# A profile holds a few hundred (op, shape) entries per device (the shipped ones are ~0.1 MB): a file past this
+# is not one, and is refused before it is read (an explicit model.op_profile is a path from outside).
+MAX_PROFILE_BYTES = 16 << 20
+
+
 def read_profile(path) -> dict:
-    """A profile file, checked (``check_profile``); ProfileError naming the file otherwise."""
+    """A profile file, checked (``check_profile``); ProfileError naming the file otherwise (one over
+    MAX_PROFILE_BYTES without reading it)."""
     try:
-        data = json.loads(Path(path).read_text())
+        size = Path(path).stat().st_size
+        data = None if size > MAX_PROFILE_BYTES else json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ProfileError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
+    if data is None:
+        raise ProfileError(f"{path}: {size} bytes, over the {MAX_PROFILE_BYTES} a profile may have: not read")
     return check_profile(data, path)
 
 

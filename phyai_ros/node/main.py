@@ -145,9 +145,8 @@ class PolicyNode(LifecycleNode):
         m = self.p.model
         self.get_logger().info(f"policy {m.id} ({m.type}, H = {self.p.control.horizon}) ready in "
                                f"{time.monotonic() - t:.1f} s ({m.device}, {m.dtype})")
-        if getattr(self.policy, "op_profile", None) is not None:   # onboard: which operator profile it runs
-            self.get_logger().info(self.policy.op_profile.describe())
-            self.get_logger().info(self.policy.adapter.quantization())   # the scheme its checkpoint set
+        if getattr(self.policy, "op_profile", None) is not None:   # onboard (the profile's line came through
+            self.get_logger().info(self.policy.adapter.quantization())   # forwarded_logs): the checkpoint's scheme
         self._make_publishers()
         self.loop = ControlLoop(self.p.control_config(self.policy.image_input_size), self.policy,
                                 clock=CallableClock(lambda: self.get_clock().now().nanoseconds),
