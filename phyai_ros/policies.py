@@ -24,7 +24,8 @@ from phyai_ros.layers.selector import SELECTOR, OperatorSelector
 from phyai_ros.models import family, family_for_checkpoint
 from phyai_ros.models.contract import DTYPES, ModelFiles, parse_options
 from phyai_ros.parameters import Parameters
-from phyai_ros.runtime.autotune import TuneSettings, prepare_profile, profiled_keys, synthetic_observation, wanted
+from phyai_ros.runtime.autotune import (EXTENDED, TuneSettings, prepare_profile, profiled_keys, synthetic_observation,
+                                       wanted)
 from phyai_ros.serve.client import HttpPolicyClient, RemotePolicy
 
 log = logging.getLogger(__name__)
@@ -191,9 +192,9 @@ def build_policy(p: Union[Parameters, Mapping], robot_id: str = ""):
     source = f"the checkpoint '{p.model.checkpoint}'"
     _start_runner(p, policy)
     if p.model.warmup_runs:
-        # A cached profile may lack shapes this model calls (written for another model on this device): the
-        # warm-up's calls say which; the missing ones are profiled and the graphs captured again.
-        recheck = wanted(p.model.op_autotune, p.model.device, selector) and policy.op_profile.origin == "cache"
+        # A cached or shipped profile may lack shapes this model calls (made for other models on this device):
+        # the warm-up's calls say which; the missing ones are profiled into the cache and the graphs captured again.
+        recheck = wanted(p.model.op_autotune, p.model.device, selector) and policy.op_profile.origin in EXTENDED
         seen = _warmup(policy, p.model.warmup_runs, source, record=recheck)
         if recheck and set(seen) - profiled_keys(policy.op_profile):
             policy.op_profile = _prepare_profile(policy, p, retune=True)

@@ -275,6 +275,32 @@ def test_auto_tunes_on_cuda_only_and_a_stale_cache_is_tuned_again(tmp_path, cpu_
     assert build_policy({**p, "model.op_autotune": "on"}).op_profile.origin == "cache"
 
 
+def test_a_shipped_profile_made_for_other_models_is_extended_into_the_cache(tmp_path, cpu_choice, monkeypatch):
+    """The device's shipped profile matches but lacks this model's calls (the H100's holds pi0.5 and GR00T, not
+    pi0): the node's warm-up finds the missing ones, tunes them into the cache, and the cache holds the shipped
+    entries too (it supersedes the shipped file at the next start), which then tunes nothing."""
+    from node_harness import make_small_checkpoint, require_tokenizer
+    from phyai_ros.policies import build_policy
+    p = _node_params(make_small_checkpoint(tmp_path / "pi05", horizon=20), require_tokenizer(),
+                     **{"model.op_autotune": "on"})
+    assert build_policy(p).op_profile.origin == "autotune"     # every call of this model, to take one from
+    tuned = json.loads(cpu_choice.read_text())["devices"]["cpu"]
+    key = sorted(tuned["linear"])[0]
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / "cpu.json").write_text(json.dumps({"devices": {"cpu": {"linear": {key: "torch"}}}}))
+    cpu_choice.unlink()
+    monkeypatch.setenv("PHYAI_PROFILES_DIR", str(shipped))
+    first = build_policy(p)
+    assert first.op_profile.origin == "autotune" and first.op_profile.path == cpu_choice, first.op_profile
+    cached = json.loads(cpu_choice.read_text())["devices"]["cpu"]
+    assert cached["linear"][key] == "torch"                     # the shipped choice kept, not re-timed
+    assert {(op, k) for op, keys in tuned.items() for k in keys} <= {(op, k) for op, keys in cached.items()
+                                                                      for k in keys}
+    again = build_policy(p)
+    assert (again.op_profile.origin, again.op_profile.path) == ("cache", cpu_choice)
+
+
 def test_the_budget_leaves_the_rest_to_the_next_start(tmp_path, cpu_choice, monkeypatch):
     """A budget spent by the recording alone tunes nothing now; the next start (with time) tunes what is missing."""
     from node_harness import make_small_checkpoint, require_tokenizer

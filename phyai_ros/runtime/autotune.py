@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 AUTOTUNE_REPS, AUTOTUNE_REPLAYS = 10, 3
 BUDGET_S = 30.0          # the node's model.op_autotune_budget default
 PROGRESS_EVERY_S = 5.0
+# Profiles a start extends with the calls they lack (the node's warm-up finds them): its own cache, and a shipped
+# profile of its device made for other models (the H100's holds pi0.5 and GR00T; pi0 or Cosmos3 add theirs).
+EXTENDED = ("cache", "shipped")
 UNMEASURED_PRIORITY = 0.05   # us: a call no device measured is tuned after those that gained more
 
 
@@ -134,7 +137,8 @@ def tune(selector: OperatorSelector, choice: ProfileChoice, adapter, observation
          settings: TuneSettings = TuneSettings(), cache: Optional[Path] = None,
          priors: Optional[Priors] = None) -> ProfileChoice:
     """Autotune ``adapter``'s calls into ``selector``'s profile for ``device`` and the device's cache file (module
-    docstring). ``choice``: where the profile came from; a cached one is extended by the calls it lacks. A cache
+    docstring). ``choice``: where the profile came from; a cached or shipped one is extended by the calls it lacks
+(into the cache, which then holds the shipped table too). A cache
     that cannot be written costs only the next start's tuning. Leaves the adapter on an eager runner: start the
     runner after (the adapter is left on a fresh one of the kind it had)."""
     device = torch.device(device)
@@ -148,7 +152,7 @@ def tune(selector: OperatorSelector, choice: ProfileChoice, adapter, observation
     calls = profiling.record(selector, lambda: adapter.capture_buckets(images, state, eager=True,
                                                                        min_cameras=settings.min_cameras),
                              extra=("dense",) if dense else ())
-    done = profiled_keys(choice) if choice.origin == "cache" else set()
+    done = profiled_keys(choice) if choice.origin in EXTENDED else set()
     todo = {k: v for k, v in calls.items() if k not in done}
     t1 = time.perf_counter()
     priors = shipped_priors(choice.signature) if priors is None else priors
@@ -169,6 +173,8 @@ def tune(selector: OperatorSelector, choice: ProfileChoice, adapter, observation
         with selector.active():
             adapter.use_runner(use_graphs=had_graphs, token_bucket=settings.token_bucket)
     path = choice.path if choice.origin == "cache" else cache_file(choice.signature, cache)
+    if choice.origin == "shipped":   # the cache supersedes the shipped file at the next start: it holds both
+        table, timings = _over_shipped(choice, table, timings)
     try:
         write_profile(path, choice.signature, table, timings)
     except OSError as exc:
@@ -177,6 +183,21 @@ def tune(selector: OperatorSelector, choice: ProfileChoice, adapter, observation
     tuned = ProfileChoice(choice.signature, path, "autotune", detail=detail)
     log.info(tuned.describe())
     return tuned
+
+
+def _over_shipped(choice: ProfileChoice, table: dict, timings: dict) -> tuple[dict, dict]:
+    """The shipped profile's table and timings for the device with the newly tuned calls over them."""
+    try:
+        data = read_profile(choice.path)
+    except ProfileError:   # gone since it was chosen: the new calls alone
+        return table, timings
+    merged = []
+    for section, new in (("devices", table), ("timings", timings)):
+        base = {op: dict(keys) for op, keys in data[section].get(choice.signature, {}).items()}
+        for op, keys in new.items():
+            base.setdefault(op, {}).update(keys)
+        merged.append(base)
+    return merged[0], merged[1]
 
 
 def apply_quant_plan(selector: OperatorSelector, signature: str, weights, dtype: torch.dtype) -> int:
