@@ -138,9 +138,9 @@ def tune(selector: OperatorSelector, choice: ProfileChoice, adapter, observation
          priors: Optional[Priors] = None) -> ProfileChoice:
     """Autotune ``adapter``'s calls into ``selector``'s profile for ``device`` and the device's cache file (module
     docstring). ``choice``: where the profile came from; a cached or shipped one is extended by the calls it lacks
-(into the cache, which then holds the shipped table too). A cache
-    that cannot be written costs only the next start's tuning. Leaves the adapter on an eager runner: start the
-    runner after (the adapter is left on a fresh one of the kind it had)."""
+    (into the cache, which then holds the shipped table too). A cache that cannot be written costs only the next
+    start's tuning. Leaves the adapter on an eager runner: start the runner after (the adapter is left on a fresh
+    one of the kind it had)."""
     device = torch.device(device)
     t0 = time.perf_counter()
     had_graphs = getattr(adapter.runner, "use_graphs", False)

@@ -101,8 +101,8 @@ class StageProjection:
 
 def plan_part(key: str, vision_width: int) -> str:
     """The part a quantized op's profile key ('BxROWSxK,...,NxK|dtype|tag') belongs to in the pi family: few rows
-    per batch item (<= 64: the expert's 50-51 tokens) the expert, the vision tower's width in the GEMM the vision part, the rest
-    the prefix."""
+    per batch item (<= 64: the expert's 50-51 tokens) the expert, the vision tower's width in the GEMM the vision
+    part, the rest the prefix."""
     dims = key.split("|")[0].split(",")
     x = [int(d) for d in dims[0].split("x")]
     n, k = (int(d) for d in dims[-1].split("x"))
