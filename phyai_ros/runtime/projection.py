@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from phyai_ros.runtime.op_costs import parse_key
 from phyai_ros.runtime.roofline import BF16, PARTS, WeightFormat, flow_stage_costs
 
 STAGES = ("vision", "prefix", "loop")
@@ -99,19 +100,21 @@ class StageProjection:
         return self.floor_s + self.gap_s
 
 
-def plan_part(key: str, vision_width: int) -> str:
-    """The part a quantized op's profile key ('BxROWSxK,...,NxK|dtype|tag') belongs to in the pi family: few rows
-    per batch item (<= 64: the expert's 50-51 tokens) the expert, the vision tower's width in the GEMM the vision
-    part, the rest the prefix."""
-    dims = key.split("|")[0].split(",")
-    x = [int(d) for d in dims[0].split("x")]
-    n, k = (int(d) for d in dims[-1].split("x"))
+def _part_of(shapes: list, vision_width: int) -> str:
+    x, (n, k) = shapes[0], shapes[-1]
     rows = 1
     for d in (x[1:-1] if len(x) >= 3 else x[:-1]):   # per batch item: a batch of 32 is still the expert's 50
         rows *= d
     if rows <= 64:
         return "expert"
     return "vision" if vision_width in (n, k) else "prefix"
+
+
+def plan_part(key: str, vision_width: int) -> str:
+    """The part a quantized op's profile key ('BxROWSxK,...,NxK|dtype|tag') belongs to in the pi family: few rows
+    per batch item (<= 64: the expert's 50-51 tokens) the expert, the vision tower's width in the GEMM the vision
+    part, the rest the prefix."""
+    return _part_of(parse_key(key)[0], vision_width)
 
 
 def plan_formats(table: Mapping[str, Mapping[str, str]], scheme: WeightFormat, vision_width: int,
@@ -131,13 +134,13 @@ def plan_formats(table: Mapping[str, Mapping[str, str]], scheme: WeightFormat, v
             if len(fields) != 3 or fields[2].split("-")[0] != family:
                 continue
             try:
-                n, k = (int(d) for d in fields[0].split(",")[-1].split("x"))
-                part = plan_part(key, vision_width)
-                first = int(fields[0].split("x")[0])
-            except ValueError:   # a key of another layout: not a GEMM this projection can weigh
+                shapes, _ = parse_key(key)
+                part = _part_of(shapes, vision_width)
+            except (KeyError, ValueError):   # a key of another layout: not a GEMM this projection can weigh
                 continue
-            if leading is not None and first not in leading:
+            if leading is not None and shapes[0][0] not in leading:
                 continue
+            n, k = shapes[-1]
             whole[part] += n * k
             quant[part] += n * k if name != "dense" else 0
     out = {}
